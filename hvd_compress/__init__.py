@@ -1,0 +1,29 @@
+"""hvd-compress: 8-bit and 16-bit gradient compression for Horovod (PyTorch).
+
+    import horovod.torch as hvd
+    import hvd_compress as hc
+
+    hvd.init()
+    opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=hc.Compression.bit8)
+
+Layers, bottom to top: codecs (pure bit functions) -> compressors (Horovod's Compressor
+interface) -> communicators (which collective carries them) -> optimizer. Names are loaded
+lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source can
+import `hvd_compress.compressors` without a circular import.
+"""
+import importlib
+
+__version__ = "0.1.0"
+__all__ = ["Compression", "Bit8Compressor", "Bit16Compressor", "DistributedOptimizer",
+           "make_communicator"]
+
+_WHERE = {"Compression": "compressors", "Bit8Compressor": "compressors",
+          "Bit16Compressor": "compressors", "DistributedOptimizer": "optimizer",
+          "make_communicator": "communicators"}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,24 @@
+"""Pure functions on bits: float32 <-> 8-bit floats (E4M3, E5M2) and float16, NumPy and torch.
+
+    from hvd_compress.codecs import E4M3, E5M2, fp8_torch, scaling
+    s = scaling.pow2_scale(float(g.abs().max()), E4M3.max_finite)
+    codes = fp8_torch.encode(g * s, E4M3)            # uint8, same shape
+    g_hat = fp8_torch.decode(codes, E4M3) / s        # float32
+
+Every codec is bit-exact against a named reference (torch / ml_dtypes / NumPy casts); see
+docs/codecs.md and scripts/check_codecs_exhaustive.py, which checks all 2**32 inputs.
+The torch modules are imported lazily so the NumPy codecs work without importing torch.
+"""
+import importlib
+
+from . import fp8_numpy, fp16_numpy, scaling
+from .formats import E4M3, E5M2, Float8Format
+
+__all__ = ["E4M3", "E5M2", "Float8Format",
+           "fp8_numpy", "fp8_torch", "fp16_numpy", "fp16_torch", "scaling"]
+
+
+def __getattr__(name):
+    if name in ("fp8_torch", "fp16_torch"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

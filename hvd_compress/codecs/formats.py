@@ -1,0 +1,83 @@
+"""The two OCP 8-bit float formats, described by their numbers only.
+
+A `Float8Format` says how the 8 bits are split (1 sign, `exp_bits`, `man_bits`), the exponent
+bias, and whether the all-ones exponent means Inf/NaN (IEEE style, E5M2) or is an ordinary
+binade with a single NaN pattern S.1111.111 (the "fn" = finite-only style, E4M3).  The codecs
+derive every constant they need (shifts, thresholds, special codes) from these fields, so the
+arithmetic in fp8_numpy / fp8_torch reads the same for both formats.
+
+    E4M3 (float8_e4m3fn): S EEEE MMM, bias 7,  no Inf, NaN = S.1111.111,  max 448,   min sub 2**-9
+    E5M2 (float8_e5m2):   S EEEEE MM, bias 15, Inf = S.11111.00, NaN = S.11111.{01,10,11},
+                                                                       max 57344, min sub 2**-16
+
+This module also holds the few array-plumbing helpers every NumPy/torch codec module shares
+(block iteration): they are library-free, so importing it never imports torch.
+"""
+from dataclasses import dataclass
+
+__all__ = ["Float8Format", "E4M3", "E5M2", "BLOCK", "TORCH_BLOCK", "block_ranges"]
+
+
+@dataclass(frozen=True)
+class Float8Format:
+    """One 8-bit float format.  Frozen, so it can be a dict key or an lru_cache argument."""
+
+    name: str               # "e4m3fn" or "e5m2"
+    exp_bits: int
+    man_bits: int
+    bias: int
+    has_inf: bool           # True: exponent all-ones is Inf/NaN (IEEE); False: only S.1..1.1..1 is NaN
+    max_finite: float
+    min_subnormal: float
+    torch_dtype_name: str   # also the ml_dtypes name
+
+    # ---- derived codes (magnitudes, i.e. without the sign bit 0x80) -------------------------
+    @property
+    def nan_code(self) -> int:
+        """The NaN magnitude torch produces when encoding: all exponent and mantissa bits set."""
+        return 0x7F
+
+    @property
+    def inf_code(self):
+        """Magnitude code of Inf (exponent all ones, mantissa 0), or None when there is no Inf."""
+        return ((1 << self.exp_bits) - 1) << self.man_bits if self.has_inf else None
+
+    @property
+    def max_code(self) -> int:
+        """Magnitude code of the largest finite value (0x7E for E4M3, 0x7B for E5M2)."""
+        return self.inf_code - 1 if self.has_inf else self.nan_code - 1
+
+    @property
+    def min_normal(self) -> float:
+        return 2.0 ** (1 - self.bias)
+
+    def is_nan_code(self, code: int) -> bool:
+        """True when the 8-bit `code` (any sign) decodes to NaN."""
+        mag = code & 0x7F
+        if self.has_inf:
+            return mag > self.inf_code
+        return mag == self.nan_code
+
+
+E4M3 = Float8Format(
+    name="e4m3fn", exp_bits=4, man_bits=3, bias=7, has_inf=False,
+    max_finite=448.0, min_subnormal=2.0 ** -9, torch_dtype_name="float8_e4m3fn",
+)
+E5M2 = Float8Format(
+    name="e5m2", exp_bits=5, man_bits=2, bias=15, has_inf=True,
+    max_finite=57344.0, min_subnormal=2.0 ** -16, torch_dtype_name="float8_e5m2",
+)
+
+# ---- shared plumbing ---------------------------------------------------------------------
+# Codecs work block by block so their int32 temporaries (a few blocks' worth) stay in cache
+# and are reused, instead of allocating and page-faulting several 64 MB arrays per call.
+# NumPy runs one thread and likes L2-sized blocks; torch splits every op over its threads, so
+# its per-op overhead favours larger blocks.  scripts/bench_codec.py --block-sizes measures.
+BLOCK = 1 << 16          # NumPy codecs: 256 KiB per int32 scratch buffer
+TORCH_BLOCK = 1 << 18    # torch codecs: 1 MiB per int32 scratch buffer
+
+
+def block_ranges(n: int, block: int = BLOCK):
+    """Yield (start, stop) pairs that cover range(n) in steps of `block`."""
+    for start in range(0, n, block):
+        yield start, min(start + block, n)

@@ -1,0 +1,197 @@
+"""float32 <-> 8-bit float codes in NumPy, by bit manipulation of the int32 view.
+
+This is the course's reference codec: every step is an integer operation on the float32 bit
+pattern, written out so a student can follow it.  The torch module (fp8_torch.py) runs the
+same steps with torch ops; the tests check both against torch's and ml_dtypes' casts.
+
+Encoding one float32 |x| with bit pattern `a` (sign removed), for a format with `m` mantissa
+bits and exponent bias `b`:
+
+* normal result (|x| >= 2**(1-b)): re-bias the exponent and drop the 23-m low mantissa bits
+  with round-to-nearest-even, all in one integer addition:
+      q = (a - ((127-b) << 23) + (2**(22-m) - 1) + lsb) >> (23-m)    where lsb = (a >> (23-m)) & 1
+  A mantissa that rounds up past all ones carries into the exponent, which is exactly right.
+* subnormal result (|x| < 2**(1-b)): the code is |x| / min_subnormal rounded to nearest even.
+  We let the FPU do that shift-and-round: adding MAGIC = 2**(23 + log2(min_subnormal)) places
+  the binary point so that the float32 sum keeps exactly the bits a subnormal can hold, rounded
+  to nearest even; the code is then bits(|x| + MAGIC) - bits(MAGIC).  (Float32 subnormal inputs
+  give 0 either way, so this is also right when the CPU flushes denormals.)
+* overflow: q grows monotonically with a, so one `minimum` clamps every too-large finite value
+  and Inf to the mode's overflow code (see `overflow_code`); NaN inputs are set to S.1111111.
+* sign: copied from bit 31 to bit 7.
+
+Decoding goes through a 256-entry float32 table built once per format by `decode_bits`
+(the bit-level decoder), so `decode` is one gather.
+"""
+import functools
+
+import numpy as np
+
+from .formats import BLOCK, Float8Format, block_ranges
+
+__all__ = ["encode", "decode", "decode_bits", "overflow_code"]
+
+_INF_BITS = 0x7F800000      # float32 +Inf; any larger magnitude pattern is NaN
+_ABS_MASK = 0x7FFFFFFF
+
+
+# ---- argument checks shared by the NumPy codecs (fp16_numpy uses them too) -------------------
+def check_input(x, dtype, what: str) -> np.ndarray:
+    """Return `x` as a C-contiguous ndarray, or raise TypeError if it is not an ndarray of dtype.
+    A NumPy scalar of the right dtype (what arithmetic on 0-d arrays returns) becomes a 0-d array."""
+    if isinstance(x, np.generic) and x.dtype == dtype:
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray of {np.dtype(dtype).name}, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{what} must have dtype {np.dtype(dtype).name}, got {x.dtype}")
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)   # (keeps 0-d arrays 0-d)
+
+
+def prepare_out(out, shape, dtype) -> np.ndarray:
+    """A fresh output array, or check that the caller's `out` has the right shape and dtype."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != dtype:
+        raise TypeError(f"out must be a numpy.ndarray of {np.dtype(dtype).name}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out has shape {out.shape}, expected {tuple(shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    return out
+
+
+# ---- constants derived from the format ------------------------------------------------------
+def overflow_code(fmt: Float8Format, saturate: bool) -> int:
+    """Magnitude code for finite values too large for the format.
+
+    saturate=True  -> the largest finite code (E4M3 0x7E = 448, E5M2 0x7B = 57344)
+    saturate=False -> Inf where the format has one (E5M2 0x7C), else NaN (E4M3 0x7F)
+    """
+    if saturate:
+        return fmt.max_code
+    return fmt.inf_code if fmt.has_inf else fmt.nan_code
+
+
+@functools.lru_cache(maxsize=None)
+def encode_constants(fmt: Float8Format) -> dict:
+    """The integer constants of the encoder, derived from the format's fields."""
+    shift = 23 - fmt.man_bits                         # float32 mantissa bits dropped
+    magic = np.float32(2.0 ** (23 + np.log2(fmt.min_subnormal)))
+    return dict(
+        shift=shift,
+        # re-bias the exponent and add the round-half-up part of round-to-nearest-even
+        rebias_round=((fmt.bias - 127) << 23) + (1 << (shift - 1)) - 1,
+        min_normal_bits=(127 + 1 - fmt.bias) << 23,   # bits of 2**(1-bias)
+        magic=magic,
+        magic_bits=int(np.array(magic).view(np.int32)),
+    )
+
+
+# ---- encode ---------------------------------------------------------------------------------
+def encode(x: np.ndarray, fmt: Float8Format, saturate: bool = True, out=None) -> np.ndarray:
+    """Encode float32 `x` to uint8 codes of `fmt` (round to nearest even).
+
+    saturate=True : finite overflow -> +-max_finite.  E4M3: Inf -> +-448 too (== torch 2.13's
+                    `x.to(torch.float8_e4m3fn)`).  E5M2: Inf stays Inf.
+    saturate=False: finite overflow and Inf -> Inf for E5M2 (== torch / ml_dtypes cast),
+                    NaN for E4M3 (== ml_dtypes `astype(float8_e4m3fn)`).
+    NaN -> S.1111111 (sign kept), as torch does.
+    """
+    x = check_input(x, np.float32, "x")
+    out = prepare_out(out, x.shape, np.uint8)
+    c = encode_constants(fmt)
+    cap = overflow_code(fmt, saturate)
+    u = x.reshape(-1).view(np.int32)
+    codes = out.reshape(-1)
+    n = u.size
+    # Scratch buffers, reused for every block (see formats.BLOCK).
+    size = max(1, min(n, BLOCK))
+    a = np.empty(size, np.int32)
+    q = np.empty(size, np.int32)
+    t = np.empty(size, np.int32)
+    mask = np.empty(size, np.bool_)
+    with np.errstate(invalid="ignore", over="ignore"):   # the float add below sees Inf/NaN too
+        for start, stop in block_ranges(n, size):
+            k = stop - start
+            _encode_block(u[start:stop], codes[start:stop], a[:k], q[:k], t[:k], mask[:k],
+                          c, fmt, saturate, cap)
+    return out
+
+
+def _encode_block(u, codes, a, q, t, mask, c, fmt, saturate, cap):
+    shift = c["shift"]
+    np.bitwise_and(u, _ABS_MASK, out=a)                      # a = |x| as bits
+    # normal results: re-bias, round to nearest even, drop the low bits
+    np.right_shift(a, shift, out=t)
+    np.bitwise_and(t, 1, out=t)                              # lsb that decides ties
+    np.add(a, c["rebias_round"], out=q)
+    np.add(q, t, out=q)
+    np.right_shift(q, shift, out=q)
+    # subnormal results: the FPU rounds |x| + MAGIC to the subnormal grid
+    np.add(a.view(np.float32), c["magic"], out=t.view(np.float32))
+    np.subtract(t, c["magic_bits"], out=t)
+    np.less(a, c["min_normal_bits"], out=mask)
+    np.copyto(q, t, where=mask)
+    # overflow (finite and Inf), then the special inputs
+    np.minimum(q, cap, out=q)
+    if saturate and fmt.has_inf:                             # E5M2 saturate: Inf stays Inf
+        np.equal(a, _INF_BITS, out=mask)
+        np.copyto(q, fmt.inf_code, where=mask)
+    if cap != fmt.nan_code:
+        np.greater(a, _INF_BITS, out=mask)                   # NaN -> S.1111111
+        np.copyto(q, fmt.nan_code, where=mask)
+    # sign: bit 31 -> bit 7
+    np.right_shift(u, 24, out=t)
+    np.bitwise_and(t, 0x80, out=t)
+    np.bitwise_or(q, t, out=q)
+    np.copyto(codes, q, casting="unsafe")                    # values are 0..255
+
+
+# ---- decode ---------------------------------------------------------------------------------
+def decode_bits(codes: np.ndarray, fmt: Float8Format) -> np.ndarray:
+    """Bit-level decoder (builds the table `decode` uses; also readable as the definition).
+
+    normal:    bits = S<<31 | (E + 127 - bias)<<23 | M<<(23-m)
+    subnormal: value = M * min_subnormal (exact in float32)
+    NaN:       the code's bits widened as above with exponent 0xFF and the quiet bit set,
+               which is what torch returns (E4M3 NaN -> 0x7FF00000, E5M2 0x7D -> 0x7FE00000)
+    Inf (E5M2): exponent 0xFF, mantissa 0.
+    """
+    codes = check_input(codes, np.uint8, "codes")
+    c = codes.astype(np.uint32)
+    m = fmt.man_bits
+    sign = (c & 0x80) << 24
+    e = (c >> m) & ((1 << fmt.exp_bits) - 1)
+    man = c & ((1 << m) - 1)
+    normal = sign | ((e + 127 - fmt.bias) << 23) | (man << (23 - m))
+    subnormal = sign | (man.astype(np.float32) * np.float32(fmt.min_subnormal)).view(np.uint32)
+    special = sign | (0xFF << 23) | (man << (23 - m))
+    special = np.where(man != 0, special | 0x00400000, special)         # quiet the NaNs
+    mag = c & 0x7F
+    if fmt.has_inf:
+        is_special = mag >= fmt.inf_code
+    else:
+        is_special = mag == fmt.nan_code
+    bits = np.where(is_special, special, np.where(e == 0, subnormal, normal))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def decode_table(fmt: Float8Format) -> np.ndarray:
+    """float32 value of each of the 256 codes (read-only)."""
+    table = decode_bits(np.arange(256, dtype=np.uint8), fmt)
+    table.setflags(write=False)
+    return table
+
+
+def decode(codes: np.ndarray, fmt: Float8Format, out=None) -> np.ndarray:
+    """Decode uint8 codes of `fmt` to float32 through the 256-entry table (bit-exact with torch)."""
+    codes = check_input(codes, np.uint8, "codes")
+    out = prepare_out(out, codes.shape, np.float32)
+    table = decode_table(fmt)
+    flat_codes = codes.reshape(-1)
+    flat_out = out.reshape(-1)
+    for start, stop in block_ranges(flat_codes.size, BLOCK):
+        np.take(table, flat_codes[start:stop], out=flat_out[start:stop])
+    return out

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Codec speed, side by side in one run: memcpy, torch's own float8/float16 casts, our codecs.
+
+All timings use the same input: N float32 values shaped like gradients (per-row magnitudes
+log-uniform in 1e-7..1e-3, Gaussian within a row), multiplied by the power-of-two scale the
+Bit8 compressor would use.  Every operation writes into a preallocated buffer (`out=` /
+`copy_`) unless its name says "fresh".  Times are best-of and median over --reps runs;
+GB/s counts float32 bytes (4 * N) per second; `ratio` is time / time of torch's own cast in
+the same direction (encode, decode or round trip) for the same format.
+
+The last line is the headline: our torch float8 encode+decode time / torch's cast round trip
+(best-of).  Target: <= 1.0.  Results also go to --out as CSV.
+
+    python scripts/bench_codec.py                    # 2**24 values, 7 reps, E4M3
+    python scripts/bench_codec.py --threads 1 --block-sizes 16384 65536 262144
+"""
+import argparse
+import csv
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from hvd_compress.codecs import (E4M3, E5M2, fp8_numpy, fp8_torch, fp16_numpy,  # noqa: E402
+                                 fp16_torch, scaling)
+from hvd_compress.codecs import formats  # noqa: E402
+
+FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
+
+
+def gradient_like(n: int, seed: int = 0) -> torch.Tensor:
+    """n float32 values: rows of 4096 with log-uniform scale in [1e-7, 1e-3], Gaussian inside."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = (n + 4095) // 4096
+    scale = torch.pow(10.0, torch.empty(rows, 1).uniform_(-7, -3, generator=gen))
+    x = torch.randn(rows, 4096, generator=gen) * scale
+    return x.reshape(-1)[:n].contiguous()
+
+
+def time_it(fn, reps: int):
+    fn()                                                   # warm-up (caches, probes, pages)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[0], times[len(times) // 2]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=1 << 24, help="number of float32 values (default 2**24)")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--format", choices=sorted(FORMATS), default="e4m3")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--block-sizes", type=int, nargs="*", default=[],
+                   help="also time our torch float8 codec with these block sizes")
+    p.add_argument("--no-fp16", action="store_true", help="skip the float16 rows")
+    p.add_argument("--out", default="runs/bench/codec.csv")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fmt = FORMATS[args.format]
+    n, reps = args.n, args.reps
+    fp8 = fp8_torch.torch_dtype(fmt)
+
+    g = gradient_like(n)
+    s = scaling.pow2_scale(float(g.abs().max()), fmt.max_finite)
+    x = g * s                                              # what the compressor encodes
+    xn = x.numpy()
+    print(f"n={n} ({4 * n / 2**20:.0f} MiB float32), format={fmt.name}, scale=2**{int(np.log2(s))}, "
+          f"torch threads={torch.get_num_threads()}, reps={reps}, block={formats.BLOCK}", flush=True)
+
+    # preallocated buffers
+    f32 = torch.empty(n)
+    u8 = torch.empty(n, dtype=torch.uint8)
+    i16 = torch.empty(n, dtype=torch.int16)
+    f32n, u8n, u16n = f32.numpy(), u8.numpy(), i16.numpy().view(np.uint16)
+    codes = fp8_torch.encode(x, fmt)
+    codes_n = codes.numpy()
+    h16 = fp16_torch.encode(x)
+
+    # sanity: what we time is bit-exact against the references on this very input
+    ref = x.to(fp8).view(torch.uint8) if fmt is E4M3 else None
+    if ref is not None:
+        assert torch.equal(codes, ref) and np.array_equal(fp8_numpy.encode(xn, fmt), ref.numpy())
+    assert torch.equal(fp8_torch.decode(codes, fmt).view(torch.int32), codes.view(fp8).float().view(torch.int32))
+    assert np.array_equal(h16.numpy().view(np.uint16), xn.astype(np.float16).view(np.uint16))
+
+    rows = []
+
+    def run(op, impl, fn, direction, block=formats.BLOCK):
+        best, med = time_it(fn, reps)
+        rows.append(dict(op=op, impl=impl, direction=direction, n=n, block=block,
+                         threads=torch.get_num_threads(), best_ms=best * 1e3, median_ms=med * 1e3,
+                         gbps_best=4 * n / best / 1e9))
+        print(f"  {op:38s} {impl:10s} best {best * 1e3:8.2f} ms  median {med * 1e3:8.2f} ms  "
+              f"{4 * n / best / 1e9:6.2f} GB/s", flush=True)
+
+    def torch_roundtrip():
+        u8.view(fp8).copy_(x)
+        f32.copy_(u8.view(fp8))
+
+    def ours_torch_roundtrip():
+        fp8_torch.encode(x, fmt, out=u8)
+        fp8_torch.decode(u8, fmt, out=f32)
+
+    def ours_numpy_roundtrip():
+        fp8_numpy.encode(xn, fmt, out=u8n)
+        fp8_numpy.decode(u8n, fmt, out=f32n)
+
+    print("memcpy", flush=True)
+    run("copy_ into buffer", "torch", lambda: f32.copy_(x), "copy")
+    run("clone (fresh)", "torch", lambda: x.clone(), "copy")
+    print(f"float8 {fmt.name}", flush=True)
+    run("cast encode", "torch", lambda: u8.view(fp8).copy_(x), "encode")
+    run("cast encode (fresh .to)", "torch", lambda: x.to(fp8), "encode")
+    run("cast decode", "torch", lambda: f32.copy_(codes.view(fp8)), "decode")
+    run("cast decode (fresh .float)", "torch", lambda: codes.view(fp8).float(), "decode")
+    run("cast round trip", "torch", torch_roundtrip, "roundtrip")
+    run("encode (fast path)", "ours-torch", lambda: fp8_torch.encode(x, fmt, out=u8), "encode")
+    run("encode_bits (reference)", "ours-torch", lambda: fp8_torch.encode_bits(x, fmt, out=u8), "encode")
+    run("decode (table)", "ours-torch", lambda: fp8_torch.decode(codes, fmt, out=f32), "decode")
+    run("encode+decode", "ours-torch", ours_torch_roundtrip, "roundtrip")
+    run("encode (bits)", "ours-numpy", lambda: fp8_numpy.encode(xn, fmt, out=u8n), "encode")
+    run("decode (table)", "ours-numpy", lambda: fp8_numpy.decode(codes_n, fmt, out=f32n), "decode")
+    run("encode+decode", "ours-numpy", ours_numpy_roundtrip, "roundtrip")
+    saved = fp8_torch.BLOCK
+    for b in args.block_sizes:
+        fp8_torch.BLOCK = b
+        run(f"encode+decode block={b}", "ours-torch", ours_torch_roundtrip, "roundtrip", block=b)
+        run(f"encode_bits block={b}", "ours-torch", lambda: fp8_torch.encode_bits(x, fmt, out=u8), "encode", block=b)
+    fp8_torch.BLOCK = saved
+
+    if not args.no_fp16:
+        print("float16", flush=True)
+        half = i16.view(torch.float16)
+        run("cast encode (.half into buffer)", "torch", lambda: half.copy_(x), "fp16-encode")
+        run("cast decode (.float into buffer)", "torch", lambda: f32.copy_(h16.view(torch.float16)), "fp16-decode")
+        run("encode (fast path)", "ours-torch", lambda: fp16_torch.encode(x, out=i16), "fp16-encode")
+        run("encode_bits (reference)", "ours-torch", lambda: fp16_torch.encode_bits(x, out=i16), "fp16-encode")
+        run("decode (fast path)", "ours-torch", lambda: fp16_torch.decode(h16, out=f32), "fp16-decode")
+        run("decode_lookup (reference)", "ours-torch", lambda: fp16_torch.decode_lookup(h16, out=f32), "fp16-decode")
+        h16n = h16.numpy().view(np.uint16)
+        run("astype(float16)", "numpy", lambda: np.copyto(u16n.view(np.float16), xn, casting="unsafe"), "fp16-encode")
+        run("encode (bits)", "ours-numpy", lambda: fp16_numpy.encode(xn, out=u16n), "fp16-encode")
+        run("decode (table)", "ours-numpy", lambda: fp16_numpy.decode(h16n, out=f32n), "fp16-decode")
+
+    # ratios to torch's own cast in the same direction (best-of times)
+    torch_best = {r["direction"]: r["best_ms"] for r in rows if r["impl"] == "torch" and "fresh" not in r["op"]}
+    print("\nratio to torch's cast (best-of; < 1 = faster than torch)")
+    for r in rows:
+        base = torch_best.get(r["direction"])
+        r["ratio_to_torch_cast"] = r["best_ms"] / base if base and r["impl"] != "torch" else float("nan")
+        if r["impl"] != "torch" and base:
+            print(f"  {r['direction']:12s} {r['impl']:10s} {r['op']:38s} {r['ratio_to_torch_cast']:6.2f}")
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    head = next(r for r in rows if r["impl"] == "ours-torch" and r["op"] == "encode+decode")
+    print(f"wrote {args.out}")
+    print(f"headline: ours torch {fmt.name} encode+decode / torch cast round trip = "
+          f"{head['best_ms']:.1f} ms / {torch_best['roundtrip']:.1f} ms = {head['ratio_to_torch_cast']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

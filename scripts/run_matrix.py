@@ -1,0 +1,349 @@
+#!/usr/bin/env python
+"""Run the course's table of trainings and summarise it in summary.csv.
+
+    python scripts/run_matrix.py --epochs 3                     # Fashion-MNIST, 9 runs
+    python scripts/run_matrix.py --only 'serial,np2-*'          # a subset
+    python scripts/run_matrix.py --extras                       # + bit8 alltoall / error feedback
+    python scripts/run_matrix.py --summary-only                 # rebuild summary.csv only
+
+The table: serial (one process), then 2 and 4 processes x {none, fp16, bit16, bit8}, every
+run with the same epochs, seed and data.  Each run is labs/mnist.py in its own folder
+(<out>/<name>), launched with horovodrun; its console output goes to <out>/logs/<name>.log.
+
+Interrupted matrices resume: a run whose manifest says "complete" with the same settings is
+skipped, an unfinished run with a checkpoint is continued with --resume, anything else is
+moved aside (<name>.stale-<time>) and run again.  summary.csv gets one row per run.
+"""
+import argparse
+import fnmatch
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from hvd_compress import runlog  # noqa: E402
+
+TRAINER = ROOT / "labs" / "mnist.py"
+COMPRESSIONS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
+                "bit8": ["--bit8-allreduce"]}
+# Settings that must agree between a finished run and the matrix that wants to reuse it.
+SHARED_SETTINGS = ("epochs", "dataset", "split_test", "seed", "batch_size", "lr")
+
+
+@dataclass
+class RunSpec:
+    name: str
+    ranks: int
+    flags: list = field(default_factory=list)
+
+
+def course_runs(extras=False):
+    """The course's table, in the order it is reported."""
+    runs = [RunSpec("serial", 1)]
+    for ranks in (2, 4):
+        for compression, flags in COMPRESSIONS.items():
+            runs.append(RunSpec(f"np{ranks}-{compression}", ranks, flags))
+    if extras:
+        for ranks in (2, 4):
+            runs.append(RunSpec(f"np{ranks}-bit8-alltoall", ranks,
+                                ["--bit8-allreduce", "--reduction", "alltoall"]))
+            runs.append(RunSpec(f"np{ranks}-bit8-ef", ranks,
+                                ["--bit8-allreduce", "--error-feedback"]))
+    return runs
+
+
+def select(runs, only):
+    """Runs whose name matches one of the comma-separated patterns in ``only``."""
+    if not only:
+        return runs
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(r.name, pattern) for r in runs):
+            raise SystemExit(f"--only: {pattern!r} matches no run; runs are "
+                             f"{', '.join(r.name for r in runs)}")
+    return [r for r in runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching one run
+# ---------------------------------------------------------------------------------------------
+
+def trainer_args(args, run_dir):
+    cmd = [str(TRAINER), "--epochs", str(args.epochs), "--dataset", args.dataset,
+           "--seed", str(args.seed), "--batch-size", str(args.batch_size),
+           "--lr", str(args.lr), "--out", str(run_dir)]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    if args.split_test is not None:
+        cmd += ["--split-test", str(args.split_test)]
+    return cmd
+
+
+def launch_command(spec, args, run_dir, resume):
+    """horovodrun -np N --gloo|--mpi python labs/mnist.py ...; a serial run needs no launcher."""
+    train = [sys.executable] + trainer_args(args, run_dir) + spec.flags
+    if resume:
+        train.append("--resume")
+    if spec.ranks == 1:
+        return train
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    cmd = [horovodrun, "-np", str(spec.ranks), f"--{args.controller}"]
+    if args.controller == "mpi" and os.geteuid() == 0:
+        cmd.append("--mpi-args=--allow-run-as-root --oversubscribe")
+    return cmd + train
+
+
+def child_env():
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_one(cmd, log_path, timeout, echo):
+    """Run ``cmd``, teeing its output to ``log_path``; SIGTERM then SIGKILL after ``timeout``.
+
+    Returns (exit code, or None on timeout; seconds).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=child_env(), cwd=ROOT,
+                                start_new_session=True)
+
+        def pump():                     # a thread, so the main one can watch the clock
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if echo:
+                    print("    " + line, end="", flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+            code = None
+        except KeyboardInterrupt:
+            stop(proc)
+            raise
+        finally:
+            reader.join(timeout=10)
+    return code, time.monotonic() - start
+
+
+def stop(proc, grace=30):
+    """Stop the process group we started: SIGTERM lets the trainer record 'interrupted'."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ---------------------------------------------------------------------------------------------
+# Deciding what to do with an existing run folder
+# ---------------------------------------------------------------------------------------------
+
+def settings_mismatch(manifest, args):
+    """Names of the settings in which an existing run differs from this matrix."""
+    done = manifest.get("args", {})
+    wanted = {"epochs": args.epochs, "dataset": args.dataset, "split_test": args.split_test,
+              "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr}
+    return [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
+
+
+def plan(spec, args, run_dir):
+    """'skip', 'resume' or 'fresh' for one run (moving a stale folder aside for 'fresh')."""
+    manifest = runlog.read_manifest(run_dir)
+    if manifest is None:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            move_aside(run_dir)
+        return "fresh"
+    mismatch = settings_mismatch(manifest, args)
+    if mismatch:
+        raise SystemExit(
+            f"{run_dir} was made with other settings ({', '.join(mismatch)} differ); "
+            f"choose another --out or delete that folder")
+    if manifest.get("status") == "complete":
+        return "skip"
+    if (run_dir / "checkpoint.pt").is_file() and manifest.get("world_size") == spec.ranks:
+        return "resume"
+    move_aside(run_dir)
+    return "fresh"
+
+
+def move_aside(run_dir):
+    target = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(target)
+    print(f"    moved the unfinished folder aside: {target}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------
+
+STEP_PARTS = ["step", "forward_backward", "compress", "communicate", "decompress", "update"]
+
+
+def _seconds_between(start, end):
+    if start is None or end is None:
+        return math.nan
+    return float(end) - float(start)
+
+
+def summarize_run(name, run_dir):
+    """One summary row from a run folder (NaN where the run has no numbers yet)."""
+    manifest = runlog.read_manifest(run_dir) or {}
+    row = {"run": name, "config": manifest.get("config"),
+           "ranks": manifest.get("world_size"), "compression": manifest.get("compression"),
+           "reduction": manifest.get("reduction"),
+           "error_feedback": manifest.get("error_feedback"),
+           "controller": manifest.get("controller"),
+           "dataset": (manifest.get("data") or {}).get("name"),
+           "train_samples": (manifest.get("data") or {}).get("train_samples"),
+           "status": manifest.get("status", "missing"),
+           "epochs": math.nan, "train_time_s": math.nan,
+           "wall_time_s": _seconds_between(manifest.get("start_unix"), manifest.get("end_unix")),
+           "final_test_accuracy": math.nan, "final_test_loss": math.nan,
+           "samples_per_s": math.nan, "steps_per_epoch": math.nan}
+    row.update({f"{part}_ms": math.nan for part in STEP_PARTS})
+    row["bytes_per_step"] = math.nan
+    epochs_csv, steps_csv = run_dir / "epochs.csv", run_dir / "steps.csv"
+    if epochs_csv.is_file():
+        epochs = pd.read_csv(epochs_csv)
+        if len(epochs):
+            row.update(epochs=len(epochs), train_time_s=epochs["epoch_s"].sum(),
+                       final_test_accuracy=epochs["test_accuracy"].iloc[-1],
+                       final_test_loss=epochs["test_loss"].iloc[-1],
+                       samples_per_s=epochs["train_samples_per_s"].mean(),
+                       steps_per_epoch=epochs["steps"].iloc[-1])
+    if steps_csv.is_file():
+        steps = pd.read_csv(steps_csv)
+        if len(steps):
+            for part in STEP_PARTS:
+                row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
+            row["bytes_per_step"] = steps["bytes_sent"].mean()
+    row["run_dir"] = os.path.relpath(run_dir, start=run_dir.parent)
+    return row
+
+
+def write_summary(out, runs):
+    rows = [summarize_run(spec.name, out / spec.name) for spec in runs
+            if (out / spec.name).exists()]
+    frame = pd.DataFrame(rows)
+    runlog.atomic_write_text(out / "summary.csv", frame.to_csv(index=False))
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist"])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--split-test", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.01,
+                        help="base learning rate (the trainer scales it by the world size)")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "matrix"))
+    parser.add_argument("--only", default=None,
+                        help="comma-separated run names or patterns, e.g. 'serial,np2-*'")
+    parser.add_argument("--extras", action="store_true",
+                        help="add bit8 alltoall and bit8 error-feedback rows (2 and 4 ranks)")
+    parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds allowed per run before it is stopped (default 3600)")
+    parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="rebuild summary.csv from the existing run folders")
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    runs = select(course_runs(args.extras), args.only)
+    if args.summary_only:
+        print(write_summary(out, runs).to_string(index=False))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    runlog.atomic_write_json(out / "matrix.json", {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("dry_run", "quiet")},
+        "runs": [spec.name for spec in runs], "updated": runlog.now_iso()})
+
+    failures, started = [], time.monotonic()
+    for number, spec in enumerate(runs, 1):
+        run_dir = out / spec.name
+        header = f"[{number}/{len(runs)}] {spec.name}"
+        if args.dry_run:
+            print(header + ": " + shlex.join(launch_command(spec, args, run_dir, False)))
+            continue
+        action = plan(spec, args, run_dir)
+        if action == "skip":
+            print(f"{header}: already complete, skipped", flush=True)
+            continue
+        cmd = launch_command(spec, args, run_dir, resume=action == "resume")
+        elapsed = time.monotonic() - started
+        print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
+              f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
+              f"matrix time so far {elapsed / 60:.1f} min; log {out / 'logs' / spec.name}.log)",
+              flush=True)
+        code, seconds = run_one(cmd, out / "logs" / f"{spec.name}.log", args.timeout,
+                                echo=not args.quiet)
+        manifest = runlog.read_manifest(run_dir) or {}
+        if code == 0 and manifest.get("status") == "complete":
+            row = summarize_run(spec.name, run_dir)
+            print(f"{header}: done in {seconds:.0f} s, test accuracy "
+                  f"{row['final_test_accuracy']:.4f}", flush=True)
+        else:
+            why = "timed out" if code is None else f"exit code {code}"
+            failures.append(spec.name)
+            print(f"{header}: FAILED ({why}, status {manifest.get('status')}); "
+                  f"see {out / 'logs' / spec.name}.log", flush=True)
+    if args.dry_run:
+        return 0
+    frame = write_summary(out, runs)
+    columns = ["run", "status", "epochs", "train_time_s", "final_test_accuracy", "step_ms",
+               "communicate_ms", "bytes_per_step"]
+    print(f"\nsummary: {out / 'summary.csv'}")
+    print(frame[[c for c in columns if c in frame]].to_string(index=False))
+    if failures:
+        print(f"\n{len(failures)} run(s) failed: {', '.join(failures)}; run the same command "
+              f"again to retry them (finished runs are kept)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

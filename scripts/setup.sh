@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Set up hvd-compress on a fresh Debian 12 machine: Open MPI, a virtualenv at .venv with
+# torch, Horovod 0.28.1 built from its PyPI sdist with PyTorch + MPI + Gloo (patched, see
+# patches/series), and this package in editable mode.
+#
+# Idempotent: the Horovod wheel is built once (~4-15 min on 2 cores) and cached outside the
+# clone, keyed by Horovod, torch, Python and the patches; a second run takes seconds.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HOROVOD_VERSION=0.28.1
+CACHE=${HVD_COMPRESS_CACHE:-$HOME/.cache/hvd-compress}
+VENV=${HVD_COMPRESS_VENV:-$ROOT/.venv}
+PY=$VENV/bin/python
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+# 1. System packages: Open MPI for Horovod's MPI controller, a C++ toolchain and cmake for the
+#    Horovod build, ccache so a patch change rebuilds in a minute, iproute2 for the emulated network.
+apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake ccache iproute2 python3-venv patch)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# 2. The virtualenv and the Python requirements (reinstalled only when requirements.txt changes).
+[ -x "$PY" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
+req_hash=$(sha256sum "$ROOT/requirements.txt" | cut -c1-16)
+if [ "$(cat "$VENV/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
+  log "installing requirements.txt into $VENV"
+  "$PY" -m pip install -q -r "$ROOT/requirements.txt" 2>&1 | grep -v '^WARNING: Location' || true
+  "$PY" -c "import torch, numpy" || die "requirements did not install"
+  echo "$req_hash" > "$VENV/.requirements-hash"
+fi
+
+# 3. Horovod: build the patched sdist into a cached wheel once, install it into the venv.
+torch_version=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+py_tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+patch_list=$(grep -v '^\s*#' "$ROOT/patches/series" | sed '/^\s*$/d')
+patch_hash=$(cd "$ROOT/patches" && cat series $patch_list | sha256sum | cut -c1-12)
+key="horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$patch_hash"
+wheel_dir="$CACHE/wheels/$key"
+
+build_horovod_wheel() {
+  local work sdist src
+  mkdir -p "$CACHE/sdist"
+  sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
+  if [ ! -f "$sdist" ]; then
+    log "downloading the Horovod $HOROVOD_VERSION sdist"
+    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$CACHE/sdist"
+  fi
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' RETURN
+  tar xzf "$sdist" -C "$work"
+  src="$work/horovod-$HOROVOD_VERSION"
+  for p in $patch_list; do
+    log "applying patches/$p"
+    patch -p1 -d "$src" --forward --quiet < "$ROOT/patches/$p" || die "patches/$p does not apply"
+  done
+  log "building Horovod $HOROVOD_VERSION against torch $torch_version (takes minutes; log: $CACHE/build.log)"
+  mkdir -p "$work/wheel"
+  ( cd "$src" && \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS= \
+    CCACHE_DIR="$CACHE/ccache" MAKEFLAGS="-j$(nproc)" \
+    "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/wheel" . ) > "$CACHE/build.log" 2>&1 \
+    || { tail -40 "$CACHE/build.log" >&2; die "the Horovod build failed (full log: $CACHE/build.log)"; }
+  mkdir -p "$CACHE/wheels"
+  rm -rf "$wheel_dir.tmp" && mv "$work/wheel" "$wheel_dir.tmp" && mv "$wheel_dir.tmp" "$wheel_dir"
+}
+
+if [ "$(cat "$VENV/.horovod-key" 2>/dev/null)" != "$key" ]; then
+  ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 || build_horovod_wheel
+  log "installing the cached Horovod wheel ($key)"
+  "$PY" -m pip install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl 2>&1 | grep -v '^WARNING: Location' || true
+  echo "$key" > "$VENV/.horovod-key"
+fi
+
+# 4. This package, editable.
+if ! "$PY" -c 'import hvd_compress' 2>/dev/null; then
+  "$PY" -m pip install -q --no-deps -e "$ROOT" 2>&1 | grep -v '^WARNING: Location' || true
+fi
+
+# 5. Check: the build must carry PyTorch, MPI and Gloo.
+check=$("$VENV/bin/horovodrun" --check-build)
+for want in PyTorch MPI Gloo; do
+  grep -qE "\[X\] $want" <<< "$check" || { echo "$check" >&2; die "Horovod lacks $want"; }
+done
+log "ready: $("$PY" -c 'import torch, horovod; print("torch", torch.__version__, "| horovod", horovod.__version__)') | venv $VENV"

@@ -1,0 +1,223 @@
+"""hvd_compress.data on the real MNIST test set, on corrupt copies of it, and sharding."""
+import gzip
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hvd_compress import data
+
+MNIST_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
+IMAGES = MNIST_DIR / "t10k-images-idx3-ubyte.gz"
+LABELS = MNIST_DIR / "t10k-labels-idx1-ubyte.gz"
+
+# Published facts about the MNIST test set (not our output): images per digit 0..9, and the
+# first three labels (the familiar 7, 2, 1 of every MNIST tutorial).
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@pytest.fixture(scope="module")
+def test_images():
+    return data.read_idx(IMAGES, data.MNIST.test_images)
+
+
+@pytest.fixture(scope="module")
+def test_labels():
+    return data.read_idx(LABELS, data.MNIST.test_labels)
+
+
+def copy_test_set(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (IMAGES, LABELS):
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+# --- reading the real files ------------------------------------------------------------------
+
+def test_real_test_set_parses(test_images, test_labels):
+    assert test_images.shape == (10000, 28, 28) and test_images.dtype == np.uint8
+    assert test_labels.shape == (10000,) and test_labels.dtype == np.uint8
+    assert list(test_labels[:3]) == [7, 2, 1]
+    assert np.bincount(test_labels, minlength=10).tolist() == MNIST_TEST_COUNTS
+    assert test_images.min() == 0 and test_images.max() == 255
+
+
+def test_published_md5_is_checked():
+    assert data.md5_of(IMAGES) == data.MNIST.test_images.gz_md5
+    content, how = data.verify_file(IMAGES, data.MNIST.test_images)
+    assert "published .gz" in how
+    assert len(content) == 16 + 10000 * 28 * 28
+
+
+def test_recompressed_copy_is_accepted_by_content_md5(tmp_path, test_labels):
+    # Debian re-compresses Fashion-MNIST: different .gz bytes, same IDX content.
+    copy = tmp_path / LABELS.name
+    copy.write_bytes(gzip.compress(gzip.decompress(LABELS.read_bytes()), mtime=12345))
+    assert data.md5_of(copy) != data.MNIST.test_labels.gz_md5
+    labels = data.read_idx(copy, data.MNIST.test_labels)
+    assert np.array_equal(labels, test_labels)
+
+
+def test_uncompressed_file_is_accepted(tmp_path, test_labels):
+    raw = tmp_path / "t10k-labels-idx1-ubyte"
+    raw.write_bytes(gzip.decompress(LABELS.read_bytes()))
+    assert data.find_file(tmp_path, data.MNIST.test_labels) == raw
+    assert np.array_equal(data.read_idx(raw, data.MNIST.test_labels), test_labels)
+
+
+# --- corrupt and missing files ---------------------------------------------------------------
+
+def test_truncated_gzip_is_a_clear_error(tmp_path):
+    cut = tmp_path / IMAGES.name
+    cut.write_bytes(IMAGES.read_bytes()[:100_000])
+    with pytest.raises(data.DataError, match="truncated or corrupt"):
+        data.read_idx(cut, data.MNIST.test_images)
+
+
+def test_truncated_content_is_a_clear_error(tmp_path):
+    content = gzip.decompress(IMAGES.read_bytes())[:-28 * 28]   # one image short
+    with pytest.raises(data.DataError, match="truncated"):
+        data.parse_idx(content, "cut")
+    cut = tmp_path / IMAGES.name
+    cut.write_bytes(gzip.compress(content))
+    with pytest.raises(data.DataError, match="checksum mismatch"):
+        data.read_idx(cut, data.MNIST.test_images)
+
+
+def test_wrong_md5_is_a_clear_error(tmp_path):
+    content = bytearray(gzip.decompress(LABELS.read_bytes()))
+    content[100] = (content[100] + 1) % 10          # a plausible but wrong label
+    bad = tmp_path / LABELS.name
+    bad.write_bytes(gzip.compress(bytes(content)))
+    with pytest.raises(data.DataError) as err:
+        data.read_idx(bad, data.MNIST.test_labels)
+    message = str(err.value)
+    assert "checksum mismatch" in message and data.MNIST.test_labels.gz_md5 in message
+
+
+def test_not_an_idx_file(tmp_path):
+    with pytest.raises(data.DataError, match="not an IDX file"):
+        data.parse_idx(b"PK\x03\x04 a zip file", "zip")
+
+
+def test_missing_folder_names_the_files_and_how_to_get_them(tmp_path):
+    with pytest.raises(data.DataError) as err:
+        data.load_dataset("mnist", str(tmp_path / "nowhere"))
+    message = str(err.value)
+    assert "t10k-images-idx3-ubyte.gz" in message and "--data-dir" in message
+
+
+def test_missing_training_set_suggests_split_test_and_never_falls_back(tmp_path):
+    folder = copy_test_set(tmp_path / "mnist")
+    with pytest.raises(data.DataError) as err:
+        data.load_dataset("mnist", str(folder), download=False)
+    message = str(err.value)
+    # only what is missing is listed, and the way out is named
+    assert "could not find train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz in" in message
+    assert "--split-test" in message
+
+
+def test_missing_labels_file(tmp_path):
+    folder = copy_test_set(tmp_path / "mnist")
+    (folder / LABELS.name).unlink()
+    with pytest.raises(data.DataError, match="t10k-labels-idx1-ubyte.gz"):
+        data.load_dataset("mnist", str(folder), split_test=8000)
+
+
+def test_corrupt_file_stops_load_dataset(tmp_path):
+    folder = copy_test_set(tmp_path / "mnist")
+    (folder / IMAGES.name).write_bytes(IMAGES.read_bytes()[:-10])
+    with pytest.raises(data.DataError):
+        data.load_dataset("mnist", str(folder), split_test=8000)
+
+
+def test_unknown_dataset():
+    with pytest.raises(data.DataError, match="unknown data set"):
+        data.load_dataset("cifar10")
+
+
+# --- loading and normalising -----------------------------------------------------------------
+
+def test_split_test_trains_on_the_first_n_images(test_images, test_labels):
+    loaded = data.load_dataset("mnist", str(MNIST_DIR), split_test=8000)
+    assert loaded.train_x.shape == (8000, 1, 28, 28) and loaded.train_x.dtype == torch.float32
+    assert loaded.test_x.shape == (2000, 1, 28, 28)
+    assert torch.equal(loaded.train_y, torch.from_numpy(test_labels[:8000].astype(np.int64)))
+    assert torch.equal(loaded.test_y, torch.from_numpy(test_labels[8000:].astype(np.int64)))
+    # ToTensor() + Normalize((0.1307,), (0.3081,)), computed independently here
+    expected = (test_images[8000].astype(np.float64) / 255 - 0.1307) / 0.3081
+    assert np.allclose(loaded.test_x[0, 0].numpy(), expected, atol=1e-6)
+    assert set(loaded.files) == {IMAGES.name, LABELS.name}
+    assert loaded.describe()["train_samples"] == 8000
+
+
+def test_torchvision_layout_is_found(tmp_path):
+    copy_test_set(tmp_path / "root" / "MNIST" / "raw")
+    loaded = data.load_dataset("mnist", str(tmp_path / "root"), split_test=5000)
+    assert loaded.folder.endswith("MNIST/raw")
+
+
+@pytest.mark.parametrize("n", [0, -1, 10000, 20000])
+def test_split_test_out_of_range(n):
+    with pytest.raises(data.DataError, match="--split-test"):
+        data.load_dataset("mnist", str(MNIST_DIR), split_test=n)
+
+
+# --- sharding --------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 500), size=st.integers(1, 8), epoch=st.integers(0, 5))
+def test_eval_shards_cover_every_sample_exactly_once(n, size, epoch):
+    if n < size:
+        with pytest.raises(data.DataError, match="ranks"):
+            data.eval_shard(n, 0, size)
+        return
+    shards = [data.eval_shard(n, r, size) for r in range(size)]
+    assert sorted(torch.cat(shards).tolist()) == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 500), size=st.integers(1, 8), epoch=st.integers(0, 5),
+       seed=st.integers(0, 2**31 - 1))
+def test_train_shards_cover_all_samples_with_equal_lengths(n, size, epoch, seed):
+    if n < size:
+        with pytest.raises(data.DataError):
+            data.train_shard(n, 0, size, seed, epoch)
+        return
+    shards = [data.train_shard(n, r, size, seed, epoch) for r in range(size)]
+    lengths = {len(s) for s in shards}
+    assert len(lengths) == 1                       # same number of steps on every rank
+    everything = torch.cat(shards).tolist()
+    assert set(everything) == set(range(n))        # every sample is seen
+    padding = len(everything) - n
+    assert 0 <= padding < size                     # only the padding repeats samples
+    assert len(set(everything)) == n
+
+
+def test_train_shards_without_padding_are_a_partition():
+    shards = [data.train_shard(60000, r, 4, seed=42, epoch=1) for r in range(4)]
+    assert sorted(torch.cat(shards).tolist()) == list(range(60000))
+
+
+def test_shuffle_is_deterministic_by_seed_and_epoch():
+    a = data.train_shard(1000, 1, 2, seed=42, epoch=3)
+    assert torch.equal(a, data.train_shard(1000, 1, 2, seed=42, epoch=3))
+    assert not torch.equal(a, data.train_shard(1000, 1, 2, seed=42, epoch=4))
+    assert not torch.equal(a, data.train_shard(1000, 1, 2, seed=7, epoch=3))
+
+
+def test_more_ranks_than_samples_is_a_clear_error():
+    with pytest.raises(data.DataError, match="3 samples but there are 4 ranks"):
+        data.train_shard(3, 0, 4, seed=0, epoch=0)
+
+
+def test_batches():
+    sizes = [len(b) for b in data.batches(torch.arange(10), 4)]
+    assert sizes == [4, 4, 2]
+    with pytest.raises(ValueError):
+        data.batches(torch.arange(10), 0)
