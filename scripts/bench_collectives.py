@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import re
@@ -438,12 +437,15 @@ def fit_and_predict(prim_raw, prim, schemes):
     measurements = cmfit.measurements_from_rows(
         prim_raw[["collective", "n", "bytes", "seconds"]].to_dict("records"), source="primitives")
     fits = {f.collective: f for f in cmfit.fit_all(measurements)}
-    link = (fits.get("all") or next(iter(fits.values()))).link()
+    joint = fits.get("all") or next(iter(fits.values()))
+
+    def seconds(fit, cost):
+        # alpha and beta straight from the fit: a clamped beta of 0 is no valid model.Link
+        return fit.alpha * cost.messages + fit.beta * cost.bytes
+
     prim = prim.copy()
-    prim["predicted_s"] = [
-        fits[c].link().alpha * cmfit.COLLECTIVES[c](n, b).messages
-        + fits[c].link().beta * cmfit.COLLECTIVES[c](n, b).bytes
-        for c, n, b in zip(prim["collective"], prim["n"], prim["bytes"])]
+    prim["predicted_s"] = [seconds(fits[c], cmfit.COLLECTIVES[c](n, b))
+                           for c, n, b in zip(prim["collective"], prim["n"], prim["bytes"])]
     if schemes is not None and len(schemes):
         schemes = schemes.copy()
         model_bytes, predicted = [], []
@@ -452,7 +454,7 @@ def fit_and_predict(prim_raw, prim, schemes):
             name, bits = _model_scheme(comp, red)
             cost = costmodel.predict(name, int(n), float(g), bits)
             model_bytes.append(cost.bytes)
-            predicted.append(cost.seconds(link))     # communication only (gamma = 0)
+            predicted.append(seconds(joint, cost))     # communication only (gamma = 0)
         schemes["model_bytes_per_rank"] = model_bytes
         schemes["predicted_s"] = predicted
     return prim, schemes, fits
@@ -512,8 +514,11 @@ def analyze(out_path: Path, quiet: bool = False) -> dict:
 
     fit_json = {"source": str(paths["primitives"]),
                 "fits": [{"collective": f.collective, "alpha_s": f.alpha,
-                          "beta_s_per_byte": f.beta, "bandwidth_bytes_per_s": f.bandwidth,
-                          "r2": f.r2, "points": len(f.points), "clamped": f.clamped}
+                          "beta_s_per_byte": f.beta,
+                          # JSON has no inf/nan: null where beta was clamped to 0 or R^2 undefined
+                          "bandwidth_bytes_per_s": _finite_or_none(f.bandwidth),
+                          "r2": _finite_or_none(f.r2), "points": len(f.points),
+                          "clamped": f.clamped}
                          for f in fits.values()],
                 "schemes_predicted_with": "all" if "all" in fits else next(iter(fits))}
     runlog.atomic_write_json(paths["fit"], fit_json)
@@ -527,6 +532,10 @@ def analyze(out_path: Path, quiet: bool = False) -> dict:
         print(f"\nwrote {paths['summary']}, {paths['fit']}, {paths['plot']}"
               + (f", {paths['ratios']}" if len(ratios) else ""))
     return {"summary": summary, "fits": fit_json, "ratios": ratios, "paths": paths}
+
+
+def _finite_or_none(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def report_ratios(summary):
@@ -543,9 +552,11 @@ def format_report(summary, fit_json, ratios) -> str:
     """The text printed at the end: fitted links, model error, and the ratio tables."""
     lines = ["", "alpha-beta fits (hvd_compress.costmodel.fit, relative least squares):"]
     for f in fit_json["fits"]:
+        bw = f["bandwidth_bytes_per_s"]
         lines.append(f"  {f['collective']:<14} alpha {f['alpha_s'] * 1e6:9.1f} us   "
-                     f"bandwidth {f['bandwidth_bytes_per_s'] * 8 / 1e9:8.3f} Gbit/s   "
-                     f"R^2 {f['r2']:.4f}")
+                     + (f"bandwidth {bw * 8 / 1e9:8.3f} Gbit/s" if bw else "bandwidth   (beta fitted 0)")
+                     + (f"   R^2 {f['r2']:.4f}" if f["r2"] is not None else "")
+                     + (f"   ({f['clamped']} held at 0)" if f["clamped"] else ""))
     big = summary[(summary["bytes"] >= 2**20) & (summary["kind"] == "primitive")]
     if len(big):
         worst = big["rel_err"].abs().max()

@@ -363,17 +363,19 @@ def cleanup(everything: bool = False, verbose: bool = False) -> list[str]:
     """Remove leftover hvdc-* namespaces: those whose owner process is gone, or all of them.
 
     Returns the names removed."""
+    def leftover(name: str) -> bool:
+        pid = _owner_pid(name)
+        return everything or pid is None or (pid != os.getpid() and not _pid_alive(pid))
+
     removed = []
-    live = set(list_namespaces())
-    if NETNS_ETC.is_dir():       # /etc overlays whose namespace is already gone
-        for etc in NETNS_ETC.glob(PREFIX + "*"):
-            if etc.name not in live:
-                shutil.rmtree(etc, ignore_errors=True)
-    for ns in sorted(live):
-        pid = _owner_pid(ns)
-        if everything or pid is None or (pid != os.getpid() and not _pid_alive(pid)):
+    for ns in list_namespaces():
+        if leftover(ns):
             delete_namespace(ns, verbose)
             removed.append(ns)
+    if NETNS_ETC.is_dir():       # /etc overlays left without their namespace
+        for etc in NETNS_ETC.glob(PREFIX + "*"):
+            if leftover(etc.name):
+                shutil.rmtree(etc, ignore_errors=True)
     return removed
 
 

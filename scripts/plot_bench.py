@@ -39,8 +39,8 @@ def plot_bench(summary, path: Path, fits: dict | None = None) -> Path:
 
     ns = sorted(summary["n"].unique())
     kinds = [k for k in ("primitive", "scheme") if (summary["kind"] == k).any()]
-    fig, axes = plt.subplots(len(kinds), len(ns), figsize=(max(8.0, 6.2 * len(ns)), 4.6 * len(kinds) + 0.4),
-                             squeeze=False, sharex=True)
+    size = (max(8.0, 6.2 * len(ns)), 4.6 * len(kinds) + 0.4)
+    fig, axes = plt.subplots(len(kinds), len(ns), figsize=size, squeeze=False, sharex=True)
     names = list(dict.fromkeys(summary["name"]))
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
     for row, kind in enumerate(kinds):
@@ -68,7 +68,8 @@ def plot_bench(summary, path: Path, fits: dict | None = None) -> Path:
                       title="o median, bars p10..p90, -- model", title_fontsize=7)
     if fits:
         parts = [f"{f['collective']}: α {f['alpha_s'] * 1e6:.0f} µs, "
-                 f"{f['bandwidth_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s"
+                 + (f"{f['bandwidth_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s"
+                    if f.get("bandwidth_bytes_per_s") else "β 0")
                  for f in fits.get("fits", [])]
         lines = ["; ".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]
         fig.suptitle("alpha-beta fits — " + "\n".join(lines), fontsize=9)

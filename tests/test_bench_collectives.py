@@ -1,0 +1,186 @@
+"""Tests of scripts/bench_collectives.py: argument parsing and the analysis on synthetic
+numbers (pure), then a tiny real run with horovodrun (2 ranks, 2 sizes, few repetitions)
+whose CSVs pandas reads and the cost model fits, and, as root, the same under netem with the
+NIC byte counters.  No timing target lives here (machines are noisy): only that times are
+positive and the files are whole.
+"""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_PY = REPO / "scripts" / "bench_collectives.py"
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("bench_collectives", BENCH_PY)
+netem = _load("netem", REPO / "scripts" / "netem.py")
+KiB, MiB = 2**10, 2**20
+
+
+# ---------------------------------------------------------------- pure parts
+
+def test_parse_sizes_ranges_and_lists():
+    assert bench.parse_sizes("1KiB:64KiB") == [1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB]
+    assert bench.parse_sizes("1KiB:8KiB:x2") == [1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB]
+    assert bench.parse_sizes("1MiB,4096,1MiB") == [4096, MiB]
+    assert bench.parse_sizes("1KiB:64MiB")[-1] == 64 * MiB       # the brief's range, both ends
+    for bad in ("", "1KB:1B", "1KiB:4KiB:x1", "12 parsecs", "0"):
+        with pytest.raises(ValueError):
+            bench.parse_sizes(bad)
+
+
+def test_parse_schemes():
+    assert bench.parse_schemes(["bit8:allgather", "none:allreduce"]) == [
+        ("bit8", "allgather"), ("none", "allreduce")]
+    for bad in (["bit8"], ["bit4:allgather"], ["bit8:broadcast"]):
+        with pytest.raises(ValueError):
+            bench.parse_schemes(bad)
+
+
+def test_output_paths_are_named_after_out():
+    p = bench.output_paths(Path("r/x.csv"))
+    assert p["schemes"] == Path("r/x_schemes.csv") and p["plot"] == Path("r/x.png")
+    assert p["summary"] == Path("r/x_summary.csv") and p["fit"] == Path("r/x_fit.json")
+
+
+def test_summarize_matches_numpy_quantiles():
+    rng = np.random.default_rng(0)
+    secs = rng.lognormal(-5, 0.3, size=40)
+    df = pd.DataFrame({"collective": "allreduce", "n": 2, "bytes": 1024, "seconds": secs})
+    s = bench.summarize(df, ["collective", "n", "bytes"]).iloc[0]
+    assert s["reps"] == 40
+    assert s["median_s"] == pytest.approx(np.median(secs))
+    assert s["p10_s"] == pytest.approx(np.quantile(secs, 0.1))
+    assert s["p90_s"] == pytest.approx(np.quantile(secs, 0.9))
+    assert s["min_s"] <= s["p10_s"] <= s["median_s"] <= s["p90_s"] <= s["max_s"]
+
+
+def test_fit_recovers_a_synthetic_link_and_ratios_use_the_same_run():
+    # Primitives made from a known link: alpha 100 us, 1 GB/s; the fit must give them back,
+    # and a scheme twice as slow as allreduce must show a time ratio of 2.
+    alpha, beta = 100e-6, 1e-9
+    rows = []
+    for n in (2, 4):
+        for b in (KiB, 64 * KiB, MiB, 16 * MiB):
+            t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * b * beta
+            rows += [{"collective": "allreduce", "dtype": "float32", "n": n, "bytes": b,
+                      "seconds": t * f, "bytes_per_rank": 2 * (n - 1) / n * b}
+                     for f in (0.99, 1.0, 1.01)]
+    prim_raw = pd.DataFrame(rows)
+    prim = bench.summarize(prim_raw, ["collective", "dtype", "n", "bytes"])
+    schemes = prim[["n", "bytes"]].copy()
+    schemes["scheme"], schemes["compression"], schemes["reduction"] = (
+        "bit8_allgather", "bit8", "allgather")
+    schemes["median_s"] = 2 * prim["median_s"]
+    schemes["bytes_sent"] = (schemes["n"] - 1) * (schemes["bytes"] / 4 + 8)
+    prim, schemes, fits = bench.fit_and_predict(prim_raw, prim, schemes)
+    assert fits["allreduce"].alpha == pytest.approx(alpha, rel=1e-6)
+    assert fits["allreduce"].beta == pytest.approx(beta, rel=1e-6)
+    assert np.allclose(prim["predicted_s"], prim["median_s"], rtol=1e-6)
+    out = bench.add_ratios(prim, schemes)
+    assert np.allclose(out["time_ratio"], 2.0)
+    # bit8 allgather at n = 2 sends g/4 + 8 bytes; fp32 ring allreduce sends g: ratio ~ 1/4
+    two = out[(out["n"] == 2) & (out["bytes"] == 16 * MiB)].iloc[0]
+    assert two["bytes_ratio"] == pytest.approx((16 * MiB / 4 + 8) / (16 * MiB))
+
+
+# ---------------------------------------------------------------- a tiny real run
+
+COLUMNS = {"collective", "n", "bytes", "rep", "seconds"}
+
+
+def _tiny_args(out):
+    return ["--out", str(out), "--sizes", "4KiB,256KiB", "--warmup", "1", "--min-reps", "3",
+            "--max-reps", "3", "--budget", "0.01",
+            "--schemes", "none:allreduce", "bit8:allgather", "bit8:alltoall"]
+
+
+def _check_outputs(out, n_values):
+    prim = pd.read_csv(out)
+    assert COLUMNS <= set(prim.columns)
+    assert set(prim["collective"]) == {"allreduce", "allgather", "alltoall"}
+    assert sorted(prim["n"].unique()) == n_values
+    assert sorted(prim["bytes"].unique()) == [4 * KiB, 256 * KiB]
+    assert (prim["seconds"] > 0).all() and prim["seconds"].notna().all()
+    assert (prim.groupby(["collective", "n", "bytes"]).size() == 3).all()   # 3 reps each
+    schemes = pd.read_csv(bench.output_paths(out)["schemes"])
+    assert set(schemes["scheme"]) == {"none_allreduce", "bit8_allgather", "bit8_alltoall"}
+    assert (schemes["seconds"] > 0).all()
+    assert (schemes["communicate_s"] > 0).all() and (schemes["bytes_sent"] > 0).all()
+    # the communicators' own byte counts: bit8 allgather sends (n-1) packets of g/4 + header
+    bit8 = schemes[schemes["scheme"] == "bit8_allgather"]
+    assert ((bit8["bytes_sent"] >= (bit8["n"] - 1) * bit8["bytes"] / 4)
+            & (bit8["bytes_sent"] <= (bit8["n"] - 1) * (bit8["bytes"] / 4 + 64))).all()
+    summary = pd.read_csv(bench.output_paths(out)["summary"])
+    assert {"median_s", "p10_s", "p90_s", "predicted_s", "time_ratio"} <= set(summary.columns)
+    assert (summary["predicted_s"] > 0).all()
+    fit = json.loads(bench.output_paths(out)["fit"].read_text())
+    assert {f["collective"] for f in fit["fits"]} >= {"allreduce", "allgather", "alltoall"}
+    assert bench.output_paths(out)["plot"].stat().st_size > 10_000
+    return prim, schemes
+
+
+def test_tiny_loopback_run_then_costmodel_fit(tmp_path):
+    out = tmp_path / "bench.csv"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, str(BENCH_PY), "--launch", "loopback", "-n", "2",
+                        "--timeout", "240"] + _tiny_args(out),
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_outputs(out, [2])
+    assert "vs fp32 allreduce" in r.stdout
+    # The cost model's own command line reads the primitives file as it is.
+    fit = subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", "--fit", str(out),
+                          "--format", "json"], capture_output=True, text=True, cwd=REPO)
+    assert fit.returncode == 0, fit.stderr
+    fits = {f["collective"]: f for f in json.loads(fit.stdout)["fits"]}
+    assert fits["allreduce"]["beta_s_per_byte"] > 0 or fits["allreduce"]["alpha_s"] > 0
+    # --analyze redoes the analysis from the CSVs alone
+    os.remove(bench.output_paths(out)["summary"])
+    again = subprocess.run([sys.executable, str(BENCH_PY), "--analyze", str(out)],
+                           capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert bench.output_paths(out)["summary"].exists()
+
+
+def test_worker_refuses_to_run_without_a_launcher(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
+    r = subprocess.run([sys.executable, str(BENCH_PY), "--out", str(tmp_path / "x.csv")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "launcher" in r.stderr
+
+
+CAPS = netem.probe_capabilities()
+
+
+@pytest.mark.skipif(not (CAPS.netns and CAPS.tbf),
+                    reason=f"cannot emulate a network here: {CAPS.problem or 'no tbf qdisc'}")
+def test_tiny_netem_run_counts_wire_bytes(tmp_path):
+    out = tmp_path / "net.csv"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "netem.py"), "bench", "-n", "2",
+                        "--rate", "1gbit", "--timeout", "240", "--"] + _tiny_args(out),
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    prim, schemes = _check_outputs(out, [2])
+    assert (prim["transport"] == "netem").all() and (prim["link_rate_bps"] == 1e9).all()
+    # Each rank's NIC sent at least what the collective must move (headers come on top).
+    assert (prim["wire_tx_bytes"] >= prim["bytes_per_rank"]).all()
+    bit8 = schemes[schemes["scheme"] == "bit8_allgather"]
+    assert (bit8["wire_tx_bytes"] >= bit8["bytes_sent"]).all()
+    assert not math.isnan(pd.read_csv(bench.output_paths(out)["summary"])["wire_tx_bytes"].max())
