@@ -29,10 +29,11 @@ from .compressors import compressor_name, packet_bytes
 from .fusion import buckets_by_size, flatten
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
-           "AlltoallCommunicator", "REDUCTIONS", "Stats"]
+           "AlltoallCommunicator", "REDUCTIONS", "Stats", "start_packet_exchange"]
 
 REDUCTIONS = ("allreduce", "allgather", "alltoall")
 DEFAULT_FUSION_BYTES = 64 * 1024 * 1024
+_WARMED = set()
 
 
 class Stats:
@@ -76,10 +77,11 @@ class _Communicator:
         self.fusion_threshold_bytes = (DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None
                                        else int(fusion_threshold_bytes))
         self.stats = Stats()
-        if hasattr(compression, "decode_packet"):
+        if hasattr(compression, "decode_packet") and compression not in _WARMED:
             # The codecs probe torch's casts once per device (about a second); do it here,
             # not inside the first timed training step.
             compression.decode_packet(compression.compress(torch.zeros(1))[0])
+            _WARMED.add(compression)
 
     def pop_stats(self):
         return self.stats.pop()
@@ -89,7 +91,7 @@ class _Communicator:
 
     def _tag(self, name):
         # The route is part of the name, so ranks that disagree on it never match silently.
-        return f"hvdc.{self.describe()}.{name}"
+        return None if name is None else f"hvdc.{self.describe()}.{name}"
 
     def _compress(self, tensor, name, memory):
         """compress(tensor), with error feedback when a ResidualMemory is given."""
@@ -157,29 +159,48 @@ class AllgatherCommunicator(_Communicator):
     reduction = "allgather"
 
     def reduce(self, tensors, names, memory=None):
-        n = hvd.size()
-        launched = []
-        for bucket in buckets_by_size(tensors, self.fusion_threshold_bytes):
-            with self.stats.timing("compress_s"):
-                packed = [self._compress(tensors[i], names[i], memory) for i in bucket]
-                sizes = [p.numel() for p, _ in packed]
-                message = torch.cat([p for p, _ in packed]) if len(packed) > 1 else packed[0][0]
-            handle = hvd.allgather_async(message, name=self._tag(names[bucket[0]]))
-            self.stats.values["bytes_sent"] += (n - 1) * message.numel()
-            launched.append((bucket, packed, sizes, handle))
+        launched = [(bucket, self.start([tensors[i] for i in bucket], [names[i] for i in bucket], memory))
+                    for bucket in buckets_by_size(tensors, self.fusion_threshold_bytes)]
         results = [None] * len(tensors)
-        for bucket, packed, sizes, handle in launched:
-            with self.stats.timing("communicate_s"):
-                gathered = hvd.synchronize(handle)
-            with self.stats.timing("decompress_s"):
-                per_rank = gathered.view(n, -1)
-                offset = 0
-                for j, i in enumerate(bucket):
-                    rows = per_rank[:, offset:offset + sizes[j]]
-                    offset += sizes[j]
-                    shape, dtype = packed[j][1]
-                    results[i] = self._sum_packets(rows, n).view(shape).to(dtype)
+        for bucket, handle in launched:
+            for i, reduced in zip(bucket, self.finish(handle)):
+                results[i] = reduced
         return results
+
+    def start(self, tensors, names, memory=None):
+        """Compress `tensors` and launch one allgather carrying all their packets."""
+        with self.stats.timing("compress_s"):
+            packed = [self._compress(t, name, memory) for t, name in zip(tensors, names)]
+            message = torch.cat([p for p, _ in packed]) if len(packed) > 1 else packed[0][0]
+        handle = hvd.allgather_async(message, name=self._tag(names[0]))
+        self.stats.values["bytes_sent"] += (hvd.size() - 1) * message.numel()
+        return handle, [(p.numel(), ctx) for p, ctx in packed]
+
+    def finish(self, started):
+        """Wait for the allgather, decode every rank's packets, reduce: one tensor per input."""
+        handle, layout = started
+        n = hvd.size()
+        with self.stats.timing("communicate_s"):
+            gathered = hvd.synchronize(handle)
+        results, offset = [], 0
+        with self.stats.timing("decompress_s"):
+            per_rank = gathered.view(n, -1)
+            for size, (shape, dtype) in layout:
+                results.append(self._sum_packets(per_rank[:, offset:offset + size], n).view(shape).to(dtype))
+                offset += size
+        return results
+
+
+def start_packet_exchange(compression, tensor, name, op=hvd.Average):
+    """Launch one tensor's allgather exchange now; return a callable that finishes it.
+
+    The hook Horovod's own DistributedOptimizer needs for the course's in-tree route
+    (patches/course-bit8-bit16.patch): Horovod calls it per gradient during backward and
+    calls the returned function in synchronize().
+    """
+    comm = AllgatherCommunicator(compression, op=op, fusion_threshold_bytes=0)
+    started = comm.start([tensor], [name])
+    return lambda: comm.finish(started)[0]
 
 
 def _chunk_bounds(numel, n):
@@ -237,7 +258,7 @@ class AlltoallCommunicator(_Communicator):
                     offset += size
             with self.stats.timing("compress_s"):
                 reduced = torch.cat([self.compression.compress(c)[0] for c in reduced_chunks])
-            handle = hvd.allgather_async(reduced, name=self._tag(names[bucket[0]]) + ".gather")
+            handle = hvd.allgather_async(reduced, name=self._tag(f"{names[bucket[0]]}.gather"))
             self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
             phase2.append((bucket, bounds, handle))
 

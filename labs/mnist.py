@@ -420,6 +420,8 @@ def main(argv=None):
     args = parse_args(argv)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    if args.use_adasum and size > 1 and not hvd.mpi_enabled():
+        agree("--use-adasum needs Horovod's MPI controller on CPU: horovodrun --mpi ...", rank)
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
     if args.cuda:

@@ -736,9 +736,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  netem.py run -n 2 --rate 1gbit -- python labs/mnist.py --bit8-allreduce\n"
+               "  netem.py bench -n 4 --rate 1gbit -- --out results/bench/1g_n4.csv\n"
+               "details: docs/netem.md")
+    sub = parser.add_subparsers(dest="cmd", required=True,
+                                metavar="{run,bench,check,cleanup,commands}")
 
     def add_link_args(p):
         p.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
@@ -764,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                          help="also those of live owners (a run in progress will break)")
     p_show = sub.add_parser("commands", help="print the ip/tc commands a cluster is built with")
     add_link_args(p_show)
-    p_rdv = sub.add_parser("rendezvous", help=argparse.SUPPRESS)
+    p_rdv = sub.add_parser("rendezvous")     # internal: run by run_ranks in the switch ns
     p_rdv.add_argument("hosts", nargs="+")
     args = parser.parse_args(argv)
 

@@ -32,6 +32,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from hvd_compress import runlog  # noqa: E402
+from hvd_compress.launch import horovodrun_command, launch_env  # noqa: E402
 
 TRAINER = ROOT / "labs" / "mnist.py"
 COMPRESSIONS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
@@ -96,16 +97,11 @@ def launch_command(spec, args, run_dir, resume):
         train.append("--resume")
     if spec.ranks == 1:
         return train
-    horovodrun = str(Path(sys.executable).parent / "horovodrun")
-    cmd = [horovodrun, "-np", str(spec.ranks), f"--{args.controller}"]
-    if args.controller == "mpi" and os.geteuid() == 0:
-        cmd.append("--mpi-args=--allow-run-as-root --oversubscribe")
-    return cmd + train
+    return horovodrun_command(spec.ranks, train, controller=args.controller)
 
 
 def child_env():
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env = launch_env()
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

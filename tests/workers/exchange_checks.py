@@ -1,25 +1,25 @@
 """Run under horovodrun: checks the compressed gradient exchange across real ranks.
 
-Every rank prints `CHECK <name> ok` for each check that holds and raises (non-zero exit) on
+Every rank logs each check that holds (tests/workers/checks.py) and raises (non-zero exit) on
 the first that does not; tests/test_exchange_multiprocess.py launches it with 2, 3 and 4
-ranks under Gloo and MPI and counts the ok lines.
+ranks under Gloo and MPI and reads the logs.
 """
 import sys
 
 import torch
 import horovod.torch as hvd
 
+import checks
+from checks import check
+
 import hvd_compress as hc
 from hvd_compress.communicators import make_communicator, _chunk_bounds
 
 hvd.init()
 N, RANK = hvd.size(), hvd.rank()
+checks.start(RANK)
 
 
-def check(name, cond, detail=""):
-    if not cond:
-        raise AssertionError(f"rank {RANK}: {name} failed {detail}")
-    print(f"CHECK {name} ok", flush=True)
 
 
 def rank_tensors(seed):
@@ -138,5 +138,5 @@ def check_optimizer():
 check_allreduce_routes()
 check_packet_routes()
 check_optimizer()
-print("ALL CHECKS DONE", flush=True)
+checks.done()
 sys.exit(0)

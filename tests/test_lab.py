@@ -1,0 +1,366 @@
+"""The course lab end to end, on the real MNIST test set, with real horovodrun.
+
+One module-scoped set of runs (serial and 2 processes x none / bit16 / bit8, one epoch of
+8,000 images each) serves all the assertions on accuracy and records; a small run matrix,
+an interrupted + resumed run, the report and the plots are checked on top.
+"""
+import importlib.util
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hvd_compress import runlog
+from hvd_compress.launch import horovodrun_command, launch_env
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+PYTHON = sys.executable
+TRAINER = str(ROOT / "labs" / "mnist.py")
+# 8,000 training images, evaluated on the other 2,000; lr 0.1 (x world size) so that one
+# epoch is enough for the small network to pass 90% with every compression.
+COMMON = ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "1",
+          "--lr", "0.1", "--no-progress"]
+FLAGS = {"none": [], "bit16": ["--bit16-allreduce"], "bit8": ["--bit8-allreduce"]}
+TIMEOUT = 900
+
+
+def run(cmd, timeout=TIMEOUT):
+    return subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT,
+                          timeout=timeout)
+
+
+def train(out, ranks, extra, check=True):
+    cmd = [PYTHON, TRAINER, "--out", str(out)] + extra
+    if ranks > 1:
+        cmd = horovodrun_command(ranks, cmd, controller="gloo")
+    done = run(cmd)
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8."""
+    base = tmp_path_factory.mktemp("lab")
+    folders = {}
+    for ranks in (1, 2):
+        for compression, flags in FLAGS.items():
+            out = base / f"np{ranks}-{compression}"
+            train(out, ranks, COMMON + flags)
+            folders[(ranks, compression)] = out
+    return folders
+
+
+CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
+
+
+# --- the runs --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ranks,compression", CASES)
+def test_one_epoch_reaches_90_percent(runs, ranks, compression):
+    epochs = pd.read_csv(runs[(ranks, compression)] / "epochs.csv")
+    assert len(epochs) == 1
+    assert epochs["test_samples"].iloc[0] == 2000
+    assert epochs["test_accuracy"].iloc[0] > 0.9
+
+
+@pytest.mark.parametrize("ranks,compression", CASES)
+def test_records_are_complete(runs, ranks, compression):
+    folder = runs[(ranks, compression)]
+    steps = pd.read_csv(folder / "steps.csv")
+    epochs = pd.read_csv(folder / "epochs.csv")
+    assert list(steps.columns) == runlog.STEP_COLUMNS
+    assert list(epochs.columns) == runlog.EPOCH_COLUMNS
+    # every rank wrote its own file; the merged file holds all of them
+    per_rank = [pd.read_csv(folder / f"steps_rank{r}.csv") for r in range(ranks)]
+    assert len(steps) == sum(map(len, per_rank))
+    assert sorted(steps["rank"].unique()) == list(range(ranks))
+    # same number of steps on every rank, as many as epochs.csv says, 8,000 samples in all
+    counts = steps.groupby("rank").size()
+    assert counts.nunique() == 1 and counts.iloc[0] == epochs["steps"].iloc[0]
+    assert steps["samples"].sum() == epochs["train_samples"].iloc[0] == 8000
+    assert not steps.duplicated(["rank", "step"]).any()
+    # the plugin timed every step: no missing number, and the parts fit inside the step
+    assert steps.notna().all().all()
+    assert (steps["update_s"] > -1e-4).all()
+    inside = steps["forward_backward_s"] + steps["compress_s"] + steps["communicate_s"] \
+        + steps["decompress_s"] + steps["update_s"]
+    assert (inside <= steps["step_s"] + 1e-4).all()
+    assert epochs[["epoch_s", "train_samples_per_s", "test_loss", "eval_s"]].gt(0).all().all()
+    assert epochs["train_loss"].iloc[0] == pytest.approx(
+        (steps["loss"] * steps["samples"]).sum() / steps["samples"].sum(), rel=1e-9)
+
+
+@pytest.mark.parametrize("ranks,compression", CASES)
+def test_manifest_is_complete(runs, ranks, compression):
+    folder = runs[(ranks, compression)]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["reason"] is None
+    assert manifest["world_size"] == ranks
+    assert manifest["compression"] == compression
+    assert manifest["epochs_completed"] == 1
+    assert manifest["lr_effective"] == pytest.approx(0.1 * ranks)
+    if ranks > 1:
+        assert manifest["controller"] == "gloo"
+    assert manifest["reduction"] == ("allreduce" if compression == "none" else "default")
+    for key in ("python", "torch", "horovod", "mpi", "numpy"):
+        assert manifest["versions"][key] and manifest["versions"][key] != "none"
+    assert manifest["cpu_model"] and manifest["hostname"]
+    assert manifest["end_unix"] >= manifest["start_unix"]
+    assert manifest["data"]["name"] == "mnist" and manifest["data"]["split_test"] == 8000
+    assert set(manifest["data"]["files"]) == {"t10k-images-idx3-ubyte.gz",
+                                              "t10k-labels-idx1-ubyte.gz"}
+    assert (folder / "checkpoint.pt").is_file()
+
+
+def test_compression_sends_fewer_bytes(runs):
+    sent = {c: pd.read_csv(runs[(2, c)] / "steps.csv")["bytes_sent"].mean() for c in FLAGS}
+    assert 0 < sent["bit8"] < sent["bit16"] < sent["none"]
+    # 21,840 float32 gradients: 8-bit codes are about a quarter of them
+    assert sent["bit8"] < 0.3 * sent["none"]
+
+
+def test_each_rank_trains_on_its_own_shard(runs):
+    """Each rank trains on its own shard: the two ranks' losses of a step differ."""
+    steps = pd.read_csv(runs[(2, "none")] / "steps.csv")
+    by_rank = steps.pivot(index="step", columns="rank", values="loss")
+    assert (by_rank[0] != by_rank[1]).mean() > 0.9
+
+
+# --- command line errors (in-process: argparse runs before Horovod starts) -------------------
+
+@pytest.fixture(scope="module")
+def lab():
+    spec = importlib.util.spec_from_file_location("lab_mnist", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs", "0"], "--epochs must be at least 1"),
+    (["--batch-size", "-5"], "--batch-size must be at least 1"),
+    (["--split-test", "-1"], "--split-test must be at least 1"),
+    (["--bit8-allreduce", "--bit16-allreduce"], "not allowed with"),
+    (["--fp16-allreduce", "--bit8-allreduce"], "not allowed with"),
+    (["--use-adasum", "--bit8-allreduce"], "--use-adasum cannot be combined"),
+    (["--use-adasum", "--bit16-allreduce"], "--use-adasum cannot be combined"),
+    (["--reduction", "alltoall"], "--reduction only applies"),
+    (["--error-feedback"], "--error-feedback needs"),
+    (["--resume"], "--resume needs --out"),
+    (["--lr", "nan"], "--lr must be a positive number"),
+])
+def test_bad_flags_are_clear_errors(lab, capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        lab.parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_flags_of_the_horovod_example(lab):
+    args = lab.parse_args([])
+    assert (args.batch_size, args.test_batch_size, args.epochs, args.lr, args.momentum,
+            args.seed, args.log_interval) == (64, 1000, 10, 0.01, 0.5, 42, 10)
+    assert args.compression == "none"
+    args = lab.parse_args(["--bit8-allreduce", "--reduction", "alltoall", "--error-feedback"])
+    assert lab.config_name(args, 4) == "np4-bit8-alltoall-ef"
+
+
+def test_missing_data_is_a_clear_error_and_creates_nothing(tmp_path):
+    done = run([PYTHON, TRAINER, "--data-dir", str(tmp_path / "empty"),
+                "--out", str(tmp_path / "run")])
+    assert done.returncode == 2
+    assert "could not find" in done.stderr and "--data-dir" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# --- interrupted and resumed -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    """A two-row run matrix (serial and np2-bit8, two epochs), run twice."""
+    out = tmp_path_factory.mktemp("matrix")
+    cmd = [PYTHON, str(ROOT / "scripts" / "run_matrix.py"), "--dataset", "mnist",
+           "--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "2",
+           "--lr", "0.1", "--only", "serial,np2-bit8", "--out", str(out), "--quiet"]
+    first = run(cmd)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = run(cmd)
+    return out, first, second
+
+
+def test_matrix_skips_finished_runs(matrix):
+    out, first, second = matrix
+    assert first.stdout.count("starting") == 2
+    assert second.returncode == 0
+    assert second.stdout.count("already complete, skipped") == 2
+    assert "starting" not in second.stdout
+    summary = pd.read_csv(out / "summary.csv")
+    assert summary["run"].tolist() == ["serial", "np2-bit8"]
+    assert (summary["status"] == "complete").all() and (summary["epochs"] == 2).all()
+    assert summary["ranks"].tolist() == [1, 2]
+
+
+def test_summary_matches_the_run_records(matrix):
+    out, _, _ = matrix
+    summary = pd.read_csv(out / "summary.csv").set_index("run")
+    for run_name in ("serial", "np2-bit8"):
+        epochs = pd.read_csv(out / run_name / "epochs.csv")
+        steps = pd.read_csv(out / run_name / "steps.csv")
+        row = summary.loc[run_name]
+        assert row["train_time_s"] == pytest.approx(epochs["epoch_s"].sum())
+        assert row["final_test_accuracy"] == epochs["test_accuracy"].iloc[-1]
+        assert row["communicate_ms"] == pytest.approx(1000 * steps["communicate_s"].mean())
+        assert row["bytes_per_step"] == pytest.approx(steps["bytes_sent"].mean())
+
+
+def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path):
+    """Stop a 2-process run in its second epoch, resume it: every step is recorded once and
+    the numbers equal those of the uninterrupted run of the matrix (same seed)."""
+    out, _, _ = matrix
+    reference = out / "np2-bit8"
+    folder = tmp_path / "np2-bit8"
+    flags = ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "2",
+             "--lr", "0.1", "--seed", "42", "--batch-size", "64", "--dataset", "mnist",
+             "--no-progress", "--bit8-allreduce"]
+    stopped = train(folder, 2, flags + ["--max-steps", "80"], check=False)
+    assert stopped.returncode != 0
+    manifest = runlog.read_manifest(folder)
+    assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
+    assert manifest["epochs_completed"] == 1
+    assert len(pd.read_csv(folder / "steps_rank0.csv")) == 80     # 17 rows of epoch 2
+    assert "--resume" in stopped.stdout
+
+    again = train(folder, 2, flags, check=False)                  # no --resume: refused
+    assert again.returncode != 0 and "already holds a run" in again.stdout + again.stderr
+
+    train(folder, 2, flags + ["--resume"])
+    manifest = runlog.read_manifest(folder)
+    assert manifest["status"] == "complete" and manifest["epochs_completed"] == 2
+    assert manifest["resumes"][0]["from_epoch"] == 2
+    assert manifest["resumes"][0]["rows_dropped_rank0"] == 17
+    steps, ref_steps = (pd.read_csv(f / "steps.csv") for f in (folder, reference))
+    assert not steps.duplicated(["rank", "step"]).any()
+    assert len(steps) == len(ref_steps) == 2 * 2 * 63
+    merged = steps.merge(ref_steps, on=["rank", "step"], suffixes=("", "_ref"))
+    assert (merged["loss"] == merged["loss_ref"]).all()
+    assert (merged["bytes_sent"] == merged["bytes_sent_ref"]).all()
+    epochs, ref_epochs = (pd.read_csv(f / "epochs.csv") for f in (folder, reference))
+    columns = ["epoch", "train_loss", "test_loss", "test_accuracy"]
+    pd.testing.assert_frame_equal(epochs[columns], ref_epochs[columns])
+
+
+# --- report and plots ------------------------------------------------------------------------
+
+def table_rows(report):
+    """{run name: [cells]} of the results table."""
+    rows = {}
+    for line in report.splitlines():
+        found = re.search(r"\| `([^`]+)` \|$", line)
+        if found:
+            rows[found.group(1)] = [c.strip() for c in line.strip("|").split("|")]
+    return rows
+
+
+def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
+    out, _, _ = matrix
+    report_path = tmp_path / "report.md"
+    done = run([PYTHON, str(ROOT / "scripts" / "fill_report.py"), "--summary",
+                str(out / "summary.csv"), "--out", str(report_path)])
+    assert done.returncode == 0, done.stderr
+    report = report_path.read_text()
+    assert "{{" not in report and "nan" not in report.lower()
+    assert "## 实验环境 / Environment" in report and "## 实验结果 / Results" in report
+    rows = table_rows(report)
+    assert set(rows) == {"serial", "np2-bit8"}
+    summary = pd.read_csv(out / "summary.csv").set_index("run")
+    for run_name, cells in rows.items():
+        epochs = pd.read_csv(out / run_name / "epochs.csv")
+        steps = pd.read_csv(out / run_name / "steps.csv")
+        assert float(cells[2]) == pytest.approx(epochs["epoch_s"].sum(), abs=0.051)
+        assert float(cells[3].rstrip("%")) == pytest.approx(
+            100 * epochs["test_accuracy"].iloc[-1], abs=0.0051)
+        for cell, column in zip(cells[4:10], ["step_s", "forward_backward_s", "compress_s",
+                                              "communicate_s", "decompress_s", "update_s"]):
+            assert float(cell) == pytest.approx(1000 * steps[column].mean(), abs=0.0051)
+        assert float(cells[10].replace(",", "")) == pytest.approx(
+            steps["bytes_sent"].mean(), abs=0.51)
+        assert summary.loc[run_name, "ranks"] == (1 if run_name == "serial" else 2)
+    assert "Device# == 2" in rows["np2-bit8"][1]
+    assert "float8" in rows["np2-bit8"][0] and "Serial" in rows["serial"][0]
+    manifest = runlog.read_manifest(out / "serial")
+    assert manifest["environment"]["hostname"] in report
+    assert manifest["environment"]["torch"] in report
+
+
+def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
+    out, _, _ = matrix
+    fill_report = load_script("fill_report")
+    summary = pd.read_csv(out / "summary.csv")
+    shutil.copytree(out / "serial", tmp_path / "serial")
+    shutil.copytree(out / "np2-bit8", tmp_path / "np2-bit8")
+    broken = summary.copy()
+    broken.loc[1, "status"] = "interrupted"
+    broken.to_csv(tmp_path / "summary.csv", index=False)
+    assert fill_report.main(["--summary", str(tmp_path / "summary.csv"),
+                             "--out", str(tmp_path / "report.md")]) == 1
+    assert not (tmp_path / "report.md").exists()
+    broken = summary.copy()
+    broken.loc[0, "communicate_ms"] = math.nan
+    broken.to_csv(tmp_path / "summary.csv", index=False)
+    with pytest.raises(fill_report.ReportError, match="communicate_ms"):
+        fill_report.build_report(tmp_path / "summary.csv", ROOT / "report_template.md")
+    with pytest.raises(fill_report.ReportError, match="mystery"):
+        fill_report.fill("{{mystery}}", {})
+
+
+def test_plots_are_written(matrix, tmp_path):
+    out, _, _ = matrix
+    done = run([PYTHON, str(ROOT / "scripts" / "plot_runs.py"), "--summary",
+                str(out / "summary.csv"), "--out-dir", str(tmp_path)])
+    assert done.returncode == 0, done.stderr
+    for name in ("accuracy.png", "loss.png", "step_time.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# --- run matrix planning (no launch) ---------------------------------------------------------
+
+def test_matrix_table_and_filter():
+    run_matrix = load_script("run_matrix")
+    names = [r.name for r in run_matrix.course_runs()]
+    assert names == ["serial"] + [f"np{n}-{c}" for n in (2, 4)
+                                  for c in ("none", "fp16", "bit16", "bit8")]
+    assert [r.name for r in run_matrix.select(run_matrix.course_runs(), "np4-*")] == [
+        "np4-none", "np4-fp16", "np4-bit16", "np4-bit8"]
+    with pytest.raises(SystemExit, match="matches no run"):
+        run_matrix.select(run_matrix.course_runs(), "np8-none")
+    extras = [r.name for r in run_matrix.course_runs(extras=True)]
+    assert "np4-bit8-alltoall" in extras and "np2-bit8-ef" in extras
+
+
+def test_matrix_refuses_a_run_made_with_other_settings(matrix):
+    out, _, _ = matrix
+    run_matrix = load_script("run_matrix")
+    args = run_matrix.parse_args(["--dataset", "mnist", "--split-test", "8000",
+                                  "--epochs", "3", "--lr", "0.1", "--out", str(out)])
+    spec = run_matrix.course_runs()[0]
+    with pytest.raises(SystemExit, match="epochs"):
+        run_matrix.plan(spec, args, out / "serial")
+    args.epochs = 2
+    assert run_matrix.plan(spec, args, out / "serial") == "skip"
