@@ -354,6 +354,15 @@ def gpus() -> list[dict]:
     return found
 
 
+def cuda_toolkit() -> str:
+    """The CUDA toolkit's release from ``nvcc --version`` ("none" without nvcc)."""
+    out = _run(["nvcc", "--version"])
+    for line in reversed((out or "").splitlines()):
+        if "release" in line:
+            return line.split("release", 1)[1].split(",")[0].strip()
+    return "none"
+
+
 def environment() -> dict:
     """What the machine and the software are, for the manifest and the report's table."""
     try:
@@ -375,7 +384,8 @@ def environment() -> dict:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "torch": torch_version,
-        "cuda": cuda,
+        "cuda": cuda,                    # what torch was built with
+        "cuda_toolkit": cuda_toolkit(),  # what is installed (may be unused)
         "horovod": package_version("horovod"),
         "mpi": mpi_version(),
         "numpy": package_version("numpy"),

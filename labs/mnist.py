@@ -37,6 +37,7 @@ import torch.optim as optim
 import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, too
+import hvd_compress as hc  # noqa: E402
 from hvd_compress import data as lab_data  # noqa: E402
 from hvd_compress import runlog  # noqa: E402
 
@@ -180,7 +181,6 @@ def make_optimizer(model, args, world_size):
         compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                         compression=compression, op=hvd.Adasum)
-    import hvd_compress as hc
     compression = {"none": hc.Compression.none, "fp16": hc.Compression.fp16,
                    "bit16": hc.Compression.bit16, "bit8": hc.Compression.bit8}[args.compression]
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -437,9 +437,12 @@ def main(argv=None):
     except lab_data.DataError as err:
         error = str(err)
     agree(error, rank)
+    if args.cuda:                       # the whole data set fits on a GPU: move it once
+        for name in ("train_x", "train_y", "test_x", "test_y"):
+            setattr(data, name, getattr(data, name).cuda())
 
     ctx = Context(rank, size, prepare_run_dir(args, rank, size))
-    model = Net()
+    model = Net().cuda() if args.cuda else Net()
     opt = make_optimizer(model, args, size)
 
     first_epoch, dropped = 1, 0
@@ -491,13 +494,15 @@ def main(argv=None):
             finish_manifest(ctx, status, reason)
     if status != "complete":
         if rank == 0:
-            print(f"run {status}: {reason}; continue it with --out {ctx.run_dir} --resume",
-                  flush=True)
+            how = (f"continue it with --out {ctx.run_dir} --resume"
+                   if (ctx.run_dir / "checkpoint.pt").is_file()
+                   else f"no epoch finished, so nothing to resume: delete {ctx.run_dir} "
+                        f"and start again")
+            print(f"run {status}: {reason}; {how}", flush=True)
         sys.exit(3)
 
 
 def start_manifest(ctx, args, data, first_epoch, dropped):
-    import hvd_compress
     manifest = runlog.read_manifest(ctx.run_dir) if args.resume else None
     resumes = (manifest or {}).get("resumes", [])
     if args.resume:

@@ -98,7 +98,7 @@ def main(argv=None):
         rows.append(dict(op=op, impl=impl, direction=direction, n=n, block=block,
                          threads=torch.get_num_threads(), best_ms=best * 1e3, median_ms=med * 1e3,
                          gbps_best=4 * n / best / 1e9))
-        print(f"  {op:38s} {impl:10s} best {best * 1e3:8.2f} ms  median {med * 1e3:8.2f} ms  "
+        print(f"  {op:42s} {impl:10s} best {best * 1e3:8.2f} ms  median {med * 1e3:8.2f} ms  "
               f"{4 * n / best / 1e9:6.2f} GB/s", flush=True)
 
     def torch_roundtrip():
@@ -124,6 +124,11 @@ def main(argv=None):
     run("cast round trip", "torch", torch_roundtrip, "roundtrip")
     run("encode (fast path)", "ours-torch", lambda: fp8_torch.encode(x, fmt, out=u8), "encode")
     run("encode_bits (reference)", "ours-torch", lambda: fp8_torch.encode_bits(x, fmt, out=u8), "encode")
+    # what a compressor does with the unscaled gradient g: multiply then encode, or fused
+    run("encode(g * s) (product is a fresh tensor)", "ours-torch",
+        lambda: fp8_torch.encode(g * s, fmt, out=u8), "encode")
+    run("encode(g, scale=s) (fused, blocked)", "ours-torch",
+        lambda: fp8_torch.encode(g, fmt, out=u8, scale=s), "encode")
     run("decode (table)", "ours-torch", lambda: fp8_torch.decode(codes, fmt, out=f32), "decode")
     run("encode+decode", "ours-torch", ours_torch_roundtrip, "roundtrip")
     run("encode (bits)", "ours-numpy", lambda: fp8_numpy.encode(xn, fmt, out=u8n), "encode")
@@ -143,6 +148,8 @@ def main(argv=None):
         run("cast decode (.float into buffer)", "torch", lambda: f32.copy_(h16.view(torch.float16)), "fp16-decode")
         run("encode (fast path)", "ours-torch", lambda: fp16_torch.encode(x, out=i16), "fp16-encode")
         run("encode_bits (reference)", "ours-torch", lambda: fp16_torch.encode_bits(x, out=i16), "fp16-encode")
+        run("encode(g, scale=s) (fused, blocked)", "ours-torch",
+            lambda: fp16_torch.encode(g, out=i16, scale=s), "fp16-encode")
         run("decode (fast path)", "ours-torch", lambda: fp16_torch.decode(h16, out=f32), "fp16-decode")
         run("decode_lookup (reference)", "ours-torch", lambda: fp16_torch.decode_lookup(h16, out=f32), "fp16-decode")
         h16n = h16.numpy().view(np.uint16)
@@ -157,7 +164,7 @@ def main(argv=None):
         base = torch_best.get(r["direction"])
         r["ratio_to_torch_cast"] = r["best_ms"] / base if base and r["impl"] != "torch" else float("nan")
         if r["impl"] != "torch" and base:
-            print(f"  {r['direction']:12s} {r['impl']:10s} {r['op']:38s} {r['ratio_to_torch_cast']:6.2f}")
+            print(f"  {r['direction']:12s} {r['impl']:10s} {r['op']:42s} {r['ratio_to_torch_cast']:6.2f}")
 
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as fh:

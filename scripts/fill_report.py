@@ -121,8 +121,17 @@ def environment_fields(env, controllers):
                       f"numpy {env['numpy']}, pandas {env['pandas']}, matplotlib "
                       f"{env['matplotlib']}, ml_dtypes {env['ml_dtypes']}, hvd_compress "
                       f"{env['hvd_compress']}"),
-        "cuda": env.get("cuda") or "none",
+        "cuda": cuda_text(env),
     }
+
+
+def cuda_text(env):
+    used = env.get("cuda") or "none"
+    toolkit = env.get("cuda_toolkit") or "none"
+    if used == "none":
+        text = "none (PyTorch is the CPU build)"
+        return text + (f"; CUDA toolkit {toolkit} installed, unused" if toolkit != "none" else "")
+    return f"{used} (PyTorch build)" + (f"; toolkit {toolkit}" if toolkit != "none" else "")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,11 @@ def run_worker(script, np, controller, tmp_path, env_extra=None, timeout=900):
     env.update(env_extra or {})
     proc = subprocess.run(horovodrun_command(np, [sys.executable, str(WORKERS / script)], controller),
                           env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    if proc.returncode != 0:
+        out = proc.stdout + proc.stderr
+        errors = [l for l in out.splitlines() if "Error" in l and "horovod/runner" not in l]
+        raise AssertionError(f"{script} failed on {np} ranks ({controller}):\n" + "\n".join(errors[:20])
+                             + "\n--- output tail ---\n" + out[-3000:])
     logs = [(check_dir / f"rank{r}.txt").read_text().splitlines() for r in range(np)]
     assert all(log and log[-1] == "ALL CHECKS DONE" for log in logs), "a rank did not finish its checks"
     assert all(log == logs[0] for log in logs), "ranks passed different checks"

@@ -184,3 +184,14 @@ def test_errors():
         fp16_numpy.encode(np.zeros(4, np.float32), out=np.empty(5, np.uint16))
     with pytest.raises(ValueError):
         fp16_torch.decode(torch.zeros(4, dtype=torch.int16), out=torch.empty(2, 2))
+
+
+@pytest.mark.parametrize("scale", [2.0 ** 20, 2.0 ** -9, 0.3, 1.0])
+def test_scale_argument_equals_encoding_the_product(scale):
+    x = np.concatenate([random_bits(1 << 15, seed=21), edge_set()])
+    with np.errstate(all="ignore"):                               # NaN/Inf inputs in the product
+        expected = reference_encode(x * np.float32(scale) if scale != 1.0 else x)
+    xt = torch.from_numpy(x)
+    assert_bits_equal(fp16_numpy.encode(x, scale=scale), expected, x)
+    assert_bits_equal(fp16_torch.encode(xt, scale=scale).numpy().view(np.uint16), expected, x)
+    assert_bits_equal(fp16_torch.encode_bits(xt, scale=scale).numpy().view(np.uint16), expected, x)

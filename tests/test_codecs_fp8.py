@@ -321,3 +321,27 @@ def test_numpy_scalar_is_accepted_as_0d():
     c = fp8_numpy.encode(np.float32(3.0), E4M3)
     assert c.shape == () and int(c) == 0x44                     # 3 = 1.5 * 2**1: 0.1000.100
     assert fp8_numpy.decode(np.uint8(0x40), E4M3).shape == ()
+
+
+# ---- scale= (fused multiply, no full-size temporary) ------------------------------------------
+@pytest.mark.parametrize("scale", [2.0 ** 16, 2.0 ** -7, 0.1, 3, 1.0, np.float32(2.0 ** 5)])
+@pytest.mark.parametrize("fmt, sat", MODES, ids=MODE_IDS)
+def test_scale_argument_equals_encoding_the_product(fmt, sat, scale):
+    rng = np.random.default_rng(9)
+    x = np.concatenate([random_bits(1 << 14, seed=9), edge_set(fmt),
+                        (rng.standard_normal(1 << 14) * 1e-4).astype(np.float32)])
+    with np.errstate(all="ignore"):                               # NaN/Inf inputs in the product
+        expected = reference_encode(x * np.float32(scale) if float(scale) != 1.0 else x, fmt, sat)
+    xt = torch.from_numpy(x)
+    assert_codes_equal(fp8_numpy.encode(x, fmt, sat, scale=scale), expected, x)
+    assert_codes_equal(fp8_torch.encode(xt, fmt, sat, scale=scale).numpy(), expected, x)
+    assert_codes_equal(fp8_torch.encode_bits(xt, fmt, sat, scale=scale).numpy(), expected, x)
+
+
+def test_scale_leaves_input_untouched_and_fills_out():
+    x = torch.linspace(-1e-3, 1e-3, 300_001)
+    before = x.clone()
+    out = torch.empty(x.shape, dtype=torch.uint8)
+    assert fp8_torch.encode(x, E4M3, out=out, scale=2.0 ** 18) is out
+    assert torch.equal(x, before)
+    assert torch.equal(out, (x * 2.0 ** 18).to(torch.float8_e4m3fn).view(torch.uint8))

@@ -221,3 +221,25 @@ def test_batches():
     assert sizes == [4, 4, 2]
     with pytest.raises(ValueError):
         data.batches(torch.arange(10), 0)
+
+
+# --- Fashion-MNIST from Debian's package -----------------------------------------------------
+
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not (FASHION_DIR / "train-images-idx3-ubyte.gz").is_file(),
+                    reason="Debian's dataset-fashion-mnist is not installed "
+                           "(apt-get install dataset-fashion-mnist)")
+def test_debian_fashion_mnist_is_found_checked_and_normalised():
+    loaded = data.load_dataset("fashion-mnist")
+    assert Path(loaded.folder) == FASHION_DIR
+    assert loaded.train_x.shape == (60000, 1, 28, 28) and loaded.test_x.shape == (10000, 1, 28, 28)
+    # published: 6,000 training and 1,000 test images per class
+    assert torch.bincount(loaded.train_y).tolist() == [6000] * 10
+    assert torch.bincount(loaded.test_y).tolist() == [1000] * 10
+    # Debian re-compressed the files: accepted by the MD5 of their content
+    assert all("content md5" in how for how in loaded.files.values())
+    # the mean/std constants normalise the training set to mean 0, std 1
+    assert float(loaded.train_x.mean()) == pytest.approx(0.0, abs=1e-3)
+    assert float(loaded.train_x.std()) == pytest.approx(1.0, abs=1e-3)

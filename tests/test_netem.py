@@ -168,17 +168,23 @@ def _transfer_seconds(rate, nbytes, tmp_path):
 
 
 @needs_netns
+def _root_links():
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines() if ":" in line}
+
+
 def test_namespaces_exist_during_and_are_gone_after(tmp_path):
+    before = _root_links()
     with netem.Cluster(2, netem.Link.parse("1gbit")) as cluster:
         names = set(cluster.topo.namespaces)
         assert names <= set(netem.list_namespaces())
         r = subprocess.run(cluster.exec_prefix(1) + ["ip", "-4", "-o", "addr", "show", "eth0"],
                            capture_output=True, text=True, check=True)
         assert "198.18.0.2/24" in r.stdout
-        # the root namespace never sees our interfaces
-        root = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert "br0" not in root and "198.18" not in subprocess.run(
-            ["ip", "-o", "addr"], capture_output=True, text=True).stdout
+        # the root namespace never sees our interfaces or addresses
+        assert _root_links() == before
+        assert "198.18.0." not in subprocess.run(["ip", "-o", "addr"], capture_output=True,
+                                                 text=True).stdout
     assert not names & set(netem.list_namespaces())
     assert not any((netem.NETNS_ETC / ns).exists() for ns in names)
 

@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from .formats import BLOCK, block_ranges
-from .fp8_numpy import check_input, prepare_out
+from .fp8_numpy import check_input, effective_scale, prepare_out
 
 __all__ = ["encode", "decode", "decode_bits"]
 
@@ -30,19 +30,25 @@ _INF_BITS = 0x7F800000
 _HALF_INF = 0x7C00
 
 
-def encode(x: np.ndarray, out=None) -> np.ndarray:
-    """Encode float32 `x` to float16 bit patterns (uint16), identical to `x.astype(np.float16)`."""
+def encode(x: np.ndarray, out=None, *, scale=None) -> np.ndarray:
+    """Encode float32 `x` to float16 bit patterns (uint16), identical to `x.astype(np.float16)`.
+    scale: encode x * scale instead, as fp8_numpy.encode does."""
     x = check_input(x, np.float32, "x")
     out = prepare_out(out, x.shape, np.uint16)
-    u = x.reshape(-1).view(np.int32)
+    scale = effective_scale(scale)
+    flat_x = x.reshape(-1)
     codes = out.reshape(-1)
-    size = max(1, min(u.size, BLOCK))
+    size = max(1, min(flat_x.size, BLOCK))
     a, q, t = (np.empty(size, np.int32) for _ in range(3))
     mask = np.empty(size, np.bool_)
+    scaled = np.empty(size if scale is not None else 0, np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
-        for start, stop in block_ranges(u.size, size):
+        for start, stop in block_ranges(flat_x.size, size):
             k = stop - start
-            _encode_block(u[start:stop], codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
+            xb = flat_x[start:stop]
+            if scale is not None:
+                xb = np.multiply(xb, scale, out=scaled[:k])
+            _encode_block(xb.view(np.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
     return out
 
 

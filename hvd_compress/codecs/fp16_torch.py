@@ -9,9 +9,9 @@ float16 0x7C01 -> 0x7FC02000, not 0x7F802000).
 * `encode_bits` / `decode_lookup`: THE REFERENCE.  Bit manipulation on the int32 view (the
   algorithm of fp16_numpy, step for step) / a gather from the 65536-entry table built by
   fp16_numpy.decode_bits.
-* `encode` / `decode`: THE FAST PATH.  torch's cast on the whole tensor; if the data holds a
-  NaN (one cheap sum tells), the blocks that hold one are redone by the reference path, so
-  NaN payloads come out as NumPy's.  Used only where
+* `encode` / `decode`: THE FAST PATH.  torch's cast (on the whole tensor, or block by block
+  when `scale=` is given); if the data holds a NaN (one cheap sum tells), the blocks that hold
+  one are redone by the reference path, so NaN payloads come out as NumPy's.  Used only where
   a one-time probe (`cast_is_exact`, cached) finds it equal to the reference path; otherwise
   they are the reference functions.
 """
@@ -21,7 +21,7 @@ import torch
 
 from . import fp16_numpy
 from .formats import TORCH_BLOCK as BLOCK, block_ranges
-from .fp8_torch import check_input, prepare_out, probe_inputs
+from .fp8_torch import check_input, effective_scale, prepare_out, probe_inputs
 
 __all__ = ["encode", "encode_bits", "decode", "decode_lookup", "cast_is_exact"]
 
@@ -37,18 +37,20 @@ _FP16_LOW_HALVES = tuple(sorted({(k << 12) + d & 0xFFFF for k in range(17) for d
 
 
 # ---- reference: bit manipulation / table --------------------------------------------------
-def encode_bits(x: torch.Tensor, out=None) -> torch.Tensor:
+def encode_bits(x: torch.Tensor, out=None, *, scale=None) -> torch.Tensor:
     """Reference encoder: float32 -> float16 bits (int16), == NumPy `astype(np.float16)`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.int16)
-    u = x.view(-1).view(torch.int32)
-    codes = out.view(-1)
-    size = max(1, min(u.numel(), BLOCK))
+    scale = effective_scale(scale)
+    flat_x, codes = x.view(-1), out.view(-1)
+    size = max(1, min(flat_x.numel(), BLOCK))
     a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
     mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    for start, stop in block_ranges(u.numel(), size):
+    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
+    for start, stop in block_ranges(flat_x.numel(), size):
         k = stop - start
-        _encode_bits_block(u[start:stop], codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
+        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
+        _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
     return out
 
 
@@ -111,19 +113,25 @@ def _may_hold_nan(t: torch.Tensor) -> bool:
     return t.numel() > 0 and bool(torch.isnan(t.sum()))
 
 
-def _encode_cast(x, out):
+def _encode_cast(x, out, scale=None):
     flat_x, codes = x.view(-1), out.view(-1)
-    codes.view(torch.float16).copy_(flat_x)                   # torch's cast, whole tensor
-    if not _may_hold_nan(flat_x):
-        return out
-    u = flat_x.view(torch.int32)
+    if scale is None:
+        codes.view(torch.float16).copy_(flat_x)               # torch's cast, whole tensor
+        if not _may_hold_nan(flat_x):
+            return out
     size = max(1, min(flat_x.numel(), BLOCK))
     a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
     mask = torch.empty(size, dtype=torch.bool, device=x.device)
+    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
     for start, stop in block_ranges(flat_x.numel(), size):
         k = stop - start
-        if _may_hold_nan(flat_x[start:stop]):                 # redo this block by the reference
-            _encode_bits_block(u[start:stop], codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
+        if scale is None:
+            xb = flat_x[start:stop]
+        else:
+            xb = torch.mul(flat_x[start:stop], scale, out=scaled[:k])
+            codes[start:stop].view(torch.float16).copy_(xb)  # torch's cast, one block
+        if _may_hold_nan(xb):                                 # redo this block by the reference
+            _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
     return out
 
 
@@ -145,7 +153,7 @@ def _decode_cast(codes, out):
 @functools.lru_cache(maxsize=None)
 def cast_is_exact(device_type: str) -> bool:
     """Do the cast-based encode and decode equal the reference on this torch and device?
-    (encode: 65536 * 49 inputs around every float16 rounding position; decode: all codes)"""
+    (encode: 65536 * 48 inputs around every float16 rounding position; decode: all codes)"""
     x = probe_inputs(device_type, _FP16_LOW_HALVES)
     fast = _encode_cast(x, torch.empty(x.shape, dtype=torch.int16, device=device_type))
     if not torch.equal(fast, encode_bits(x)):
@@ -155,14 +163,16 @@ def cast_is_exact(device_type: str) -> bool:
     return torch.equal(fast.view(torch.int32), decode_lookup(codes).view(torch.int32))
 
 
-def encode(x: torch.Tensor, out=None) -> torch.Tensor:
+def encode(x: torch.Tensor, out=None, *, scale=None) -> torch.Tensor:
     """float32 -> float16 bit patterns (int16), == NumPy `astype(np.float16)` bit for bit:
-    round to nearest even, subnormals, overflow -> Inf, NaN payloads as NumPy."""
+    round to nearest even, subnormals, overflow -> Inf, NaN payloads as NumPy.
+    scale: encode x * scale instead (block by block, no full-size temporary); identical to
+    `encode(x * scale if scale != 1.0 else x)`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.int16)
     if cast_is_exact(x.device.type):
-        return _encode_cast(x, out)
-    return encode_bits(x, out)
+        return _encode_cast(x, out, effective_scale(scale))
+    return encode_bits(x, out, scale=scale)
 
 
 def decode(codes: torch.Tensor, out=None) -> torch.Tensor:

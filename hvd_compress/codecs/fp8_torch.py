@@ -29,7 +29,7 @@ from . import fp8_numpy
 from .formats import TORCH_BLOCK as BLOCK, Float8Format, block_ranges
 from .fp8_numpy import encode_constants, overflow_code
 
-__all__ = ["encode", "encode_bits", "decode", "cast_is_exact", "torch_dtype"]
+__all__ = ["encode", "encode_bits", "decode", "cast_is_exact", "torch_dtype", "effective_scale"]
 
 _INF_BITS = 0x7F800000
 _ABS_MASK = 0x7FFFFFFF
@@ -66,22 +66,33 @@ def torch_dtype(fmt: Float8Format) -> torch.dtype:
 
 
 # ---- reference encoder: bit manipulation ---------------------------------------------------
-def encode_bits(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None) -> torch.Tensor:
-    """Reference encoder (integer ops on the int32 view).  Modes as in fp8_numpy.encode."""
+def encode_bits(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None, *,
+                scale=None) -> torch.Tensor:
+    """Reference encoder (integer ops on the int32 view).  Arguments as in `encode`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.uint8)
+    scale = effective_scale(scale)
     c = encode_constants(fmt)
     cap = overflow_code(fmt, saturate)
-    u = x.view(-1).view(torch.int32)
-    codes = out.view(-1)
-    size = max(1, min(u.numel(), BLOCK))
+    flat_x, codes = x.view(-1), out.view(-1)
+    size = max(1, min(flat_x.numel(), BLOCK))
     a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
     mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    for start, stop in block_ranges(u.numel(), size):
+    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
+    for start, stop in block_ranges(flat_x.numel(), size):
         k = stop - start
-        _encode_bits_block(u[start:stop], codes[start:stop], a[:k], q[:k], t[:k], mask[:k],
+        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
+        _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k],
                            c, fmt, saturate, cap)
     return out
+
+
+def effective_scale(scale):
+    """None when there is nothing to multiply by (None or 1.0), else the scale as a float."""
+    if scale is None:
+        return None
+    scale = float(scale)
+    return None if scale == 1.0 else scale
 
 
 def _encode_bits_block(u, codes, a, q, t, mask, c, fmt, saturate, cap):
@@ -141,17 +152,22 @@ def _patch_block(x, codes, f, mask, fmt):
         codes.add_(mask.view(torch.uint8))
 
 
-def _encode_cast(x: torch.Tensor, fmt: Float8Format, saturate: bool, out: torch.Tensor):
+def _encode_cast(x: torch.Tensor, fmt: Float8Format, saturate: bool, out: torch.Tensor, scale=None):
     flat_x, codes = x.view(-1), out.view(-1)
-    codes.view(torch_dtype(fmt)).copy_(flat_x)                  # torch's cast, whole tensor
-    if saturate == (not fmt.has_inf):                           # torch's own mode: done
+    native = saturate == (not fmt.has_inf)                      # torch's own mode: no patch
+    if native and scale is None:
+        codes.view(torch_dtype(fmt)).copy_(flat_x)              # torch's cast, whole tensor
         return out
     size = max(1, min(flat_x.numel(), BLOCK))
     f = torch.empty(size, dtype=torch.float32, device=x.device)
     mask = torch.empty(size, dtype=torch.bool, device=x.device)
+    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
     for start, stop in block_ranges(flat_x.numel(), size):
         k = stop - start
-        _patch_block(flat_x[start:stop], codes[start:stop], f[:k], mask[:k], fmt)
+        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
+        codes[start:stop].view(torch_dtype(fmt)).copy_(xb)     # torch's cast, one block
+        if not native:
+            _patch_block(xb, codes[start:stop], f[:k], mask[:k], fmt)
     return out
 
 
@@ -177,7 +193,8 @@ def cast_is_exact(fmt: Float8Format, saturate: bool, device_type: str) -> bool:
     return bool(torch.equal(fast, encode_bits(x, fmt, saturate)))
 
 
-def encode(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None) -> torch.Tensor:
+def encode(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None, *,
+           scale=None) -> torch.Tensor:
     """Encode float32 `x` to uint8 codes of `fmt` (round to nearest even).
 
     saturate=True : finite overflow -> +-max_finite.  E4M3: Inf -> +-448 too (== torch 2.13's
@@ -185,13 +202,15 @@ def encode(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None) 
     saturate=False: finite overflow and Inf -> Inf for E5M2 (== torch / ml_dtypes cast),
                     NaN for E4M3 (== ml_dtypes `astype(float8_e4m3fn)`).
     NaN -> S.1111111 (sign kept), as torch does.
+    scale: encode x * scale instead (a float32 multiply done block by block, so no full-size
+           temporary); the codes are identical to `encode(x * scale if scale != 1.0 else x)`.
     Uses torch's cast where `cast_is_exact` (see the module docstring), else `encode_bits`.
     """
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.uint8)
     if cast_is_exact(fmt, bool(saturate), x.device.type):
-        return _encode_cast(x, fmt, bool(saturate), out)
-    return encode_bits(x, fmt, saturate, out)
+        return _encode_cast(x, fmt, bool(saturate), out, effective_scale(scale))
+    return encode_bits(x, fmt, saturate, out, scale=scale)
 
 
 # ---- decode ---------------------------------------------------------------------------------

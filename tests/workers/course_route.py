@@ -54,10 +54,10 @@ for comp in (hvd.Compression.bit8, hvd.Compression.bit16):
 
 # 4. A course-style script: hvd.DistributedOptimizer(compression=hvd.Compression.bit8) trains,
 #    and lands on the same parameters, bit for bit, as the plugin's optimizer.
-def train(wrap, steps=30):
+def train(wrap, steps=40):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5))
+    opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     data = torch.Generator().manual_seed(100 + RANK)
     w_true = torch.randn(20, 4, generator=torch.Generator().manual_seed(7))
@@ -78,7 +78,7 @@ for comp in (hvd.Compression.bit8, hvd.Compression.bit16):
                                                                  compression=comp))
     plugin, _ = train(lambda m, o: hvd_compress.DistributedOptimizer(o, named_parameters=m.named_parameters(),
                                                                      compression=comp))
-    check(f"optimizer.{comp.name}.loss_decreases", losses[-1] < 0.7 * losses[0], f"{losses[0]} -> {losses[-1]}")
+    check(f"optimizer.{comp.name}.loss_decreases", losses[-1] < 0.5 * losses[0], f"{losses[0]} -> {losses[-1]}")
     check(f"optimizer.{comp.name}.same_on_all_ranks", same_on_all_ranks(course, f"opt.{comp.name}"))
     check(f"optimizer.{comp.name}.equals_plugin", torch.equal(course, plugin),
           f"max diff {(course - plugin).abs().max()}")
