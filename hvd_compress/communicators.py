@@ -132,20 +132,23 @@ class AllreduceCommunicator(_Communicator):
         for tensor, name in zip(tensors, names):
             with self.stats.timing("compress_s"):
                 compressed, ctx = self.compression.compress(tensor)
-            if compressed.dtype in (torch.uint8, torch.int8):
-                raise TypeError(f"{compressor_name(self.compression)} makes {compressed.dtype} codes, "
-                                "which Horovod's allreduce cannot sum: use reduction='allgather' "
-                                "or 'alltoall'")
+            restore = None
+            if compressed.dtype == torch.bfloat16:  # Horovod's CPU ops have no bfloat16: sum in
+                compressed, restore = compressed.float(), torch.bfloat16   # float32, cast back
+            elif not compressed.is_contiguous():    # Horovod needs a dense row-major buffer
+                compressed = compressed.contiguous()
             handle = hvd.allreduce_async_(compressed, name=name, op=self.op,
                                           prescale_factor=1.0, postscale_factor=1.0)
             self.stats.values["bytes_sent"] += int(
                 2 * (n - 1) * compressed.numel() * compressed.element_size() // n)
-            pending.append((handle, ctx))
+            pending.append((handle, ctx, restore))
         results = []
-        for handle, ctx in pending:
+        for handle, ctx, restore in pending:
             with self.stats.timing("communicate_s"):
                 output = hvd.synchronize(handle)
             with self.stats.timing("decompress_s"):
+                if restore is not None:
+                    output = output.to(restore)
                 results.append(self.compression.decompress(output, ctx))
         return results
 
@@ -298,6 +301,9 @@ def make_communicator(compression, reduction=None, op=hvd.Average, fusion_thresh
     if reduction != "allreduce" and not hasattr(compression, "decode_packet"):
         raise ValueError(f"reduction={reduction!r} needs a packet compressor (Compression.bit8 or "
                          f".bit16); {compressor_name(compression)} travels by allreduce")
+    if reduction == "allreduce" and hasattr(compression, "decode_packet"):
+        raise ValueError(f"{compressor_name(compression)} packets cannot be summed by allreduce "
+                         "(a sum of float8 codes is meaningless): use 'allgather' or 'alltoall'")
     cls = {"allreduce": AllreduceCommunicator, "allgather": AllgatherCommunicator,
            "alltoall": AlltoallCommunicator}[reduction]
     return cls(compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes)

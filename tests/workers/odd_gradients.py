@@ -12,6 +12,7 @@ import checks
 from checks import check
 
 import hvd_compress as hc
+from hvd_compress.compressors import compressor_name
 
 hvd.init()
 N, RANK = hvd.size(), hvd.rank()
@@ -23,7 +24,7 @@ ROUTES = [(hc.Compression.none, None), (hc.Compression.fp16, None),
 
 
 def name_of(comp, reduction):
-    return f"{getattr(comp, 'name', comp.__name__)}.{reduction}"
+    return f"{compressor_name(comp)}.{reduction}"
 
 
 def exchange(params, comp, reduction, lr=0.0):
