@@ -455,7 +455,7 @@ def main(argv=None):
 
     manifest = None
     if rank == 0:
-        manifest = start_manifest(ctx, args, data, first_epoch, dropped)
+        manifest = start_manifest(ctx, args, opt, data, first_epoch, dropped)
         print(f"run folder {ctx.run_dir}: {manifest['config']}, {size} process(es), "
               f"{args.dataset} {len(data.train_y)} train / {len(data.test_y)} test, "
               f"epochs {first_epoch}..{args.epochs}", flush=True)
@@ -502,7 +502,14 @@ def main(argv=None):
         sys.exit(3)
 
 
-def start_manifest(ctx, args, data, first_epoch, dropped):
+def route(opt, args):
+    """The collective that really carries the gradients (the compressor's default included)."""
+    if args.use_adasum:
+        return "adasum"
+    return opt.communicator.reduction
+
+
+def start_manifest(ctx, args, opt, data, first_epoch, dropped):
     manifest = runlog.read_manifest(ctx.run_dir) if args.resume else None
     resumes = (manifest or {}).get("resumes", [])
     if args.resume:
@@ -513,8 +520,7 @@ def start_manifest(ctx, args, data, first_epoch, dropped):
         "config": config_name(args, ctx.size), "status": "running", "reason": None,
         "args": {k: v for k, v in vars(args).items()}, "world_size": ctx.size,
         "compression": args.compression,
-        "reduction": args.reduction or ("allreduce" if args.compression in ("none", "fp16")
-                                        else "default"),
+        "reduction": route(opt, args),
         "error_feedback": args.error_feedback, "adasum": args.use_adasum,
         "lr_effective": args.lr * (1 if args.use_adasum else ctx.size),
         "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none",

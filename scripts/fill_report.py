@@ -179,9 +179,11 @@ def findings(frame, cpus):
     for ranks in sorted({int(r) for r in frame["ranks"] if r > 1}):
         base = by_run.get(f"np{ranks}-none")
         if serial is not None and base is not None:
+            speedup = serial.train_time_s / base.train_time_s
             lines.append(f"- {ranks} processes vs serial: training time "
                          f"{base.train_time_s:.1f} s vs {serial.train_time_s:.1f} s "
-                         f"(x{serial.train_time_s / base.train_time_s:.2f} speed-up), accuracy "
+                         f"(speed-up {speedup:.2f}"
+                         f"{', i.e. slower than serial' if speedup < 1 else ''}), accuracy "
                          f"{100 * base.final_test_accuracy:.2f}% vs "
                          f"{100 * serial.final_test_accuracy:.2f}%.")
         for compression in ("bit16", "bit8", "fp16"):

@@ -21,7 +21,7 @@ from hvdrun import run_worker
 def test_exchange_across_ranks(controller, np, tmp_path):
     env = {"HOROVOD_FUSION_THRESHOLD": "0"} if np > 2 else {}
     names = run_worker("exchange_checks.py", np, controller, tmp_path, env)
-    assert len(names) > 500, f"the worker ran only {len(names)} checks"
+    assert len(names) > 250, f"the worker ran only {len(names)} checks"
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         assert any(n.startswith(route) and n.endswith("equals_simulation") for n in names), route
     assert "optimizer.none.identical_to_hvd_DistributedOptimizer" in names

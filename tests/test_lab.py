@@ -117,7 +117,7 @@ def test_manifest_is_complete(runs, ranks, compression):
     assert manifest["lr_effective"] == pytest.approx(0.1 * ranks)
     if ranks > 1:
         assert manifest["controller"] == "gloo"
-    assert manifest["reduction"] == ("allreduce" if compression == "none" else "default")
+    assert manifest["reduction"] == ("allreduce" if compression == "none" else "allgather")
     for key in ("python", "torch", "horovod", "mpi", "numpy"):
         assert manifest["versions"][key] and manifest["versions"][key] != "none"
     assert manifest["cpu_model"] and manifest["hostname"]
