@@ -54,8 +54,9 @@ def _finite_amax(x: torch.Tensor):
     """(largest finite |x|, whether x holds +-Inf). One reduction when all values are finite."""
     if x.numel() == 0:
         return 0.0, False
-    amax = float(x.abs().amax())
-    if amax < float("inf"):                  # all finite (amax of a NaN-free tensor is finite)
+    lo, hi = torch.aminmax(x)                 # one pass, no |x| temporary
+    amax = max(-float(lo), float(hi))
+    if amax < float("inf"):                  # all finite (NaN or Inf would make it NaN/Inf)
         return amax, False
     finite = torch.isfinite(x)
     finite_amax = float(torch.where(finite, x.abs(), 0.0).amax())
@@ -132,7 +133,7 @@ class Bit8Compressor(_ScaledCompressor):
         amax, has_inf = _finite_amax(x)
         target = cls.fmt.max_finite / 2 if has_inf else cls.fmt.max_finite
         scale = pow2_scale(amax, target)
-        fp8_torch.encode(x * scale if scale != 1.0 else x, cls.fmt, saturate=True, out=codes_out)
+        fp8_torch.encode(x, cls.fmt, saturate=True, out=codes_out, scale=scale)
         return scale, FLAG_INF_AT_MAX if has_inf else 0
 
     @classmethod
@@ -159,7 +160,7 @@ class Bit16Compressor(_ScaledCompressor):
     def _encode(cls, x, codes_out):
         amax, _ = _finite_amax(x)                 # float16 has Inf: no reserved code needed
         scale = pow2_scale(amax, 65504.0)
-        fp16_torch.encode(x * scale if scale != 1.0 else x, out=codes_out.view(torch.int16))
+        fp16_torch.encode(x, out=codes_out.view(torch.int16), scale=scale)
         return scale, 0
 
     @classmethod
