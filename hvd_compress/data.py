@@ -18,7 +18,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
-import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,20 +264,27 @@ def locate(spec: DatasetSpec, data_dir: Optional[str], need_train: bool) -> Path
 def try_torchvision_download(spec: DatasetSpec, data_dir: Optional[str]) -> bool:
     """Download real MNIST with torchvision where it imports and the machine is online.
 
-    Returns False (without touching anything) when torchvision is not installed; a failed
-    download raises DataError.  Only MNIST: Fashion-MNIST comes from Debian offline.
+    Into ``data_dir`` (default ``data``, torchvision's layout ``data/MNIST/raw``).  Returns
+    False without touching anything when torchvision is not installed; a failed download
+    raises DataError.  Several ranks may call this at once: a file lock makes one download
+    and the others wait.  Only MNIST: Fashion-MNIST comes from Debian, offline.
     """
-    if spec.name != "mnist" or not data_dir:
+    if spec.name != "mnist":
         return False
     try:
-        from torchvision import datasets  # type: ignore  # noqa: F401
+        from torchvision import datasets  # type: ignore
     except Exception:
         return False
+    import fcntl
+    root = Path(data_dir or "data").expanduser()
+    root.mkdir(parents=True, exist_ok=True)
     try:
-        datasets.MNIST(data_dir, train=True, download=True)
-        datasets.MNIST(data_dir, train=False, download=True)
+        with open(root / ".download.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            datasets.MNIST(str(root), train=True, download=True)
+            datasets.MNIST(str(root), train=False, download=True)
     except Exception as err:  # network errors come in many types
-        raise DataError(f"mnist: torchvision could not download into {data_dir} ({err}). "
+        raise DataError(f"mnist: torchvision could not download into {root} ({err}). "
                         f"{spec.how_to_get}") from err
     return True
 
@@ -302,7 +308,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None,
     except DataError:
         if not (download and try_torchvision_download(spec, data_dir)):
             raise
-        folder = locate(spec, data_dir, need_train)
+        folder = locate(spec, data_dir or "data", need_train)
 
     files = {}
 

@@ -23,7 +23,6 @@ epoch is run again, so every row appears once.  See docs/lab.md.
 """
 import argparse
 import math
-import os
 import signal
 import sys
 import time

@@ -8,8 +8,10 @@ Bit8 compressor would use.  Every operation writes into a preallocated buffer (`
 GB/s counts float32 bytes (4 * N) per second; `ratio` is time / time of torch's own cast in
 the same direction (encode, decode or round trip) for the same format.
 
-The last line is the headline: our torch float8 encode+decode time / torch's cast round trip
-(best-of).  Target: <= 1.0.  Results also go to --out as CSV.
+The last line is the headline: our torch float8 encode+decode time / torch's cast round trip,
+measured again with the two interleaved run by run (best-of ratio, and the median of the
+per-run ratios, which a load spike on a shared machine hardly moves).  Target: <= 1.0.
+Results also go to --out as CSV.
 
     python scripts/bench_codec.py                    # 2**24 values, 7 reps, E4M3
     python scripts/bench_codec.py --threads 1 --block-sizes 16384 65536 262144
@@ -49,6 +51,21 @@ def time_it(fn, reps: int):
         times.append(time.perf_counter() - t0)
     times.sort()
     return times[0], times[len(times) // 2]
+
+
+def time_pair(fn_a, fn_b, reps: int):
+    """Run a and b alternately; return per-run times of each.  On a shared machine a load
+    spike then hits both sides of a ratio alike."""
+    fn_a(), fn_b()
+    ta, tb = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        ta.append(t1 - t0)
+        tb.append(time.perf_counter() - t1)
+    return ta, tb
 
 
 def main(argv=None):
@@ -166,15 +183,25 @@ def main(argv=None):
         if r["impl"] != "torch" and base:
             print(f"  {r['direction']:12s} {r['impl']:10s} {r['op']:42s} {r['ratio_to_torch_cast']:6.2f}")
 
+    # headline, measured once more with the two round trips interleaved (robust to load drift)
+    t_torch, t_ours = time_pair(torch_roundtrip, ours_torch_roundtrip, max(reps, 9))
+    ratios = sorted(o / t for o, t in zip(t_ours, t_torch))
+    paired = ratios[len(ratios) // 2]
+    best = min(t_ours) / min(t_torch)
+    rows.append(dict(op="headline: ours encode+decode / torch cast round trip (interleaved)",
+                     impl="ours-torch", direction="roundtrip", n=n, block=formats.TORCH_BLOCK,
+                     threads=torch.get_num_threads(), best_ms=min(t_ours) * 1e3,
+                     median_ms=sorted(t_ours)[len(t_ours) // 2] * 1e3, gbps_best=4 * n / min(t_ours) / 1e9,
+                     ratio_to_torch_cast=best, paired_median_ratio=paired))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+        w = csv.DictWriter(fh, fieldnames=list(rows[-1].keys()), restval="")
         w.writeheader()
         w.writerows(rows)
-    head = next(r for r in rows if r["impl"] == "ours-torch" and r["op"] == "encode+decode")
     print(f"wrote {args.out}")
     print(f"headline: ours torch {fmt.name} encode+decode / torch cast round trip = "
-          f"{head['best_ms']:.1f} ms / {torch_best['roundtrip']:.1f} ms = {head['ratio_to_torch_cast']:.2f}")
+          f"{min(t_ours) * 1e3:.1f} ms / {min(t_torch) * 1e3:.1f} ms = {best:.2f} (best-of), "
+          f"median of interleaved per-run ratios {paired:.2f}  (target <= 1)")
 
 
 if __name__ == "__main__":

@@ -243,8 +243,10 @@ def summarize_run(name, run_dir):
     return row
 
 
-def write_summary(out, runs):
-    rows = [summarize_run(spec.name, out / spec.name) for spec in runs
+def write_summary(out):
+    """summary.csv over every run folder of the table present in ``out`` (not only the ones
+    this invocation ran: ``--only`` re-runs one row without dropping the others)."""
+    rows = [summarize_run(spec.name, out / spec.name) for spec in course_runs(extras=True)
             if (out / spec.name).exists()]
     frame = pd.DataFrame(rows)
     runlog.atomic_write_text(out / "summary.csv", frame.to_csv(index=False))
@@ -291,7 +293,7 @@ def main(argv=None):
     out = Path(args.out).resolve()
     runs = select(course_runs(args.extras), args.only)
     if args.summary_only:
-        print(write_summary(out, runs).to_string(index=False))
+        print(write_summary(out).to_string(index=False))
         return 0
     out.mkdir(parents=True, exist_ok=True)
     runlog.atomic_write_json(out / "matrix.json", {
@@ -329,7 +331,7 @@ def main(argv=None):
                   f"see {out / 'logs' / spec.name}.log", flush=True)
     if args.dry_run:
         return 0
-    frame = write_summary(out, runs)
+    frame = write_summary(out)
     columns = ["run", "status", "epochs", "train_time_s", "final_test_accuracy", "step_ms",
                "communicate_ms", "bytes_per_step"]
     print(f"\nsummary: {out / 'summary.csv'}")

@@ -16,9 +16,17 @@ PY=$VENV/bin/python
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
+# One setup at a time per cache: a second one (another checkout, the lab and the tests started
+# together) waits here instead of building Horovod twice into the same folder.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/setup.lock"
+flock -w 3600 9 || die "another scripts/setup.sh has held $CACHE/setup.lock for an hour"
+
 # 1. System packages: Open MPI for Horovod's MPI controller, a C++ toolchain and cmake for the
-#    Horovod build, ccache so a patch change rebuilds in a minute, iproute2 for the emulated network.
-apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake ccache iproute2 python3-venv patch)
+#    Horovod build, ccache so a patch change rebuilds in a minute, iproute2 for the emulated
+#    network, and Debian's Fashion-MNIST: the only full data set this offline machine can have.
+apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake ccache iproute2 python3-venv patch
+              util-linux dataset-fashion-mnist)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

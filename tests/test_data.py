@@ -1,6 +1,7 @@
 """hvd_compress.data on the real MNIST test set, on corrupt copies of it, and sharding."""
 import gzip
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -243,3 +244,34 @@ def test_debian_fashion_mnist_is_found_checked_and_normalised():
     # the mean/std constants normalise the training set to mean 0, std 1
     assert float(loaded.train_x.mean()) == pytest.approx(0.0, abs=1e-3)
     assert float(loaded.train_x.std()) == pytest.approx(1.0, abs=1e-3)
+
+
+# --- torchvision's download (a stand-in: torchvision cannot be installed here, no network) ---
+
+def test_missing_mnist_is_fetched_with_torchvision_when_it_imports(tmp_path, monkeypatch):
+    """Our side of the download: ask torchvision only when files are missing, then find,
+    check and load what it wrote in its MNIST/raw layout."""
+    import types
+    calls = []
+
+    class FakeMNIST:                       # writes what torchvision's MNIST would
+        def __init__(self, root, train, download):
+            calls.append((root, train, download))
+            copy_test_set(Path(root) / "MNIST" / "raw")
+
+    fake = types.ModuleType("torchvision")
+    fake.datasets = types.SimpleNamespace(MNIST=FakeMNIST)
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", fake.datasets)
+    loaded = data.load_dataset("mnist", str(tmp_path / "root"), split_test=9000)
+    assert len(calls) == 2 and all(download for _, _, download in calls)
+    assert loaded.folder.endswith("MNIST/raw") and len(loaded.test_y) == 1000
+    data.load_dataset("mnist", str(tmp_path / "root"), split_test=9000)
+    assert len(calls) == 2                 # present now: no second download
+
+
+def test_without_torchvision_nothing_is_downloaded(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)    # import fails
+    with pytest.raises(data.DataError, match="could not find"):
+        data.load_dataset("mnist", str(tmp_path / "root"))
+    assert not (tmp_path / "root").exists()
