@@ -8,7 +8,13 @@
 Same model and flags as Horovod's examples/pytorch/pytorch_mnist.py, plus the course's
 compression switches.  Every configuration except --use-adasum goes through one code path:
 hvd_compress.DistributedOptimizer, which reports how long compression, communication and
-decompression took, and how many bytes this rank sent.
+decompression took, and how many bytes this rank sent.  `--route horovod` trains instead with
+Horovod's own hvd.DistributedOptimizer(compression=hvd.Compression.bit8) of the patched Horovod
+(the course's in-tree route): the same numbers, bit for bit, but only whole-step times.
+
+A rank that dies ends the job within seconds; one that hangs (stopped, deadlocked) is caught by
+a watchdog: no step for --step-timeout seconds and the job ends with a clear error
+(exit code 75), recorded as failed.  Each rank writes its pid to <run>/pids/rank<r>.pid.
 
 Everything a run produces goes to --out (default runs/<configuration>-<time>):
     steps_rank<r>.csv  one row per training step of rank r (written while training)
@@ -23,6 +29,7 @@ epoch is run again, so every row appears once.  See docs/lab.md.
 """
 import argparse
 import math
+import os
 import signal
 import sys
 import time
@@ -39,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import data as lab_data  # noqa: E402
 from hvd_compress import runlog  # noqa: E402
+from hvd_compress.compressors import packet_bytes  # noqa: E402
+from hvd_compress.watchdog import StepWatchdog  # noqa: E402
 
 
 # =============================================================================================
@@ -75,6 +84,11 @@ def build_parser():
     compression.add_argument("--bit8-allreduce", action="store_true", default=False,
                              help="8-bit float gradients (hvd_compress Bit8Compressor)")
     # --- the course's additions ---
+    parser.add_argument("--route", choices=["plugin", "horovod"], default="plugin",
+                        help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "
+                             "(default); horovod: the course's in-tree route, Horovod's own "
+                             "hvd.DistributedOptimizer(compression=hvd.Compression.<c>) of the "
+                             "patched Horovod (whole-step times only)")
     parser.add_argument("--reduction", choices=["allgather", "alltoall"], default=None,
                         help="how 8/16-bit packets travel (default: the compressor's own)")
     parser.add_argument("--error-feedback", action="store_true", default=False,
@@ -97,6 +111,9 @@ def build_parser():
                         help="show a progress bar on rank 0 (default: on)")
     parser.add_argument("--num-threads", type=int, default=1, metavar="N",
                         help="torch CPU threads per rank (default: 1, like Horovod's example)")
+    parser.add_argument("--step-timeout", type=float, default=300, metavar="SECONDS",
+                        help="end the job if no training step or evaluation finishes for this "
+                             "long: another rank is dead or wedged (default: 300; 0 disables)")
     return parser
 
 
@@ -117,6 +134,8 @@ def parse_args(argv=None):
         parser.error(f"--lr must be a positive number, got {args.lr}")
     if not (0 <= args.momentum < 1):
         parser.error(f"--momentum must be in [0, 1), got {args.momentum}")
+    if not (args.step_timeout >= 0 and math.isfinite(args.step_timeout)):
+        parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
     args.compression = ("fp16" if args.fp16_allreduce else "bit16" if args.bit16_allreduce
                         else "bit8" if args.bit8_allreduce else "none")
     if args.use_adasum and args.compression in ("bit8", "bit16"):
@@ -128,6 +147,9 @@ def parse_args(argv=None):
         parser.error("--reduction only applies to --bit8-allreduce or --bit16-allreduce")
     if args.error_feedback and args.compression not in ("bit8", "bit16"):
         parser.error("--error-feedback needs --bit8-allreduce or --bit16-allreduce")
+    if args.route == "horovod" and (args.reduction == "alltoall" or args.error_feedback):
+        parser.error("--route horovod is Horovod's own optimizer with the course's allgather "
+                     "route: --reduction alltoall and --error-feedback need --route plugin")
     if args.resume and not args.out:
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
     args.cuda = not args.no_cuda and torch.cuda.is_available()
@@ -139,6 +161,8 @@ def config_name(args, world_size):
     parts = ["serial" if world_size == 1 else f"np{world_size}", args.compression]
     if args.use_adasum:
         parts.append("adasum")
+    elif args.route == "horovod":
+        parts.append("horovod")
     if args.reduction:
         parts.append(args.reduction)
     if args.error_feedback:
@@ -176,10 +200,13 @@ class Net(nn.Module):
 def make_optimizer(model, args, world_size):
     lr_scaler = 1 if args.use_adasum else world_size   # Adasum needs no lr scaling
     base = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
-    if args.use_adasum:
-        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    if args.use_adasum or args.route == "horovod":
+        # Horovod's own optimizer, exactly as a course script calls it; with the course's
+        # patch, hvd.Compression.bit8/.bit16 exist and travel by allgather.
+        compression = getattr(hvd.Compression, args.compression)
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                        compression=compression, op=hvd.Adasum)
+                                        compression=compression,
+                                        op=hvd.Adasum if args.use_adasum else hvd.Average)
     compression = {"none": hc.Compression.none, "fp16": hc.Compression.fp16,
                    "bit16": hc.Compression.bit16, "bit8": hc.Compression.bit8}[args.compression]
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -192,9 +219,32 @@ NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": m
             "bytes_sent": math.nan}
 
 
-def pop_stats(opt):
-    """The plugin's timings since the last call; NaN for the stock (Adasum) optimizer."""
-    return opt.pop_stats() if hasattr(opt, "pop_stats") else dict(NO_STATS)
+def stock_step_stats(model, args, world_size):
+    """One step of Horovod's own optimizer (--route horovod, --use-adasum), as far as we know it.
+
+    Its work happens inside backward hooks and synchronize(), out of our reach: no per-phase
+    times (NaN).  The bytes this rank sends follow from the tensor sizes, counted the way the
+    plugin counts them: (n-1) packets per gradient by allgather, 2(n-1)/n of the tensor by
+    ring allreduce; NaN for Adasum; 0 serially (Horovod skips the exchange at size 1).
+    """
+    if args.use_adasum:
+        return dict(NO_STATS)
+    n, sizes = world_size, [p.numel() for p in model.parameters() if p.requires_grad]
+    if n == 1:
+        sent = 0
+    elif args.compression in ("bit8", "bit16"):
+        compressor = getattr(hvd.Compression, args.compression)
+        sent = sum((n - 1) * packet_bytes(compressor, numel) for numel in sizes)
+    else:
+        item = 2 if args.compression == "fp16" else 4
+        sent = sum(2 * (n - 1) * numel * item // n for numel in sizes)
+    return dict(NO_STATS, bytes_sent=sent)
+
+
+def pop_stats(opt, ctx):
+    """The plugin's timings and bytes since the last call; for Horovod's own optimizer, the
+    fixed per-step numbers of stock_step_stats()."""
+    return opt.pop_stats() if hasattr(opt, "pop_stats") else dict(ctx.stock_stats)
 
 
 # =============================================================================================
@@ -267,7 +317,7 @@ def train_epoch(epoch, model, opt, data, args, ctx):
                         f"epoch {epoch}/{args.epochs}")
     timer = runlog.StepTimer()
     loss_sum, samples, bytes_sent = 0.0, 0, 0.0
-    pop_stats(opt)                      # drop anything counted before this epoch
+    pop_stats(opt, ctx)                 # drop anything counted before this epoch
     start = time.perf_counter()
     for batch, index in enumerate(steps):
         with timer("step"):
@@ -279,8 +329,9 @@ def train_epoch(epoch, model, opt, data, args, ctx):
             with timer("optimizer"):
                 opt.step()              # compress, exchange, decompress, update
         ctx.step += 1
-        times, stats = timer.pop(), pop_stats(opt)
+        times, stats = timer.pop(), pop_stats(opt, ctx)
         ctx.steps_log.write(step_record(ctx, epoch, batch, len(index), loss.item(), times, stats))
+        ctx.watchdog.beat()             # progress: the job is alive
         loss_sum += loss.item() * len(index)
         samples += len(index)
         bytes_sent += stats["bytes_sent"]
@@ -331,6 +382,27 @@ def evaluate(epoch, model, data, args, ctx):
             "eval_s": time.perf_counter() - start}
 
 
+def train_all(first_epoch, model, opt, data, args, ctx):
+    """The epochs: train, evaluate, record, checkpoint."""
+    for epoch in range(first_epoch, args.epochs + 1):
+        record = train_epoch(epoch, model, opt, data, args, ctx)
+        record.update(evaluate(epoch, model, data, args, ctx))
+        ctx.watchdog.beat()
+        record["wall_time"] = time.time()
+        if ctx.rank == 0:
+            ctx.epochs_log.write(record)
+            print(f"epoch {epoch}: test loss {record['test_loss']:.4f}, accuracy "
+                  f"{100 * record['test_accuracy']:.2f}%, {record['epoch_s']:.1f}s, "
+                  f"{record['train_samples_per_s']:.0f} samples/s", flush=True)
+        save_checkpoint(ctx, model, opt, epoch)
+        if ctx.rank == 0:
+            runlog.update_manifest(ctx.run_dir, epochs_completed=epoch)
+        ctx.watchdog.beat()
+        if args.max_steps is not None and ctx.step >= args.max_steps and epoch < args.epochs:
+            raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
+    hvd.barrier()                       # every rank has flushed its last row
+
+
 # =============================================================================================
 # 6. Run folder, checkpoint, resume
 # =============================================================================================
@@ -343,6 +415,13 @@ class Context:
         self.step = 0
         self.steps_log = None
         self.epochs_log = None
+        self.stock_stats = dict(NO_STATS)
+        self.watchdog = None
+
+
+def write_pid_file(ctx):
+    """<run>/pids/rank<r>.pid: how tests and users find every process of a run."""
+    runlog.atomic_write_text(ctx.run_dir / "pids" / f"rank{ctx.rank}.pid", f"{os.getpid()}\n")
 
 
 def prepare_run_dir(args, rank, size):
@@ -412,11 +491,49 @@ def restore_checkpoint(ctx, model, opt):
 
 
 # =============================================================================================
-# 7. Main
+# 7. Failing fast: dead and wedged ranks
+# =============================================================================================
+
+# Horovod settings that make a broken job end instead of hanging; set before hvd.init() only
+# where the user (or horovodrun --gloo-timeout-seconds / --stall-check-*) has not.
+HOROVOD_DEFAULTS = {
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",          # Gloo gives up on a silent peer (stock: 30)
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",      # warn when ranks wait on a tensor others skip
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",  # ... and shut Horovod down (stock: never)
+}
+
+
+def set_horovod_defaults(environ=os.environ):
+    for name, value in HOROVOD_DEFAULTS.items():
+        environ.setdefault(name, value)
+    return {name: environ[name] for name in HOROVOD_DEFAULTS}
+
+
+def start_watchdog(args, ctx):
+    """A StepWatchdog (hvd_compress.watchdog) that, before it ends this process, records on
+    rank 0 that the run failed, so the manifest never claims 'running' for a dead job."""
+    watchdog = StepWatchdog(args.step_timeout or None, rank=ctx.rank)
+    end_process = watchdog.on_timeout
+
+    def on_timeout(idle):
+        try:
+            if ctx.rank == 0:
+                finish_manifest(ctx, "failed", f"watchdog: no training step or evaluation "
+                                               f"finished for {idle:.0f} s (--step-timeout "
+                                               f"{args.step_timeout:g}); a rank is dead or wedged")
+        finally:
+            end_process(idle)
+    watchdog.on_timeout = on_timeout
+    return watchdog
+
+
+# =============================================================================================
+# 8. Main
 # =============================================================================================
 
 def main(argv=None):
     args = parse_args(argv)
+    horovod_env = set_horovod_defaults()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     if args.use_adasum and size > 1 and not hvd.mpi_enabled():
@@ -441,8 +558,10 @@ def main(argv=None):
             setattr(data, name, getattr(data, name).cuda())
 
     ctx = Context(rank, size, prepare_run_dir(args, rank, size))
+    write_pid_file(ctx)
     model = Net().cuda() if args.cuda else Net()
     opt = make_optimizer(model, args, size)
+    ctx.stock_stats = stock_step_stats(model, args, size)
 
     first_epoch, dropped = 1, 0
     if args.resume:
@@ -454,7 +573,7 @@ def main(argv=None):
 
     manifest = None
     if rank == 0:
-        manifest = start_manifest(ctx, args, opt, data, first_epoch, dropped)
+        manifest = start_manifest(ctx, args, opt, data, first_epoch, dropped, horovod_env)
         print(f"run folder {ctx.run_dir}: {manifest['config']}, {size} process(es), "
               f"{args.dataset} {len(data.train_y)} train / {len(data.test_y)} test, "
               f"epochs {first_epoch}..{args.epochs}", flush=True)
@@ -464,24 +583,11 @@ def main(argv=None):
         ctx.epochs_log = runlog.CsvLog(ctx.run_dir / "epochs.csv", runlog.EPOCH_COLUMNS)
     stop_on_sigterm()
     status, reason = "failed", None
+    ctx.watchdog = start_watchdog(args, ctx)
     try:
-        for epoch in range(first_epoch, args.epochs + 1):
-            record = train_epoch(epoch, model, opt, data, args, ctx)
-            record.update(evaluate(epoch, model, data, args, ctx))
-            record["wall_time"] = time.time()
-            if rank == 0:
-                ctx.epochs_log.write(record)
-                print(f"epoch {epoch}: test loss {record['test_loss']:.4f}, accuracy "
-                      f"{100 * record['test_accuracy']:.2f}%, {record['epoch_s']:.1f}s, "
-                      f"{record['train_samples_per_s']:.0f} samples/s", flush=True)
-            save_checkpoint(ctx, model, opt, epoch)
-            if rank == 0:
-                manifest = runlog.update_manifest(ctx.run_dir, epochs_completed=epoch)
-            if args.max_steps is not None and ctx.step >= args.max_steps \
-                    and epoch < args.epochs:
-                raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
+        with ctx.watchdog:
+            train_all(first_epoch, model, opt, data, args, ctx)
         status = "complete"
-        hvd.barrier()                   # every rank has flushed its last row
     except (Interrupted, KeyboardInterrupt) as stop:
         status, reason = "interrupted", str(stop) or type(stop).__name__
     except Exception as err:
@@ -501,14 +607,18 @@ def main(argv=None):
         sys.exit(3)
 
 
-def route(opt, args):
+def reduction_of(opt, args, world_size):
     """The collective that really carries the gradients (the compressor's default included)."""
     if args.use_adasum:
         return "adasum"
+    if args.route == "horovod":
+        if world_size == 1:
+            return "none"               # Horovod's optimizer skips the exchange at size 1
+        return "allgather" if args.compression in ("bit8", "bit16") else "allreduce"
     return opt.communicator.reduction
 
 
-def start_manifest(ctx, args, opt, data, first_epoch, dropped):
+def start_manifest(ctx, args, opt, data, first_epoch, dropped, horovod_env):
     manifest = runlog.read_manifest(ctx.run_dir) if args.resume else None
     resumes = (manifest or {}).get("resumes", [])
     if args.resume:
@@ -519,7 +629,10 @@ def start_manifest(ctx, args, opt, data, first_epoch, dropped):
         "config": config_name(args, ctx.size), "status": "running", "reason": None,
         "args": {k: v for k, v in vars(args).items()}, "world_size": ctx.size,
         "compression": args.compression,
-        "reduction": route(opt, args),
+        "route": "horovod" if args.use_adasum else args.route,
+        "reduction": reduction_of(opt, args, ctx.size),
+        "horovod_env": horovod_env, "step_timeout_s": args.step_timeout,
+        "network": emulated_network(),
         "error_feedback": args.error_feedback, "adasum": args.use_adasum,
         "lr_effective": args.lr * (1 if args.use_adasum else ctx.size),
         "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none",
@@ -537,6 +650,16 @@ def start_manifest(ctx, args, opt, data, first_epoch, dropped):
         fresh["start_unix"] = manifest.get("start_unix", fresh["start_unix"])
     runlog.write_manifest(ctx.run_dir, fresh)
     return fresh
+
+
+def emulated_network(environ=os.environ):
+    """The link scripts/netem.py gave this rank (it sets HVDC_NETEM*), or None: loopback."""
+    if environ.get("HVDC_NETEM") != "1":
+        return None
+    rate = environ.get("HVDC_NETEM_RATE_BPS", "")
+    return {"emulated": True, "rate_bps": float(rate) if rate else None,
+            "delay_s": float(environ.get("HVDC_NETEM_DELAY_S", "0")),
+            "mtu": int(environ.get("HVDC_NETEM_MTU", "1500"))}
 
 
 def finish_manifest(ctx, status, reason):

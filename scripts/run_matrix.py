@@ -5,6 +5,7 @@
     python scripts/run_matrix.py --only 'serial,np2-*'          # a subset
     python scripts/run_matrix.py --extras                       # + bit8 alltoall / error feedback
     python scripts/run_matrix.py --summary-only                 # rebuild summary.csv only
+    python scripts/run_matrix.py --netem-rate 1gbit             # over an emulated 1 Gbit/s net
 
 The table: serial (one process), then 2 and 4 processes x {none, fp16, bit16, bit8}, every
 run with the same epochs, seed and data.  Each run is labs/mnist.py in its own folder
@@ -13,6 +14,10 @@ run with the same epochs, seed and data.  Each run is labs/mnist.py in its own f
 Interrupted matrices resume: a run whose manifest says "complete" with the same settings is
 skipped, an unfinished run with a checkpoint is continued with --resume, anything else is
 moved aside (<name>.stale-<time>) and run again.  summary.csv gets one row per run.
+
+--netem-rate RATE launches every multi-process run through scripts/netem.py (one network
+namespace per rank, each with a RATE link; needs root), into runs/matrix-netem-<rate> by
+default; the serial run has nothing to send and runs as usual.
 """
 import argparse
 import fnmatch
@@ -30,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+NETEM = ROOT / "scripts" / "netem.py"
 sys.path.insert(0, str(ROOT))
 from hvd_compress import runlog  # noqa: E402
 from hvd_compress.launch import horovodrun_command, launch_env  # noqa: E402
@@ -91,13 +97,29 @@ def trainer_args(args, run_dir):
 
 
 def launch_command(spec, args, run_dir, resume):
-    """horovodrun -np N --gloo|--mpi python labs/mnist.py ...; a serial run needs no launcher."""
+    """horovodrun -np N --gloo|--mpi python labs/mnist.py ..., or with --netem-rate
+    netem.py run -n N --rate RATE -- python labs/mnist.py ...; a serial run needs neither."""
     train = [sys.executable] + trainer_args(args, run_dir) + spec.flags
     if resume:
         train.append("--resume")
     if spec.ranks == 1:
         return train
+    if args.netem_rate:
+        return [sys.executable, str(NETEM), "run", "-n", str(spec.ranks),
+                "--rate", args.netem_rate, "--launcher", args.controller,
+                "--timeout", f"{args.timeout:g}", "--"] + train
     return horovodrun_command(spec.ranks, train, controller=args.controller)
+
+
+def netem_problem():
+    """Why this machine cannot emulate a network (netem.py check), or None if it can."""
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return "--netem-rate needs root (network namespaces and tc); run as root or drop it"
+    done = subprocess.run([sys.executable, str(NETEM), "check"], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        return f"--netem-rate: this machine cannot emulate a network: {done.stdout.strip()}"
+    return None
 
 
 def child_env():
@@ -165,7 +187,24 @@ def settings_mismatch(manifest, args):
     done = manifest.get("args", {})
     wanted = {"epochs": args.epochs, "dataset": args.dataset, "split_test": args.split_test,
               "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr}
-    return [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
+    mismatch = [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
+    if manifest.get("world_size", 1) > 1 and network_rate(manifest) != netem_rate_bps(args):
+        mismatch.append("netem rate")
+    return mismatch
+
+
+def netem_rate_bps(args):
+    """The emulated link rate of this matrix in bit/s, None on loopback."""
+    if not args.netem_rate:
+        return None
+    sys.path.insert(0, str(NETEM.parent))
+    import netem                                  # noqa: E402  (scripts/netem.py)
+    return netem.parse_rate(args.netem_rate)
+
+
+def network_rate(manifest):
+    """The emulated link rate a run was made on (bit/s), None on loopback."""
+    return (manifest.get("network") or {}).get("rate_bps")
 
 
 def plan(spec, args, run_dir):
@@ -215,6 +254,7 @@ def summarize_run(name, run_dir):
            "reduction": manifest.get("reduction"),
            "error_feedback": manifest.get("error_feedback"),
            "controller": manifest.get("controller"),
+           "netem_rate_bps": network_rate(manifest),
            "dataset": (manifest.get("data") or {}).get("name"),
            "train_samples": (manifest.get("data") or {}).get("train_samples"),
            "status": manifest.get("status", "missing"),
@@ -268,12 +308,17 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.01,
                         help="base learning rate (the trainer scales it by the world size)")
-    parser.add_argument("--out", default=str(ROOT / "runs" / "matrix"))
+    parser.add_argument("--out", default=None,
+                        help="default runs/matrix (runs/matrix-netem-<RATE> with --netem-rate)")
     parser.add_argument("--only", default=None,
                         help="comma-separated run names or patterns, e.g. 'serial,np2-*'")
     parser.add_argument("--extras", action="store_true",
                         help="add bit8 alltoall and bit8 error-feedback rows (2 and 4 ranks)")
     parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    parser.add_argument("--netem-rate", default=None, metavar="RATE",
+                        help="run the multi-process rows over an emulated network of RATE "
+                             "per rank (e.g. 100mbit, 1gbit) through scripts/netem.py; needs "
+                             "root; default --out runs/matrix-netem-<RATE>")
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds allowed per run before it is stopped (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
@@ -285,6 +330,14 @@ def parse_args(argv=None):
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.netem_rate:
+        try:
+            netem_rate_bps(args)
+        except Exception as err:                 # netem.NetemError: a clear message
+            parser.error(f"--netem-rate: {err}")
+    if args.out is None:
+        name = f"matrix-netem-{args.netem_rate.lower()}" if args.netem_rate else "matrix"
+        args.out = str(ROOT / "runs" / name)
     return args
 
 
@@ -295,6 +348,11 @@ def main(argv=None):
     if args.summary_only:
         print(write_summary(out).to_string(index=False))
         return 0
+    if args.netem_rate and not args.dry_run and any(spec.ranks > 1 for spec in runs):
+        problem = netem_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     out.mkdir(parents=True, exist_ok=True)
     runlog.atomic_write_json(out / "matrix.json", {
         "settings": {k: v for k, v in vars(args).items() if k not in ("dry_run", "quiet")},

@@ -195,3 +195,17 @@ def test_scale_argument_equals_encoding_the_product(scale):
     assert_bits_equal(fp16_numpy.encode(x, scale=scale), expected, x)
     assert_bits_equal(fp16_torch.encode(xt, scale=scale).numpy().view(np.uint16), expected, x)
     assert_bits_equal(fp16_torch.encode_bits(xt, scale=scale).numpy().view(np.uint16), expected, x)
+
+
+def test_many_blocks_with_a_partial_last_block(monkeypatch):
+    monkeypatch.setattr(fp16_numpy, "BLOCK", 1000)
+    monkeypatch.setattr(fp16_torch, "BLOCK", 1000)
+    x = random_bits(10_007, seed=23)
+    ref = reference_encode(x)
+    for path in ENCODERS:
+        assert_bits_equal(ENCODERS[path](x), ref, x)
+    with np.errstate(all="ignore"):
+        assert_bits_equal(fp16_torch.encode(torch.from_numpy(x), scale=4.0).numpy().view(np.uint16),
+                          reference_encode(x * np.float32(4.0)), x)
+    for path in DECODERS:
+        assert_bits_equal(DECODERS[path](ref), reference_decode(ref), ref)

@@ -345,3 +345,21 @@ def test_scale_leaves_input_untouched_and_fills_out():
     assert fp8_torch.encode(x, E4M3, out=out, scale=2.0 ** 18) is out
     assert torch.equal(x, before)
     assert torch.equal(out, (x * 2.0 ** 18).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt, sat", MODES, ids=MODE_IDS)
+def test_many_blocks_with_a_partial_last_block(fmt, sat, monkeypatch):
+    """Small block sizes force the block loops through many full blocks and a short tail."""
+    monkeypatch.setattr(fp8_numpy, "BLOCK", 1000)
+    monkeypatch.setattr(fp8_torch, "BLOCK", 1000)
+    x = random_bits(10_007, seed=17)
+    ref = reference_encode(x, fmt, sat)
+    for path in ENCODERS:
+        assert_codes_equal(ENCODERS[path](x, fmt, sat), ref, x)
+    with np.errstate(all="ignore"):
+        scaled_ref = reference_encode(x * np.float32(0.5), fmt, sat)
+    assert_codes_equal(fp8_torch.encode(torch.from_numpy(x), fmt, sat, scale=0.5).numpy(), scaled_ref, x)
+    codes = ref
+    assert np.array_equal(fp8_numpy.decode(codes, fmt).view(np.uint32), reference_decode(codes, fmt).view(np.uint32))
+    assert np.array_equal(fp8_torch.decode(torch.from_numpy(codes), fmt).numpy().view(np.uint32),
+                          reference_decode(codes, fmt).view(np.uint32))

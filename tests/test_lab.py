@@ -246,10 +246,13 @@ def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path):
     assert len(pd.read_csv(folder / "steps_rank0.csv")) == 80     # 17 rows of epoch 2
     assert "--resume" in stopped.stdout
 
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    def files():
+        return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*")
+                if p.is_file()}
+    before = files()
     again = train(folder, 1, flags, check=False)                  # no --resume: refused
     assert again.returncode == 2 and "already holds a run" in again.stderr
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before   # nothing touched
+    assert files() == before                                      # nothing touched
 
     train(folder, 2, flags + ["--resume"])
     manifest = runlog.read_manifest(folder)

@@ -69,12 +69,15 @@ E5M2 = Float8Format(
 )
 
 # ---- shared plumbing ---------------------------------------------------------------------
-# Codecs work block by block so their int32 temporaries (a few blocks' worth) stay in cache
-# and are reused, instead of allocating and page-faulting several 64 MB arrays per call.
-# NumPy runs one thread and likes L2-sized blocks; torch splits every op over its threads, so
-# its per-op overhead favours larger blocks.  scripts/bench_codec.py --block-sizes measures.
+# Codecs work block by block so their temporaries (a few blocks' worth) stay in cache and are
+# reused, instead of allocating and page-faulting several 64 MB arrays per call.
+# NumPy runs one thread and likes L2-sized blocks.  torch splits every op over its threads, and
+# each op is then a parallel region whose start/end costs grow sharply when the cores are
+# shared (other jobs, several ranks per machine), so torch gets fewer, larger blocks (L3-sized):
+# on the 2-core dev machine 2**20 beat 2**18 both idle and under load
+# (scripts/bench_codec.py --block-sizes measures).
 BLOCK = 1 << 16          # NumPy codecs: 256 KiB per int32 scratch buffer
-TORCH_BLOCK = 1 << 18    # torch codecs: 1 MiB per int32 scratch buffer
+TORCH_BLOCK = 1 << 20    # torch codecs: 4 MiB per int32 scratch buffer
 
 
 def block_ranges(n: int, block: int = BLOCK):

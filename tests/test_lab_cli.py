@@ -1,0 +1,75 @@
+"""Command-line edge cases of labs/mnist.py, as a user meets them: a real process, a clear
+message, exit code 2, and no run folder left behind."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_compress.launch import horovodrun_command, launch_env
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+TRAINER = str(ROOT / "labs" / "mnist.py")
+
+
+def lab(argv, out, ranks=1):
+    cmd = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--out", str(out)] + argv
+    if ranks > 1:
+        cmd = horovodrun_command(ranks, cmd, controller="gloo")
+    return subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--test-batch-size", "-1"], "--test-batch-size must be at least 1"),
+    (["--lr", "-0.1"], "--lr must be a positive number, got -0.1"),
+    (["--lr", "0"], "--lr must be a positive number"),
+    (["--lr", "inf"], "--lr must be a positive number"),
+    (["--momentum", "-0.5"], "--momentum must be in [0, 1)"),
+    (["--max-steps", "0"], "--max-steps must be at least 1"),
+    (["--num-threads", "0"], "--num-threads must be at least 1"),
+    (["--step-timeout", "-1"], "--step-timeout must be >= 0"),
+    (["--step-timeout", "nan"], "--step-timeout must be >= 0"),
+    (["--epochs", "two"], "invalid int value: 'two'"),
+    # larger than the data: the MNIST test set has 10,000 images, one must be left to test on
+    (["--split-test", "10000"], "--split-test must be between 1 and 9999"),
+    (["--split-test", "60000"], "--split-test must be between 1 and 9999"),
+])
+def test_bad_values_are_clear_errors(tmp_path, argv, message):
+    done = lab(argv, tmp_path / "run")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_step_timeout_zero_disables_the_watchdog():
+    spec = importlib.util.spec_from_file_location("lab_mnist_cli", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_args(["--step-timeout", "0"]).step_timeout == 0
+    assert module.parse_args([]).step_timeout == 300
+
+
+def test_more_ranks_than_training_samples(tmp_path):
+    """--split-test 1 on 2 ranks: one training image for two processes."""
+    done = lab(["--split-test", "1"], tmp_path / "run", ranks=2)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "the training set has 1 samples but there are 2 ranks" in out, out[-3000:]
+    assert 'mnist.py", line' not in out      # horovodrun's own traceback, none of the lab's
+    assert not (tmp_path / "run").exists()
+
+
+def test_more_ranks_than_test_samples(tmp_path):
+    """--split-test 9999 on 2 ranks: one test image left for two processes."""
+    done = lab(["--split-test", "9999"], tmp_path / "run", ranks=2)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "the test set has 1 samples but there are 2 ranks" in out, out[-3000:]
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,95 @@
+"""--route horovod (the course's in-tree route: Horovod's own hvd.DistributedOptimizer with
+hvd.Compression.bit8 of the patched Horovod) against --route plugin, on real MNIST with real
+horovodrun.
+
+Both routes send one packet per gradient tensor (its own scale), gather every rank's packets
+and sum the decoded values in rank order, so the two trainings are bit-identical by
+construction: the test asserts equality, not closeness.
+"""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from test_lab import COMMON, PYTHON, TRAINER, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def routes(tmp_path_factory):
+    """{route: run folder} of one 2-process bit8 epoch each."""
+    base = tmp_path_factory.mktemp("routes")
+    folders = {}
+    for route in ("plugin", "horovod"):
+        folders[route] = base / route
+        train(folders[route], 2, COMMON + ["--bit8-allreduce", "--route", route])
+    return folders
+
+
+def test_the_two_routes_train_bit_identically(routes):
+    plugin, horovod = (pd.read_csv(routes[r] / "epochs.csv") for r in ("plugin", "horovod"))
+    assert len(plugin) == len(horovod) == 1
+    assert horovod["test_accuracy"].iloc[-1] == plugin["test_accuracy"].iloc[-1]
+    assert horovod["test_loss"].tolist() == plugin["test_loss"].tolist()
+    assert horovod["train_loss"].tolist() == plugin["train_loss"].tolist()
+    assert plugin["test_accuracy"].iloc[-1] > 0.9          # and it did learn something
+    steps = {r: pd.read_csv(routes[r] / "steps.csv") for r in routes}
+    merged = steps["plugin"].merge(steps["horovod"], on=["rank", "step"], suffixes=("", "_hvd"))
+    assert len(merged) == len(steps["plugin"]) == len(steps["horovod"]) == 2 * 63
+    assert (merged["loss"] == merged["loss_hvd"]).all()
+
+
+def test_horovod_route_records_what_it_can_measure(routes):
+    steps = pd.read_csv(routes["horovod"] / "steps.csv")
+    plugin = pd.read_csv(routes["plugin"] / "steps.csv")
+    # Horovod's optimizer works in hooks and synchronize(): no per-phase times, honestly NaN
+    for column in ("compress_s", "communicate_s", "decompress_s"):
+        assert steps[column].isna().all()
+    assert (steps["step_s"] > 0).all() and (steps["update_s"] > 0).all()
+    assert (steps["forward_backward_s"] + steps["update_s"] <= steps["step_s"] + 1e-4).all()
+    # bytes from the packet sizes, counted as the plugin counts the packets it really sends
+    assert steps["bytes_sent"].nunique() == 1
+    assert steps["bytes_sent"].iloc[0] == plugin["bytes_sent"].iloc[0] > 0
+
+
+def test_manifest_records_the_route(routes):
+    plugin, horovod = (json.loads((routes[r] / "manifest.json").read_text())
+                       for r in ("plugin", "horovod"))
+    assert plugin["route"] == "plugin" and horovod["route"] == "horovod"
+    assert plugin["reduction"] == horovod["reduction"] == "allgather"
+    assert plugin["config"] == "np2-bit8" and horovod["config"] == "np2-bit8-horovod"
+    assert horovod["status"] == "complete"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    spec = importlib.util.spec_from_file_location("lab_mnist_route", TRAINER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv", [
+    ["--route", "horovod", "--bit8-allreduce", "--reduction", "alltoall"],
+    ["--route", "horovod", "--bit8-allreduce", "--error-feedback"],
+    ["--route", "horovod", "--bit16-allreduce", "--error-feedback", "--reduction", "alltoall"],
+])
+def test_horovod_route_refuses_plugin_only_flags(lab, capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        lab.parse_args(argv)
+    assert stop.value.code == 2
+    assert "--route horovod" in capsys.readouterr().err
+
+
+def test_route_flag_default_and_choices(lab, capsys):
+    assert lab.parse_args([]).route == "plugin"
+    assert lab.parse_args(["--route", "horovod", "--bit8-allreduce",
+                           "--reduction", "allgather"]).route == "horovod"
+    with pytest.raises(SystemExit):
+        lab.parse_args(["--route", "mpi"])
+    assert "invalid choice" in capsys.readouterr().err

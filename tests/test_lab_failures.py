@@ -1,0 +1,113 @@
+"""A dead or wedged rank ends a 2-process lab run, under Gloo and MPI, with a clear error,
+no process left behind and the records written so far intact.
+
+Each case starts a 5-epoch run, waits until both ranks are writing steps, then sends rank 1
+SIGKILL (dead) or SIGSTOP (wedged: alive, silent).  A wedged rank under MPI would hang the
+job for good without the lab's step watchdog (--step-timeout).  The measured seconds from
+the signal to the launcher's exit are printed (pytest -s), not asserted beyond a generous
+bound: machines are noisy.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hvd_compress import runlog
+from hvd_compress.launch import horovodrun_command, launch_env
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+TRAINER = str(ROOT / "labs" / "mnist.py")
+STEP_TIMEOUT = 20
+BOUND_S = 90            # launcher must be gone this long after the signal
+START_TIMEOUT_S = 240   # slow shared machine: importing torch + Horovod on 2 ranks
+
+
+def alive(pid):
+    """True if `pid` runs (a zombie, already dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def steps_written(path):
+    try:
+        return max(0, len(path.read_text().splitlines()) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_steps(proc, run_dir, rows=10):
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before training (exit {proc.returncode}):\n"
+                                 + proc.stdout.read()[-3000:])
+        if all(steps_written(run_dir / f"steps_rank{r}.csv") >= rows for r in (0, 1)):
+            return [int((run_dir / "pids" / f"rank{r}.pid").read_text()) for r in (0, 1)]
+        time.sleep(0.5)
+    raise AssertionError(f"no steps written within {START_TIMEOUT_S} s")
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
+                                 "--split-test", "8000", "--epochs", "5", "--lr", "0.1",
+                                 "--bit8-allreduce", "--no-progress",
+                                 "--step-timeout", str(STEP_TIMEOUT), "--out", str(run_dir)],
+                             controller)
+    proc = subprocess.Popen(cmd, env=launch_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    pids = []
+    try:
+        pids = wait_for_steps(proc, run_dir)
+        os.kill(pids[1], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        signalled = time.monotonic()
+        try:
+            code = proc.wait(timeout=BOUND_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        seconds = time.monotonic() - signalled
+        output = proc.stdout.read() if code is not None else ""
+        print(f"\n{controller} {how}: launcher exit {code} after {seconds:.1f} s")
+        assert code is not None, f"launcher still running {BOUND_S} s after SIG{how.upper()}"
+        assert code != 0
+        # a clear error: the watchdog's, Gloo's timeout, or the launcher naming the dead rank
+        clues = ["no training step finished", "Timed out", "exit with status code",
+                 "exited on signal", "terminated", "Connection closed by peer",
+                 "HorovodInternalError"]
+        assert any(clue in output for clue in clues), output[-3000:]
+        if how == "stop" and controller == "mpi":
+            assert "no training step finished" in output, output[-3000:]
+        # nothing of the run is left alive
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if alive(p)], "a rank outlived its launcher"
+    finally:
+        for pid in pids:                     # never leave a stopped or orphaned rank behind
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # the run says it did not complete, and what it wrote before the failure is readable
+    manifest = runlog.read_manifest(run_dir)
+    assert manifest is not None and manifest["status"] != "complete"
+    print(f"  manifest status {manifest['status']!r}: {manifest.get('reason')}")
+    for r in (0, 1):
+        steps = pd.read_csv(run_dir / f"steps_rank{r}.csv")
+        assert len(steps) >= 10 and steps["loss"].notna().all()
+        assert list(steps.columns) == runlog.STEP_COLUMNS
