@@ -4,7 +4,6 @@ One module-scoped set of runs (serial and 2 processes x none / bit16 / bit8, one
 8,000 images each) serves all the assertions on accuracy and records; a small run matrix,
 an interrupted + resumed run, the report and the plots are checked on top.
 """
-import importlib.util
 import json
 import math
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from conftest import load_script
 
 from hvd_compress import runlog
 from hvd_compress.launch import horovodrun_command, launch_env
@@ -46,11 +47,8 @@ def train(out, ranks, extra, check=True):
     return done
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def script(name):
+    return load_script(ROOT / "scripts" / f"{name}.py", name)
 
 
 @pytest.fixture(scope="module")
@@ -143,13 +141,6 @@ def test_each_rank_trains_on_its_own_shard(runs):
 
 
 # --- command line errors (in-process: argparse runs before Horovod starts) -------------------
-
-@pytest.fixture(scope="module")
-def lab():
-    spec = importlib.util.spec_from_file_location("lab_mnist", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -315,7 +306,7 @@ def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
 
 def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
     out, _, _ = matrix
-    fill_report = load_script("fill_report")
+    fill_report = script("fill_report")
     summary = pd.read_csv(out / "summary.csv")
     shutil.copytree(out / "serial", tmp_path / "serial")
     shutil.copytree(out / "np2-bit8", tmp_path / "np2-bit8")
@@ -347,7 +338,7 @@ def test_plots_are_written(matrix, tmp_path):
 # --- run matrix planning (no launch) ---------------------------------------------------------
 
 def test_matrix_table_and_filter():
-    run_matrix = load_script("run_matrix")
+    run_matrix = script("run_matrix")
     names = [r.name for r in run_matrix.course_runs()]
     assert names == ["serial"] + [f"np{n}-{c}" for n in (2, 4)
                                   for c in ("none", "fp16", "bit16", "bit8")]
@@ -361,7 +352,7 @@ def test_matrix_table_and_filter():
 
 def test_matrix_refuses_a_run_made_with_other_settings(matrix):
     out, _, _ = matrix
-    run_matrix = load_script("run_matrix")
+    run_matrix = script("run_matrix")
     args = run_matrix.parse_args(["--dataset", "mnist", "--split-test", "8000",
                                   "--epochs", "3", "--lr", "0.1", "--out", str(out)])
     spec = run_matrix.course_runs()[0]

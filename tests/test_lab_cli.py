@@ -1,11 +1,12 @@
 """Command-line edge cases of labs/mnist.py, as a user meets them: a real process, a clear
 message, exit code 2, and no run folder left behind."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 from hvd_compress.launch import horovodrun_command, launch_env
 
@@ -49,9 +50,7 @@ def test_bad_values_are_clear_errors(tmp_path, argv, message):
 
 
 def test_step_timeout_zero_disables_the_watchdog():
-    spec = importlib.util.spec_from_file_location("lab_mnist_cli", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(TRAINER, "lab_mnist_cli")
     assert module.parse_args(["--step-timeout", "0"]).step_timeout == 0
     assert module.parse_args([]).step_timeout == 300
 

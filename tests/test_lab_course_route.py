@@ -6,7 +6,6 @@ Both routes send one packet per gradient tensor (its own scale), gather every ra
 and sum the decoded values in rank order, so the two trainings are bit-identical by
 construction: the test asserts equality, not closeness.
 """
-import importlib.util
 import json
 import math
 import sys
@@ -65,13 +64,6 @@ def test_manifest_records_the_route(routes):
     assert plugin["config"] == "np2-bit8" and horovod["config"] == "np2-bit8-horovod"
     assert horovod["status"] == "complete"
 
-
-@pytest.fixture(scope="module")
-def lab():
-    spec = importlib.util.spec_from_file_location("lab_mnist_route", TRAINER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("argv", [
