@@ -90,7 +90,8 @@ def main(argv=None):
     x = g * s                                              # what the compressor encodes
     xn = x.numpy()
     print(f"n={n} ({4 * n / 2**20:.0f} MiB float32), format={fmt.name}, scale=2**{int(np.log2(s))}, "
-          f"torch threads={torch.get_num_threads()}, reps={reps}, block={formats.BLOCK}", flush=True)
+          f"torch threads={torch.get_num_threads()}, reps={reps}, "
+          f"blocks: numpy {formats.BLOCK}, torch {formats.TORCH_BLOCK}", flush=True)
 
     # preallocated buffers
     f32 = torch.empty(n)
@@ -110,7 +111,9 @@ def main(argv=None):
 
     rows = []
 
-    def run(op, impl, fn, direction, block=formats.BLOCK):
+    def run(op, impl, fn, direction, block=None):
+        if block is None:
+            block = {"ours-numpy": formats.BLOCK, "ours-torch": fp8_torch.BLOCK}.get(impl, "")
         best, med = time_it(fn, reps)
         rows.append(dict(op=op, impl=impl, direction=direction, n=n, block=block,
                          threads=torch.get_num_threads(), best_ms=best * 1e3, median_ms=med * 1e3,

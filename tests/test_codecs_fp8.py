@@ -10,6 +10,7 @@ References (each mode names the library it must equal; see docs/codecs.md):
 Inputs: a fixed edge set (every float32 exponent, ties at every binade, subnormal and
 overflow boundaries, zeros, infinities, NaN payloads) and 2**20 random bit patterns.
 """
+import csv
 import warnings
 
 import ml_dtypes
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT, load_script
 from hvd_compress.codecs import E4M3, E5M2, Float8Format, fp8_numpy, fp8_torch
 
 FORMATS = [E4M3, E5M2]
@@ -363,3 +365,29 @@ def test_many_blocks_with_a_partial_last_block(fmt, sat, monkeypatch):
     assert np.array_equal(fp8_numpy.decode(codes, fmt).view(np.uint32), reference_decode(codes, fmt).view(np.uint32))
     assert np.array_equal(fp8_torch.decode(torch.from_numpy(codes), fmt).numpy().view(np.uint32),
                           reference_decode(codes, fmt).view(np.uint32))
+
+
+# ---- the scripts that check and time the codecs -------------------------------------------------
+def test_exhaustive_checker_passes_on_boundary_chunks_and_fails_on_a_bug(tmp_path, monkeypatch, capsys):
+    script = load_script(ROOT / "scripts" / "check_codecs_exhaustive.py", "check_codecs_exhaustive")
+    # 2**16-value chunks around 448..480 (0x43E0..), 57344..65536 (0x4760..) and Inf/NaN (0x7F80..)
+    args = ["--chunk-bits", "16", "--chunks", "0x43e8", "0x4770", "0x7f80", "0xff80",
+            "--threads", str(torch.get_num_threads()), "--out", str(tmp_path / "ok.json")]
+    assert script.main(args) == 0
+    assert '"ok": true' in (tmp_path / "ok.json").read_text()
+    broken = lambda x, fmt, sat=True, out=None, **kw: np.zeros(x.shape, np.uint8)   # noqa: E731
+    monkeypatch.setattr(script.fp8_numpy, "encode", broken)
+    args[-1] = str(tmp_path / "bad.json")
+    assert script.main(args) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_bench_script_writes_csv_and_headline(tmp_path, capsys):
+    bench = load_script(ROOT / "scripts" / "bench_codec.py", "bench_codec")
+    out = tmp_path / "codec.csv"
+    bench.main(["--n", "5000", "--reps", "1", "--out", str(out)])
+    rows = list(csv.DictReader(out.open()))
+    ops = {(r["impl"], r["op"]) for r in rows}
+    assert ("torch", "cast round trip") in ops and ("ours-torch", "encode+decode") in ops
+    assert all(float(r["best_ms"]) > 0 for r in rows)
+    assert "headline:" in capsys.readouterr().out.strip().splitlines()[-1]

@@ -2,7 +2,7 @@
 
     from hvd_compress.codecs import E4M3, E5M2, fp8_torch, scaling
     s = scaling.pow2_scale(float(g.abs().max()), E4M3.max_finite)
-    codes = fp8_torch.encode(g * s, E4M3)            # uint8, same shape
+    codes = fp8_torch.encode(g, E4M3, scale=s)       # uint8, same shape; == encode(g * s)
     g_hat = fp8_torch.decode(codes, E4M3) / s        # float32
 
 Every codec is bit-exact against a named reference (torch / ml_dtypes / NumPy casts); see

@@ -220,11 +220,18 @@ def decode_table(fmt: Float8Format, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(fp8_numpy.decode_table(fmt).copy()).to(device)
 
 
-def decode(codes: torch.Tensor, fmt: Float8Format, out=None) -> torch.Tensor:
-    """Decode uint8 codes of `fmt` to float32: one table gather per block."""
+def decode(codes: torch.Tensor, fmt: Float8Format, out=None, *, table=None) -> torch.Tensor:
+    """Decode uint8 codes of `fmt` to float32: one table gather per block.
+
+    table: 256 float32 values to gather from instead of `decode_table(fmt)`; the compressors
+    pass that table times 1/scale, so unscaling costs no extra pass over the data.
+    """
     codes = check_input(codes, torch.uint8, "codes")
     out = prepare_out(out, codes, torch.float32)
-    table = decode_table(fmt, codes.device)
+    if table is None:
+        table = decode_table(fmt, codes.device)
+    elif table.shape != (256,) or table.dtype != torch.float32:
+        raise ValueError("table must be 256 float32 values")
     flat_codes = codes.view(-1)
     flat_out = out.view(-1)
     size = max(1, min(flat_codes.numel(), BLOCK))
