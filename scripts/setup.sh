@@ -91,9 +91,13 @@ if [ "$(cat "$VENV/.horovod-key" 2>/dev/null)" != "$key" ]; then
   echo "$key" > "$VENV/.horovod-key"
 fi
 
-# 4. This package, editable.
-if ! "$PY" -c 'import hvd_compress' 2>/dev/null; then
+# 4. This package, editable, from this checkout (asked from / so that the current directory
+#    on sys.path cannot pass for an install: ranks started elsewhere must find it too).
+installed_at=$(cd / && "$PY" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null || true)
+if [ "$installed_at" != "$(realpath "$ROOT")" ]; then
+  log "installing hvd_compress (editable) from $ROOT"
   "$PY" -m pip install -q --no-deps -e "$ROOT" 2>&1 | grep -v '^WARNING: Location' || true
+  (cd / && "$PY" -c 'import hvd_compress') || die "hvd_compress does not import after pip install -e"
 fi
 
 # 5. Check: the build must carry PyTorch, MPI and Gloo.
