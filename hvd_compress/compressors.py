@@ -110,10 +110,6 @@ class _ScaledCompressor(Compressor):
                              f"not a multiple of {cls.code_bytes}")
         return cls._decode(codes, scale, flags, out)
 
-    @classmethod
-    def numel_of(cls, packet_numel: int) -> int:
-        return (packet_numel - HEADER_BYTES) // cls.code_bytes
-
 
 class Bit8Compressor(_ScaledCompressor):
     """float32 -> scaled OCP E4M3 (torch.float8_e4m3fn bits), 1 byte per value + 8-byte header.

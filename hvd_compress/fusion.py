@@ -6,7 +6,7 @@ of Horovod's negotiation) per tensor. Buckets are formed in the order the tensor
 """
 import torch
 
-__all__ = ["buckets_by_size", "flatten", "unflatten"]
+__all__ = ["buckets_by_size", "flatten"]
 
 
 def buckets_by_size(tensors, threshold_bytes):
@@ -36,14 +36,3 @@ def flatten(tensors):
         return tensors[0].detach().reshape(-1).to(torch.float32)
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
-
-def unflatten(flat, like):
-    """Cut `flat` back into tensors shaped and typed like `like`."""
-    out, offset = [], 0
-    for t in like:
-        n = t.numel()
-        out.append(flat[offset:offset + n].view(t.shape).to(t.dtype))
-        offset += n
-    if offset != flat.numel():
-        raise ValueError(f"flat vector has {flat.numel()} values, tensors need {offset}")
-    return out
