@@ -659,6 +659,7 @@ def emulated_network(environ=os.environ):
     rate = environ.get("HVDC_NETEM_RATE_BPS", "")
     return {"emulated": True, "rate_bps": float(rate) if rate else None,
             "delay_s": float(environ.get("HVDC_NETEM_DELAY_S", "0")),
+            "delay_via": environ.get("HVDC_NETEM_DELAY_VIA") or None,
             "mtu": int(environ.get("HVDC_NETEM_MTU", "1500"))}
 
 

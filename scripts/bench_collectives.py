@@ -431,24 +431,31 @@ def _model_scheme(compression: str, reduction: str) -> tuple[str, int]:
 def fit_and_predict(prim_raw, prim, schemes):
     """Fit alpha/beta (hvd_compress.costmodel.fit) to the primitives; predict every point.
 
-    A primitive is predicted with the fit of its own collective; a scheme's communication
-    with the link fitted to all primitives together (one network, one alpha and beta).
+    Two fits: per (collective, n), which `predicted_s` uses, and pooled over n per collective
+    (`pooled_predicted_s`), the one that extrapolates to other n. A scheme's communication is
+    predicted with the link fitted to all primitives at its n (one network, one alpha and beta).
     """
     from hvd_compress import costmodel
     from hvd_compress.costmodel import fit as cmfit
 
     measurements = cmfit.measurements_from_rows(
         prim_raw[["collective", "n", "bytes", "seconds"]].to_dict("records"), source="primitives")
-    fits = {f.collective: f for f in cmfit.fit_all(measurements)}
-    joint = fits.get("all") or next(iter(fits.values()))
+    pooled = {f.label: f for f in cmfit.fit_all(measurements)}
+    per_n = {f.label: f for f in cmfit.fit_all(measurements, per_n=True)}
+    fits = {**per_n, **pooled}
 
     def seconds(fit, cost):
         # alpha and beta straight from the fit: a clamped beta of 0 is no valid model.Link
         return fit.alpha * cost.messages + fit.beta * cost.bytes
 
+    def joint(n):
+        return per_n.get(f"all@n={n}") or next(f for f in per_n.values() if f.n == n)
+
     prim = prim.copy()
-    prim["predicted_s"] = [seconds(fits[c], cmfit.COLLECTIVES[c](n, b))
+    prim["predicted_s"] = [seconds(per_n[f"{c}@n={n}"], cmfit.COLLECTIVES[c](n, b))
                            for c, n, b in zip(prim["collective"], prim["n"], prim["bytes"])]
+    prim["pooled_predicted_s"] = [seconds(pooled[c], cmfit.COLLECTIVES[c](n, b))
+                                  for c, n, b in zip(prim["collective"], prim["n"], prim["bytes"])]
     if schemes is not None and len(schemes):
         schemes = schemes.copy()
         model_bytes, predicted = [], []
@@ -457,7 +464,7 @@ def fit_and_predict(prim_raw, prim, schemes):
             name, bits = _model_scheme(comp, red)
             cost = costmodel.predict(name, int(n), float(g), bits)
             model_bytes.append(cost.bytes)
-            predicted.append(seconds(joint, cost))     # communication only (gamma = 0)
+            predicted.append(seconds(joint(int(n)), cost))   # communication only (gamma = 0)
         schemes["model_bytes_per_rank"] = model_bytes
         schemes["predicted_s"] = predicted
     return prim, schemes, fits
@@ -507,6 +514,8 @@ def analyze(out_path: Path, quiet: bool = False) -> dict:
         frames.append(schemes)
     summary = pd.concat(frames, ignore_index=True, sort=False)
     summary["rel_err"] = (summary["median_s"] - summary["predicted_s"]) / summary["median_s"]
+    summary["pooled_rel_err"] = ((summary["median_s"] - summary["pooled_predicted_s"])
+                                 / summary["median_s"])
     if "median_communicate_s" in summary:
         summary["comm_rel_err"] = ((summary["median_communicate_s"] - summary["predicted_s"])
                                    / summary["median_communicate_s"])
@@ -516,14 +525,14 @@ def analyze(out_path: Path, quiet: bool = False) -> dict:
     runlog.atomic_write_text(paths["summary"], summary.to_csv(index=False))
 
     fit_json = {"source": str(paths["primitives"]),
-                "fits": [{"collective": f.collective, "alpha_s": f.alpha,
+                "fits": [{"collective": f.collective, "n": f.n, "alpha_s": f.alpha,
                           "beta_s_per_byte": f.beta,
                           # JSON has no inf/nan: null where beta was clamped to 0 or R^2 undefined
                           "bandwidth_bytes_per_s": _finite_or_none(f.bandwidth),
                           "r2": _finite_or_none(f.r2), "points": len(f.points),
                           "clamped": f.clamped}
                          for f in fits.values()],
-                "schemes_predicted_with": "all" if "all" in fits else next(iter(fits))}
+                "schemes_predicted_with": "all@n (all primitives at the scheme's n)"}
     runlog.atomic_write_json(paths["fit"], fit_json)
     ratios = report_ratios(summary)
     if len(ratios):
@@ -556,16 +565,19 @@ def format_report(summary, fit_json, ratios) -> str:
     lines = ["", "alpha-beta fits (hvd_compress.costmodel.fit, relative least squares):"]
     for f in fit_json["fits"]:
         bw = f["bandwidth_bytes_per_s"]
-        lines.append(f"  {f['collective']:<14} alpha {f['alpha_s'] * 1e6:9.1f} us   "
+        label = f["collective"] + ("" if f.get("n") is None else f"@n={f['n']}")
+        lines.append(f"  {label:<14} alpha {f['alpha_s'] * 1e6:9.1f} us   "
                      + (f"bandwidth {bw * 8 / 1e9:8.3f} Gbit/s" if bw else "bandwidth   (beta fitted 0)")
                      + (f"   R^2 {f['r2']:.4f}" if f["r2"] is not None else "")
                      + (f"   ({f['clamped']} held at 0)" if f["clamped"] else ""))
     big = summary[(summary["bytes"] >= 2**20) & (summary["kind"] == "primitive")]
-    if len(big):
-        worst = big["rel_err"].abs().max()
-        within = (big["rel_err"].abs() <= 0.25).mean()
-        lines.append(f"  primitives >= 1 MiB: |measured - model| / measured <= 25% at "
-                     f"{100 * within:.0f}% of points (worst {100 * worst:.1f}%)")
+    for col, what in (("rel_err", "fitted per (collective, n)"),
+                      ("pooled_rel_err", "fitted per collective, pooled over n")):
+        if len(big) and col in big:
+            worst = big[col].abs().max()
+            within = (big[col].abs() <= 0.25).mean()
+            lines.append(f"  primitives >= 1 MiB, {what}: |measured - model| / measured <= 25% "
+                         f"at {100 * within:.0f}% of points (worst {100 * worst:.1f}%)")
     if len(ratios):
         lines += ["", "vs fp32 allreduce measured in the same run (time ratio t, bytes per "
                       "rank ratio b; < 1 = better):"]

@@ -13,9 +13,11 @@ ranks really talk TCP to each other across those NICs::
 * Rate: a token bucket (``tc qdisc ... tbf``) on the egress of *both* ends of every veth, so
   each rank has a full-duplex link of ``--rate`` into a non-blocking switch (the picture the
   alpha-beta cost model assumes).
-* Delay: ``--delay D`` puts ``netem delay D`` on each rank's eth0 (tbf as its child), so a
-  message from one rank to another takes D more one way, 2D more round trip.  Needs the
-  kernel's sch_netem; ``python scripts/netem.py check`` says whether this kernel has it.
+* Delay: ``--delay D`` makes a message from one rank to another take D more one way, 2D more
+  round trip.  With the kernel's sch_netem, ``netem delay D`` sits on each rank's eth0 (tbf as
+  its child).  Without it (this project's machines), the switch's ports leave the kernel
+  bridge and ``scripts/delay_bridge.py``, a userspace switch, forwards every frame D late;
+  ``--delay-via`` picks one, ``python scripts/netem.py check`` says whether netem exists.
 * Addresses come from 198.18.0.0/15, the block reserved for network benchmarks (RFC 2544),
   and exist only inside our namespaces: no real interface, address or route is touched.
 
@@ -66,10 +68,13 @@ PREFIX = "hvdc-"
 SUBNET = "198.18.0"          # RFC 2544 benchmarking block; /24 inside each cluster
 PREFIX_LEN = 24
 NETNS_ETC = Path("/etc/netns")   # per-namespace /etc overlays read by `ip netns exec`
-SWITCH_HOST = 254            # the bridge's address: 198.18.0.254
+SWITCH_HOST = 254            # the switch namespace's own address: 198.18.0.254
 RANK_IFACE = "eth0"          # same name in every rank namespace: HOROVOD_GLOO_IFACE
 MAX_RANKS = 64
 REPO = Path(__file__).resolve().parent.parent
+DELAY_BRIDGE = REPO / "scripts" / "delay_bridge.py"
+HOST_PORT = "ph"             # with the delay bridge: the switch namespace's own port (peer of br0)
+DELAY_VIA = ("auto", "netem", "bridge")
 
 # Token bucket sizing.  The bucket must hold at least one full frame (else tbf drops it) and
 # enough bytes that the timer that refills it need not fire every microsecond at 10 Gbit/s;
@@ -125,20 +130,37 @@ def parse_duration(text: str | None) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """What every rank's NIC looks like: rate in bit/s (None = unlimited), one-way delay in s."""
+    """What every rank's NIC looks like: rate in bit/s (None = unlimited), one-way delay in s,
+    and what adds the delay: the kernel's netem qdisc, the userspace delay bridge, or "auto"
+    (netem where the kernel has it)."""
     rate_bps: float | None = None
     delay_s: float = 0.0
     mtu: int = 1500
+    delay_via: str = "auto"
 
     @classmethod
-    def parse(cls, rate: str | None, delay: str | None = None, mtu: int = 1500) -> "Link":
+    def parse(cls, rate: str | None, delay: str | None = None, mtu: int = 1500,
+              delay_via: str = "auto") -> "Link":
         if not 576 <= mtu <= 65535:
             raise NetemError(f"mtu {mtu} out of range 576..65535")
-        return cls(parse_rate(rate), parse_duration(delay), mtu)
+        if delay_via not in DELAY_VIA:
+            raise NetemError(f"--delay-via {delay_via!r}: one of {', '.join(DELAY_VIA)}")
+        return cls(parse_rate(rate), parse_duration(delay), mtu, delay_via)
+
+    def resolved(self, netem_available: bool) -> "Link":
+        """This link with delay_via 'auto' replaced by what will really add the delay."""
+        if self.delay_via != "auto":
+            return self
+        return dataclasses.replace(self, delay_via="netem" if netem_available else "bridge")
+
+    @property
+    def uses_bridge(self) -> bool:
+        return self.delay_s > 0 and self.delay_via == "bridge"
 
     def describe(self) -> str:
         rate = "unlimited" if self.rate_bps is None else f"{self.rate_bps / 1e6:g} Mbit/s"
-        return f"rate {rate}, delay {self.delay_s * 1e3:g} ms, mtu {self.mtu}"
+        via = f" (via {self.delay_via})" if self.delay_s > 0 else ""
+        return f"rate {rate}, delay {self.delay_s * 1e3:g} ms{via}, mtu {self.mtu}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -181,11 +203,11 @@ def tbf_args(rate_bps: float, mtu: int) -> list[str]:
 def shaping_commands(ns: str, dev: str, link: Link, with_delay: bool) -> list[list[str]]:
     """tc commands for the egress of one veth end.
 
-    delay and rate: netem (delay) at the root, tbf (rate) as its child: the classic
-    'tbf under netem' of tc-netem(8).  Rate only: tbf at the root.
+    delay (by netem) and rate: netem (delay) at the root, tbf (rate) as its child: the classic
+    'tbf under netem' of tc-netem(8).  Rate only, or delay added by the bridge: tbf at the root.
     """
     tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-    delay = link.delay_s if with_delay else 0.0
+    delay = link.delay_s if with_delay and link.delay_via == "netem" else 0.0
     if delay > 0:
         # netem's queue must hold everything in flight during the delay.
         cmds = [tc + ["root", "handle", "1:", "netem", "delay", f"{delay * 1e6:.0f}us",
@@ -215,14 +237,29 @@ def hosts_file(topo: Topology, k: int | None, hostname: str) -> str:
 
 
 def setup_commands(topo: Topology, link: Link) -> list[list[str]]:
-    """Every `ip`/`tc` command that builds the cluster, in order."""
+    """Every `ip`/`tc` command that builds the cluster, in order.
+
+    `link.delay_via` must be resolved ('netem' or 'bridge').  With the delay bridge, br0 (the
+    switch namespace's own address) is a plain veth whose peer ph is one more port of the
+    userspace switch, and the rank ports p<k> join no kernel bridge: delay_bridge.py forwards
+    between p0..p<n-1> and ph.
+    """
+    if link.delay_s > 0 and link.delay_via not in ("netem", "bridge"):
+        raise NetemError(f"delay_via {link.delay_via!r} is not resolved: "
+                         "call link.resolved(probe_capabilities().netem) first")
     sw = topo.switch_ns
+    bridge = link.uses_bridge
     cmds = [["ip", "netns", "add", ns] for ns in topo.namespaces]
-    cmds += [["ip", "-n", sw, "link", "set", "lo", "up"],
-             ["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0",
-              "stp_state", "0"],
-             ["ip", "-n", sw, "link", "set", "br0", "mtu", str(link.mtu)],
-             ["ip", "-n", sw, "addr", "add", f"{topo.switch_ip}/{PREFIX_LEN}", "dev", "br0"],
+    cmds.append(["ip", "-n", sw, "link", "set", "lo", "up"])
+    if bridge:
+        cmds += [["ip", "-n", sw, "link", "add", "br0", "mtu", str(link.mtu), "type", "veth",
+                  "peer", "name", HOST_PORT, "mtu", str(link.mtu)],
+                 ["ip", "-n", sw, "link", "set", HOST_PORT, "up"]]
+    else:
+        cmds += [["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0",
+                  "stp_state", "0"],
+                 ["ip", "-n", sw, "link", "set", "br0", "mtu", str(link.mtu)]]
+    cmds += [["ip", "-n", sw, "addr", "add", f"{topo.switch_ip}/{PREFIX_LEN}", "dev", "br0"],
              ["ip", "-n", sw, "link", "set", "br0", "up"]]
     for k in range(topo.n):
         ns, port = topo.rank_ns(k), f"p{k}"
@@ -230,7 +267,10 @@ def setup_commands(topo: Topology, link: Link) -> list[list[str]]:
             # Both ends are born inside their namespaces: nothing appears in the root one.
             ["ip", "-n", sw, "link", "add", port, "mtu", str(link.mtu), "type", "veth",
              "peer", "name", RANK_IFACE, "netns", ns, "mtu", str(link.mtu)],
-            ["ip", "-n", sw, "link", "set", port, "master", "br0"],
+        ]
+        if not bridge:
+            cmds.append(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+        cmds += [
             ["ip", "-n", sw, "link", "set", port, "up"],
             ["ip", "-n", ns, "link", "set", "lo", "up"],
             ["ip", "-n", ns, "addr", "add", f"{topo.rank_ip(k)}/{PREFIX_LEN}", "dev", RANK_IFACE],
@@ -278,11 +318,10 @@ class Capabilities:
             raise NetemError(self.problem)
         if link.rate_bps is not None and not self.tbf:
             raise NetemError("this kernel has no tbf qdisc (CONFIG_NET_SCH_TBF): cannot limit rate")
-        if link.delay_s > 0 and not self.netem:
+        if link.delay_s > 0 and link.delay_via == "netem" and not self.netem:
             raise NetemError(
-                "this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM is not set), so --delay "
-                "cannot be emulated here; use --delay 0 (rate limiting still works) or a "
-                "kernel with sch_netem")
+                "this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM is not set); use "
+                "--delay-via bridge (or auto) for the userspace delay bridge")
 
 
 _CAPS: Capabilities | None = None
@@ -389,17 +428,23 @@ class Cluster:
         self.verbose = verbose
         self.topo = Topology(tag=f"{os.getpid()}-{next(_SEQ)}", n=n)
         self.up = False
+        self.bridge: subprocess.Popen | None = None
+        self.bridge_stats: dict = {}
 
     @property
     def n(self) -> int:
         return self.topo.n
 
     def __enter__(self) -> "Cluster":
-        probe_capabilities().require(self.link)
+        caps = probe_capabilities()
+        self.link = self.link.resolved(caps.netem)
+        caps.require(self.link)
         cleanup(verbose=self.verbose)
         try:
             for cmd in setup_commands(self.topo, self.link):
                 _run(cmd, verbose=self.verbose)
+            if self.link.uses_bridge:
+                self._start_bridge()
             hostname = socket.gethostname()
             for k in range(self.n):
                 etc = NETNS_ETC / self.topo.rank_ns(k)
@@ -419,9 +464,47 @@ class Cluster:
         self.teardown()
 
     def teardown(self) -> None:
+        self._stop_bridge()
         for ns in self.topo.namespaces:
             delete_namespace(ns, self.verbose)
         self.up = False
+
+    def _start_bridge(self, timeout: float = 10.0) -> None:
+        """Start delay_bridge.py in the switch namespace; return once its ports are open."""
+        ports = [f"p{k}" for k in range(self.n)] + [HOST_PORT]
+        cmd = ["ip", "netns", "exec", self.topo.switch_ns, sys.executable, str(DELAY_BRIDGE),
+               "--delay", f"{self.link.delay_s!r}"] + ports
+        if self.verbose:
+            print("+ " + shlex.join(cmd), file=sys.stderr)
+        self.bridge = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       text=True)
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(self.bridge.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not ready or ready[0].strip() != "ready":
+            self.bridge.kill()             # and let the reader see EOF before anyone else reads
+            reader.join(5)
+            raise NetemError(f"the delay bridge did not start (exit code {self.bridge.poll()}); "
+                             f"command: {shlex.join(cmd)}")
+
+    def _stop_bridge(self) -> None:
+        """SIGTERM the delay bridge and keep the counters it prints (frames, drops, lateness)."""
+        if self.bridge is None:
+            return
+        bridge, self.bridge = self.bridge, None
+        if bridge.poll() is None:
+            bridge.terminate()
+        try:
+            out, _ = bridge.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            bridge.kill()
+            out, _ = bridge.communicate()
+        for line in reversed(out.splitlines()):
+            if line.startswith("{"):
+                self.bridge_stats = json.loads(line)
+                break
 
     def _wait_reachable(self, timeout: float = 10.0) -> None:
         """Wait until every rank's link is up (veth carrier and bridge port forwarding)."""
@@ -490,6 +573,7 @@ def rank_env(cluster: Cluster, k: int, rendezvous_port: int) -> dict[str, str]:
         "HVDC_NETEM": "1",
         "HVDC_NETEM_RATE_BPS": "" if link.rate_bps is None else f"{link.rate_bps:.0f}",
         "HVDC_NETEM_DELAY_S": f"{link.delay_s:g}",
+        "HVDC_NETEM_DELAY_VIA": link.delay_via if link.delay_s > 0 else "",
         "HVDC_NETEM_MTU": str(link.mtu),
     }
 
@@ -652,13 +736,17 @@ def mpirun_command(cluster: Cluster, command: Sequence[str], agent: str) -> list
     topo = cluster.topo
     subnet = f"{SUBNET}.0/{PREFIX_LEN}"
     passed = ["PATH", "PYTHONUNBUFFERED", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS",
-              "HVDC_NETEM", "HVDC_NETEM_RATE_BPS", "HVDC_NETEM_DELAY_S", "HVDC_NETEM_MTU"]
+              "HVDC_NETEM", "HVDC_NETEM_RATE_BPS", "HVDC_NETEM_DELAY_S", "HVDC_NETEM_DELAY_VIA",
+              "HVDC_NETEM_MTU"]
     return (["mpirun", "--allow-run-as-root", "-np", str(topo.n),
              "-H", ",".join(f"{topo.rank_ns(k)}:1" for k in range(topo.n)),
              "--mca", "plm_rsh_agent", agent,
              "--mca", "btl", "tcp,self",                  # no shared memory: use the links
              "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
              "--bind-to", "none",          # each daemon thinks it owns the machine's core 0
+             # Without this, orted crashed in hwloc_shmem_topology_write in 6 of 100 starts
+             # (the look-alike hosts share one machine); 0 of 100 with it.
+             "--mca", "rtc_hwloc_vmhole", "none",
              "--tag-output"]
             + [a for key in passed for a in ("-x", key)]
             + list(command))
@@ -714,7 +802,8 @@ def _print_counters(result: RunResult, seconds: float) -> None:
 
 
 def cmd_run(args, command: list[str]) -> int:
-    link = Link.parse(args.rate, args.delay, args.mtu)
+    link = Link.parse(args.rate, args.delay, args.mtu, args.delay_via)
+    link = link.resolved(probe_capabilities().netem)
     print(f"netem: {args.n} ranks, each with {link.describe()}", file=sys.stderr)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_on_signal)
@@ -724,7 +813,9 @@ def cmd_run(args, command: list[str]) -> int:
             _print_counters(result, result.seconds)
             if args.verbose:
                 print(cluster.qdisc_stats(), file=sys.stderr)
-            return result.returncode
+        if cluster.bridge_stats:
+            print(f"netem: delay bridge {json.dumps(cluster.bridge_stats)}", file=sys.stderr)
+        return result.returncode
     except _Interrupted as exc:
         print(f"netem: interrupted by signal {exc.signum}; namespaces removed", file=sys.stderr)
         return 128 + exc.signum
@@ -749,7 +840,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
         p.add_argument("--rate", default=None,
                        help="per-rank link rate, e.g. 100mbit, 1gbit, 10gbit (default unlimited)")
-        p.add_argument("--delay", default="0", help="one-way delay, e.g. 0.1ms (needs netem)")
+        p.add_argument("--delay", default="0", help="one-way delay, e.g. 0.1ms")
+        p.add_argument("--delay-via", choices=DELAY_VIA, default="auto",
+                       help="netem: the kernel's qdisc; bridge: scripts/delay_bridge.py, a "
+                            "userspace switch (for kernels without sch_netem); auto (default): "
+                            "netem if the kernel has it")
         p.add_argument("--mtu", type=int, default=1500)
         p.add_argument("--timeout", type=float, default=600,
                        help="seconds before every rank is stopped (exit code 124)")
@@ -786,7 +881,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"removed {len(removed)} namespaces" + (": " + " ".join(removed) if removed else ""))
             return 0
         if args.cmd == "commands":
-            link = Link.parse(args.rate, args.delay, args.mtu)
+            link = Link.parse(args.rate, args.delay, args.mtu, args.delay_via)
+            link = link.resolved(probe_capabilities().netem)
             for cmd in setup_commands(Topology("PID-0", args.n), link):
                 print(shlex.join(cmd))
             return 0

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Plot a collectives benchmark: measured time against the fitted alpha-beta model.
 
-One column per rank count n, two rows: Horovod's primitives (each with the fit of its own
-collective) and the gradient-exchange schemes (communication predicted with the link fitted
-to all primitives; the measured time includes compression and decompression, so the gap
-between a scheme's markers and its line is the codec's cost plus the model's error).
-Markers are medians, bars p10..p90, dashed lines the model.
+One column per rank count n, two rows: Horovod's primitives (dashed: the fit of its own
+collective at that n; dotted: the fit pooled over n) and the gradient-exchange schemes
+(communication predicted with the link fitted to all primitives at that n; the measured time
+includes compression and decompression, so the gap between a scheme's markers and its line is
+the codec's cost plus the model's error). Markers are medians, bars p10..p90.
 
     python scripts/plot_bench.py results/bench/1g_summary.csv      # -> results/bench/1g.png
 """
@@ -29,6 +29,12 @@ def _title(summary, n) -> str:
     except ValueError:
         pass
     return text
+
+
+def _fit_text(f: dict) -> str:
+    bw = f.get("bandwidth_bytes_per_s")
+    return (f"{f['collective']}: α {f['alpha_s'] * 1e6:.0f} µs, "
+            + (f"{bw * 8 / 1e9:.2f} Gbit/s" if bw else "β 0"))
 
 
 def plot_bench(summary, path: Path, fits: dict | None = None) -> Path:
@@ -55,6 +61,8 @@ def plot_bench(summary, path: Path, fits: dict | None = None) -> Path:
                             color=c, capsize=2, label=name)
                 if "predicted_s" in pts and pts["predicted_s"].notna().any():
                     ax.plot(pts["bytes"], pts["predicted_s"], "--", color=c, lw=1.4)
+                if "pooled_predicted_s" in pts and pts["pooled_predicted_s"].notna().any():
+                    ax.plot(pts["bytes"], pts["pooled_predicted_s"], ":", color=c, lw=1.2)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
@@ -65,14 +73,17 @@ def plot_bench(summary, path: Path, fits: dict | None = None) -> Path:
             if col == 0:
                 ax.set_ylabel("seconds per call")
             ax.legend(fontsize=7, loc="upper left",
-                      title="o median, bars p10..p90, -- model", title_fontsize=7)
+                      title="o median, bars p10..p90, -- model (: pooled over n)",
+                      title_fontsize=7)
+            if fits and kind == "primitive":
+                here = [f for f in fits.get("fits", []) if f.get("n") == n]
+                ax.text(0.98, 0.02, "\n".join(_fit_text(f) for f in here), fontsize=7,
+                        ha="right", va="bottom", transform=ax.transAxes,
+                        bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
     if fits:
-        parts = [f"{f['collective']}: α {f['alpha_s'] * 1e6:.0f} µs, "
-                 + (f"{f['bandwidth_bytes_per_s'] * 8 / 1e9:.2f} Gbit/s"
-                    if f.get("bandwidth_bytes_per_s") else "β 0")
-                 for f in fits.get("fits", [])]
+        parts = [_fit_text(f) for f in fits.get("fits", []) if f.get("n") is None]
         lines = ["; ".join(parts[i:i + 2]) for i in range(0, len(parts), 2)]
-        fig.suptitle("alpha-beta fits — " + "\n".join(lines), fontsize=9)
+        fig.suptitle("alpha-beta fits pooled over n — " + "\n".join(lines), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

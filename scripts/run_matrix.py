@@ -6,6 +6,7 @@
     python scripts/run_matrix.py --extras                       # + bit8 alltoall / error feedback
     python scripts/run_matrix.py --summary-only                 # rebuild summary.csv only
     python scripts/run_matrix.py --netem-rate 1gbit             # over an emulated 1 Gbit/s net
+    python scripts/run_matrix.py --netem-rate 1gbit --netem-delay 1ms   # ... with 1 ms latency
 
 The table: serial (one process), then 2 and 4 processes x {none, fp16, bit16, bit8}, every
 run with the same epochs, seed and data.  Each run is labs/mnist.py in its own folder
@@ -17,7 +18,8 @@ moved aside (<name>.stale-<time>) and run again.  summary.csv gets one row per r
 
 --netem-rate RATE launches every multi-process run through scripts/netem.py (one network
 namespace per rank, each with a RATE link; needs root), into runs/matrix-netem-<rate> by
-default; the serial run has nothing to send and runs as usual.
+default (runs/matrix-netem-<rate>-<delay> with --netem-delay, a one-way delay per link); the
+serial run has nothing to send and runs as usual.
 """
 import argparse
 import fnmatch
@@ -106,7 +108,8 @@ def launch_command(spec, args, run_dir, resume):
         return train
     if args.netem_rate:
         return [sys.executable, str(NETEM), "run", "-n", str(spec.ranks),
-                "--rate", args.netem_rate, "--launcher", args.controller,
+                "--rate", args.netem_rate, "--delay", args.netem_delay or "0",
+                "--launcher", args.controller,
                 "--timeout", f"{args.timeout:g}", "--"] + train
     return horovodrun_command(spec.ranks, train, controller=args.controller)
 
@@ -188,8 +191,11 @@ def settings_mismatch(manifest, args):
     wanted = {"epochs": args.epochs, "dataset": args.dataset, "split_test": args.split_test,
               "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr}
     mismatch = [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
-    if manifest.get("world_size", 1) > 1 and network_rate(manifest) != netem_rate_bps(args):
-        mismatch.append("netem rate")
+    if manifest.get("world_size", 1) > 1:
+        if network_rate(manifest) != netem_rate_bps(args):
+            mismatch.append("netem rate")
+        if (network_delay(manifest) or 0.0) != netem_delay_s(args):
+            mismatch.append("netem delay")
     return mismatch
 
 
@@ -202,9 +208,23 @@ def netem_rate_bps(args):
     return netem.parse_rate(args.netem_rate)
 
 
+def netem_delay_s(args):
+    """The emulated one-way delay of this matrix in seconds (0 on loopback)."""
+    if not (args.netem_rate and args.netem_delay):
+        return 0.0
+    sys.path.insert(0, str(NETEM.parent))
+    import netem                                  # noqa: E402  (scripts/netem.py)
+    return netem.parse_duration(args.netem_delay)
+
+
 def network_rate(manifest):
     """The emulated link rate a run was made on (bit/s), None on loopback."""
     return (manifest.get("network") or {}).get("rate_bps")
+
+
+def network_delay(manifest):
+    """The emulated one-way delay a run was made on (s), None on loopback."""
+    return (manifest.get("network") or {}).get("delay_s")
 
 
 def plan(spec, args, run_dir):
@@ -255,6 +275,7 @@ def summarize_run(name, run_dir):
            "error_feedback": manifest.get("error_feedback"),
            "controller": manifest.get("controller"),
            "netem_rate_bps": network_rate(manifest),
+           "netem_delay_s": network_delay(manifest),
            "dataset": (manifest.get("data") or {}).get("name"),
            "train_samples": (manifest.get("data") or {}).get("train_samples"),
            "status": manifest.get("status", "missing"),
@@ -319,6 +340,9 @@ def parse_args(argv=None):
                         help="run the multi-process rows over an emulated network of RATE "
                              "per rank (e.g. 100mbit, 1gbit) through scripts/netem.py; needs "
                              "root; default --out runs/matrix-netem-<RATE>")
+    parser.add_argument("--netem-delay", default=None, metavar="DELAY",
+                        help="with --netem-rate: one-way delay per link, e.g. 0.5ms "
+                             "(netem.py --delay); default --out runs/matrix-netem-<RATE>-<DELAY>")
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds allowed per run before it is stopped (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
@@ -330,13 +354,21 @@ def parse_args(argv=None):
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.netem_delay and not args.netem_rate:
+        parser.error("--netem-delay needs --netem-rate (e.g. --netem-rate 1gbit)")
     if args.netem_rate:
         try:
             netem_rate_bps(args)
         except Exception as err:                 # netem.NetemError: a clear message
             parser.error(f"--netem-rate: {err}")
+        try:
+            netem_delay_s(args)
+        except Exception as err:
+            parser.error(f"--netem-delay: {err}")
     if args.out is None:
         name = f"matrix-netem-{args.netem_rate.lower()}" if args.netem_rate else "matrix"
+        if args.netem_delay and netem_delay_s(args) > 0:
+            name += f"-{args.netem_delay.lower()}"
         args.out = str(ROOT / "runs" / name)
     return args
 
@@ -353,10 +385,11 @@ def main(argv=None):
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
-    out.mkdir(parents=True, exist_ok=True)
-    runlog.atomic_write_json(out / "matrix.json", {
-        "settings": {k: v for k, v in vars(args).items() if k not in ("dry_run", "quiet")},
-        "runs": [spec.name for spec in runs], "updated": runlog.now_iso()})
+    if not args.dry_run:                      # a dry run prints and writes nothing
+        out.mkdir(parents=True, exist_ok=True)
+        runlog.atomic_write_json(out / "matrix.json", {
+            "settings": {k: v for k, v in vars(args).items() if k not in ("dry_run", "quiet")},
+            "runs": [spec.name for spec in runs], "updated": runlog.now_iso()})
 
     failures, started = [], time.monotonic()
     for number, spec in enumerate(runs, 1):

@@ -93,6 +93,10 @@ def test_fit_recovers_a_synthetic_link_and_ratios_use_the_same_run():
     assert fits["allreduce"].alpha == pytest.approx(alpha, rel=1e-6)
     assert fits["allreduce"].beta == pytest.approx(beta, rel=1e-6)
     assert np.allclose(prim["predicted_s"], prim["median_s"], rtol=1e-6)
+    assert np.allclose(prim["pooled_predicted_s"], prim["median_s"], rtol=1e-6)
+    for n in (2, 4):                    # the per-n fits find the same link at each n
+        assert fits[f"allreduce@n={n}"].alpha == pytest.approx(alpha, rel=1e-6)
+        assert fits[f"allreduce@n={n}"].beta == pytest.approx(beta, rel=1e-6)
     out = bench.add_ratios(prim, schemes)
     assert np.allclose(out["time_ratio"], 2.0)
     # bit8 allgather at n = 2 sends g/4 + 8 bytes; fp32 ring allreduce sends g: ratio ~ 1/4
@@ -128,10 +132,12 @@ def _check_outputs(out, n_values):
     assert ((bit8["bytes_sent"] >= (bit8["n"] - 1) * bit8["bytes"] / 4)
             & (bit8["bytes_sent"] <= (bit8["n"] - 1) * (bit8["bytes"] / 4 + 64))).all()
     summary = pd.read_csv(bench.output_paths(out)["summary"])
-    assert {"median_s", "p10_s", "p90_s", "predicted_s", "time_ratio"} <= set(summary.columns)
+    assert {"median_s", "p10_s", "p90_s", "predicted_s", "pooled_predicted_s", "rel_err",
+            "pooled_rel_err", "time_ratio"} <= set(summary.columns)
     assert (summary["predicted_s"] > 0).all()
     fit = json.loads(bench.output_paths(out)["fit"].read_text())
     assert {f["collective"] for f in fit["fits"]} >= {"allreduce", "allgather", "alltoall"}
+    assert {f["n"] for f in fit["fits"]} == {None, *n_values}
     assert bench.output_paths(out)["plot"].stat().st_size > 10_000
     return prim, schemes
 

@@ -376,6 +376,34 @@ def test_fit_holds_a_negative_alpha_at_zero():
     assert f.clamped == "alpha" and f.alpha == 0 and f.beta > 0
 
 
+def test_per_n_fit_recovers_each_n_where_the_pooled_fit_cannot():
+    # Data whose n = 2 link is half as fast (as Gloo's allgather at n = 2 measured): no single
+    # alpha/beta fits both n, each per-n fit recovers its own link exactly.
+    slow = Link(ALPHA, 2 * BETA)
+    rows = [fit.Measurement("allgather", n, b, fit.COLLECTIVES["allgather"](n, b).seconds(
+                slow if n == 2 else Link(ALPHA, BETA))) for n in (2, 4) for b in SIZES]
+    pooled = fit.fit_all(rows)
+    per_n = {f.label: f for f in fit.fit_all(rows, per_n=True)}
+    assert [f.label for f in pooled] == ["allgather"]
+    assert pooled[0].max_abs_rel_residual > 0.2
+    assert set(per_n) == {"allgather@n=2", "allgather@n=4"}
+    assert per_n["allgather@n=2"].n == 2 and per_n["allgather@n=2"].collective == "allgather"
+    assert per_n["allgather@n=2"].beta == pytest.approx(2 * BETA, rel=1e-9)
+    assert per_n["allgather@n=4"].beta == pytest.approx(BETA, rel=1e-9)
+    for f in per_n.values():
+        assert f.alpha == pytest.approx(ALPHA, rel=1e-9)
+        assert {p.n for p in f.points} == {f.n}
+    with pytest.raises(fit.FitError, match="no rows at n = 8"):
+        fit.fit(rows, "allgather", n=8)
+
+
+def test_per_n_fit_with_several_collectives_adds_a_joint_fit_per_n():
+    labels = [f.label for f in fit.fit_all(synthetic(6, ("allreduce", "alltoall"), ns=(2, 4)),
+                                           per_n=True)]
+    assert labels == ["allreduce@n=2", "alltoall@n=2", "all@n=2",
+                      "allreduce@n=4", "alltoall@n=4", "all@n=4"]
+
+
 def write_csv(path, header, rows):
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
@@ -505,6 +533,14 @@ def test_cli_fit(tmp_path):
         assert units.parse_time(r["alpha"]) == pytest.approx(ALPHA, rel=TOL)
         assert units.parse_rate(r["bandwidth"]) == pytest.approx(1 / BETA, rel=TOL)
     assert "residuals" in p.stdout and "--latency" in p.stdout
+
+    p = run_cli("--fit", str(tmp_path / "bench.csv"), "--per-n")
+    assert p.returncode == 0, p.stderr
+    rows = {r["collective"]: r for r in markdown_rows(p.stdout) if "points" in r}
+    assert set(rows) == {f"{c}@n={n}" for c in ("allreduce", "allgather", "all")
+                         for n in (2, 4, 8)}
+    for r in rows.values():
+        assert units.parse_rate(r["bandwidth"]) == pytest.approx(1 / BETA, rel=2 * TOL)
 
     p = run_cli("--fit", str(tmp_path / "missing.csv"))
     assert p.returncode != 0 and "missing.csv" in p.stderr

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_patches_apply_in_series_order():
     series = [l for l in (ROOT / "patches" / "series").read_text().splitlines() if l and not l.startswith("#")]
-    assert series == ["build-cxx17.patch", "course-bit8-bit16.patch"]
+    assert series == ["build-cxx17.patch", "course-bit8-bit16.patch",
+                      "gloo-post-receives-first.patch"]
     for name in series:
         text = (ROOT / "patches" / name).read_text()
         assert "\n--- a/" in text and "\n+++ b/" in text

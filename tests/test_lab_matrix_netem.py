@@ -25,33 +25,39 @@ def netem_unavailable():
     return None if done.returncode == 0 else f"netem.py check failed: {done.stdout}"
 
 
-def test_matrix_row_over_an_emulated_1gbit_network(tmp_path):
+def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path):
     problem = netem_unavailable()
     if problem:
         pytest.skip(problem)
     out = tmp_path / "matrix"
     cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(MNIST_DIR),
            "--split-test", "640", "--epochs", "1", "--lr", "0.1", "--only", "np2-bit8",
-           "--netem-rate", "1gbit", "--out", str(out), "--quiet", "--timeout", "300"]
+           "--netem-rate", "1gbit", "--netem-delay", "1ms", "--out", str(out), "--quiet",
+           "--timeout", "300"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT,
                           timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (out / "logs" / "np2-bit8.log").read_text()
-    assert "netem.py run -n 2 --rate 1gbit" in log          # launched through netem, not
-    assert "netem: 2 ranks, each with rate 1000 Mbit/s" in log   # horovodrun
+    assert "netem.py run -n 2 --rate 1gbit --delay 1ms" in log   # launched through netem,
+    assert "netem: 2 ranks, each with rate 1000 Mbit/s, delay 1 ms" in log   # not horovodrun
     manifest = json.loads((out / "np2-bit8" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
     assert manifest["network"]["emulated"] is True
     assert manifest["network"]["rate_bps"] == 1e9
+    assert manifest["network"]["delay_s"] == 0.001
+    assert manifest["network"]["delay_via"] in ("netem", "bridge")
     summary = pd.read_csv(out / "summary.csv")
     assert summary["run"].tolist() == ["np2-bit8"]
     assert summary["netem_rate_bps"].tolist() == [1e9]
-    assert json.loads((out / "matrix.json").read_text())["settings"]["netem_rate"] == "1gbit"
-    # the same folder is not reused by a loopback matrix: the settings differ
-    again = subprocess.run([a for a in cmd if a not in ("--netem-rate", "1gbit")],
-                           capture_output=True, text=True, env=launch_env(), cwd=ROOT,
-                           timeout=120)
-    assert again.returncode != 0 and "netem rate" in again.stdout + again.stderr
+    assert summary["netem_delay_s"].tolist() == [0.001]
+    settings = json.loads((out / "matrix.json").read_text())["settings"]
+    assert settings["netem_rate"] == "1gbit" and settings["netem_delay"] == "1ms"
+    # the same folder is not reused by a matrix on another network: the settings differ
+    for dropped, why in ((("--netem-delay", "1ms"), "netem delay"),
+                         (("--netem-rate", "1gbit", "--netem-delay", "1ms"), "netem rate")):
+        again = subprocess.run([a for a in cmd if a not in dropped], capture_output=True,
+                               text=True, env=launch_env(), cwd=ROOT, timeout=120)
+        assert again.returncode != 0 and why in again.stdout + again.stderr
 
 
 def test_default_folder_is_kept_apart():
@@ -59,5 +65,21 @@ def test_default_folder_is_kept_apart():
     import run_matrix
     assert Path(run_matrix.parse_args(["--netem-rate", "1gbit"]).out).name == "matrix-netem-1gbit"
     assert Path(run_matrix.parse_args([]).out).name == "matrix"
+    assert Path(run_matrix.parse_args(["--netem-rate", "1gbit", "--netem-delay", "1ms"]).out
+                ).name == "matrix-netem-1gbit-1ms"
     with pytest.raises(SystemExit):
         run_matrix.parse_args(["--netem-rate", "1gbps"])       # bytes, not bits: refused
+    for bad in (["--netem-delay", "1ms"],                       # a delay needs an emulated link
+                ["--netem-rate", "1gbit", "--netem-delay", "1 fortnight"]):
+        with pytest.raises(SystemExit):
+            run_matrix.parse_args(bad)
+
+
+def test_dry_run_prints_the_netem_command_and_writes_nothing(tmp_path):
+    out = tmp_path / "m"
+    done = subprocess.run([sys.executable, MATRIX, "--dry-run", "--only", "np2-bit8",
+                           "--netem-rate", "100mbit", "--netem-delay", "0.5ms", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "netem.py run -n 2 --rate 100mbit --delay 0.5ms" in done.stdout
+    assert not out.exists()

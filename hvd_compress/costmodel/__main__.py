@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "collective,n,bytes,seconds (or median_s); see fit.py")
     p.add_argument("--weighting", choices=("relative", "absolute"), default="relative",
                    help="least-squares weighting for --fit (default: relative errors)")
+    p.add_argument("--per-n", action="store_true",
+                   help="with --fit: fit each rank count on its own (default: one alpha/beta "
+                        "per collective for all n)")
     return p
 
 
@@ -228,16 +231,16 @@ def _csv(rows: list[dict]) -> str:
 def fit_command(args):
     from . import fit as fitting  # imports NumPy; prediction alone does not need it
     try:
-        fits = fitting.fit_all(fitting.read_measurements(args.fit), args.weighting)
+        fits = fitting.fit_all(fitting.read_measurements(args.fit), args.weighting, args.per_n)
     except (OSError, UnicodeDecodeError, csv.Error, fitting.FitError) as e:
         raise SystemExit(f"error: --fit: {e}") from None
 
-    summary = [dict(collective=f.collective, points=len(f.points), rows=f.rows,
+    summary = [dict(collective=f.collective, n=f.n, points=len(f.points), rows=f.rows,
                     excluded_n1_rows=f.excluded_n1, alpha_s=f.alpha, beta_s_per_byte=f.beta,
                     bandwidth_bytes_per_s=f.bandwidth, r2=f.r2,
                     max_abs_rel_residual=f.max_abs_rel_residual, clamped=f.clamped,
                     weighting=f.weighting) for f in fits]
-    residuals = [dict(fit=f.collective, collective=p.collective, n=p.n, bytes=p.bytes,
+    residuals = [dict(fit=f.label, collective=p.collective, n=p.n, bytes=p.bytes,
                       reps=p.reps, measured_s=p.measured_s, predicted_s=p.predicted_s,
                       rel_residual=p.rel_residual) for f in fits for p in f.points]
     if args.format == "json":
@@ -255,26 +258,26 @@ def _fit_table(args, fits) -> str:
            f"({fits[0].weighting} least squares on per-point medians)", ""]
     out.append(_markdown(
         ["collective", "points", "rows", "alpha", "beta", "bandwidth", "R^2", "worst rel resid"],
-        [[f.collective, str(len(f.points)), str(f.rows), units.format_time(f.alpha),
+        [[f.label, str(len(f.points)), str(f.rows), units.format_time(f.alpha),
           units.format_time(f.beta) + "/B", units.format_rate(f.bandwidth),
           f"{f.r2:.4f}", f"{100 * f.max_abs_rel_residual:.1f}%"] for f in fits],
         right={1, 2, 3, 4, 5, 6, 7}))
     for f in fits:
         if f.clamped:
-            out.append(f"note: {f.collective}: {f.clamped} fitted below 0 and was held at 0")
+            out.append(f"note: {f.label}: {f.clamped} fitted below 0 and was held at 0")
         if f.excluded_n1 and (f.collective != "all" or len(fits) == 1):
             out.append(f"note: {f.collective}: {f.excluded_n1} row(s) at n = 1 left out "
                        "(no communication)")
     out += ["", "residuals (measured - predicted) / measured, per point:", ""]
     out.append(_markdown(
         ["fit", "collective", "n", "bytes", "reps", "measured", "predicted", "rel resid"],
-        [[f.collective, p.collective, str(p.n), units.format_size(p.bytes), str(p.reps),
+        [[f.label, p.collective, str(p.n), units.format_size(p.bytes), str(p.reps),
           units.format_time(p.measured_s), units.format_time(p.predicted_s),
           f"{100 * p.rel_residual:+.1f}%"] for f in fits for p in f.points],
         right={2, 3, 4, 5, 6, 7}))
     best = fits[-1]
     if best.beta > 0:
-        out += ["", f"predict with the '{best.collective}' fit: --latency "
+        out += ["", f"predict with the '{best.label}' fit: --latency "
                     f"{_compact(units.format_time(best.alpha, 6))} --bandwidth "
                     f"{_compact(units.format_rate(best.bandwidth, 6))}"]
     return "\n".join(out)

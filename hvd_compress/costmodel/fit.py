@@ -18,6 +18,13 @@ Measurement CSV (written by scripts/bench_collectives.py; extra columns are igno
     seconds     wall time of one repetition  -- one row per repetition, or instead
     median_s    the median over repetitions  -- one row per (collective, n, bytes)
 
+Pooled or per rank count: by default one (alpha, beta) per collective covers every n, which
+is what extrapolating to other n needs. ``per_n=True`` fits each (collective, n) on its own,
+as MPI libraries tune per communicator size: measured implementations are not always the
+textbook algorithm at every n (Horovod over Gloo at n = 2 moves allgather and alltoall data
+half-duplex, MPI full-duplex; Horovod's per-call negotiation adds latency that does not grow
+like c_a(n)). Then alpha and beta describe that n only.
+
 Rows sharing (collective, n, bytes) are reduced to their median before fitting, so one
 slow repetition does not drag the fit. The default weighting is *relative* (minimise the
 sum of ((measured - predicted) / measured)^2): sizes span many decades, and absolute least
@@ -87,6 +94,11 @@ class Fit:
     excluded_n1: int = 0         # rows at n = 1, which carry no communication
     clamped: str = ""            # "alpha" or "beta" if that one was held at 0 (it fitted < 0)
     weighting: str = "relative"
+    n: int | None = None         # the rank count this fit is for; None: pooled over all n
+
+    @property
+    def label(self) -> str:
+        return self.collective if self.n is None else f"{self.collective}@n={self.n}"
 
     @property
     def bandwidth(self) -> float:
@@ -197,8 +209,10 @@ def _solve_nonnegative(A: np.ndarray, y: np.ndarray):
     return xc, name
 
 
-def fit(measurements, collective: str | None = None, weighting: str = "relative") -> Fit:
-    """Fit one link (alpha, beta) to `collective`'s rows, or to all rows if collective is None."""
+def fit(measurements, collective: str | None = None, weighting: str = "relative",
+        n: int | None = None) -> Fit:
+    """Fit one link (alpha, beta) to `collective`'s rows, or to all rows if collective is None;
+    only to the rows at `n` ranks if n is given."""
     if weighting not in WEIGHTINGS:
         raise FitError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     if collective is not None:
@@ -206,7 +220,12 @@ def fit(measurements, collective: str | None = None, weighting: str = "relative"
         measurements = [m for m in measurements if m.collective == collective]
         if not measurements:
             raise FitError(f"no rows for collective {collective!r}")
-    label = collective or "all"
+    if n is not None:
+        measurements = [m for m in measurements if m.n == n]
+        if not measurements:
+            raise FitError(f"no rows at n = {n}")
+    name = collective or "all"
+    label = name + ("" if n is None else f"@n={n}")
     excluded = sum(1 for m in measurements if m.n == 1)
     used = [m for m in measurements if m.n >= 2]
     points = _medians(used)
@@ -229,17 +248,21 @@ def fit(measurements, collective: str | None = None, weighting: str = "relative"
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan
     return Fit(
-        collective=label, alpha=alpha, beta=beta, r2=r2,
+        collective=name, alpha=alpha, beta=beta, r2=r2,
         points=[Point(c, n, b, reps, t, float(p))
                 for (c, n, b, reps, t), p in zip(points, predicted)],
-        rows=len(used), excluded_n1=excluded, clamped=clamped, weighting=weighting,
+        rows=len(used), excluded_n1=excluded, clamped=clamped, weighting=weighting, n=n,
     )
 
 
-def fit_all(measurements, weighting: str = "relative") -> list[Fit]:
-    """One fit per collective present, plus a joint "all" fit when there are several."""
+def fit_all(measurements, weighting: str = "relative", per_n: bool = False) -> list[Fit]:
+    """One fit per collective present, plus a joint "all" fit when there are several;
+    with per_n, those for each rank count n >= 2 on its own."""
     names = sorted({m.collective for m in measurements})
-    fits = [fit(measurements, c, weighting) for c in names]
-    if len(names) > 1:
-        fits.append(fit(measurements, None, weighting))
+    groups = [None] if not per_n else sorted({m.n for m in measurements if m.n >= 2})
+    fits = []
+    for n in groups:
+        fits += [fit(measurements, c, weighting, n) for c in names]
+        if len(names) > 1:
+            fits.append(fit(measurements, None, weighting, n))
     return fits
