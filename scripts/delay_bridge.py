@@ -15,10 +15,10 @@ this program sends still wait for the token bucket of the port they leave by.
 Speed: TCP hands the veths segments of up to 64 KiB (GSO); the sockets ask for the virtio-net
 header (``PACKET_VNET_HDR``), so such a frame is read and sent whole, with its offload
 metadata, rather than as 45 frames of 1500 bytes.  At 1 Gbit/s per rank that is a few thousand
-frames a second, which Python forwards with a few per cent of a core.  Frames are released in
-arrival order (the delay is the same for all), from one FIFO queue; ``select`` gives timers of
-tens of microseconds.  Frames that would push the bytes held over ``--max-queue`` are dropped
-and counted, like a full netem queue.
+frames a second; with no rate limit this loop forwarded 5.5 Gbit/s (measured here).  Frames
+leave in arrival order (the delay is the same for all) from one FIFO queue; ``select`` gives
+timers of tens of microseconds on a quiet machine.  Frames that would push the bytes held over
+``--max-queue`` are dropped and counted, like a full netem queue.
 
 Usage (inside the switch namespace, as root)::
 
