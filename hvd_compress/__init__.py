@@ -8,19 +8,20 @@
                                   compression=hc.Compression.bit8)
 
 Layers, bottom to top: codecs (pure bit functions) -> compressors (Horovod's Compressor
-interface) -> communicators (which collective carries them) -> optimizer. Names are loaded
-lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source can
-import `hvd_compress.compressors` without a circular import.
+interface) -> communicators (which collective carries them) -> optimizer; roles.py states the
+contract between them, registry.py the names of routes and schemes. Names are loaded
+lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source
+can import `hvd_compress.compressors` without a circular import.
 """
 import importlib
 
 __version__ = "0.1.0"
 __all__ = ["Compression", "Bit8Compressor", "Bit16Compressor", "DistributedOptimizer",
-           "make_communicator"]
+           "make_communicator", "Route", "SCHEMES"]
 
 _WHERE = {"Compression": "compressors", "Bit8Compressor": "compressors",
           "Bit16Compressor": "compressors", "DistributedOptimizer": "optimizer",
-          "make_communicator": "communicators"}
+          "make_communicator": "communicators", "Route": "registry", "SCHEMES": "registry"}
 
 
 def __getattr__(name):

@@ -1,23 +1,24 @@
-"""How compressed gradients travel between ranks, and what that costs in bytes.
+"""How compressed gradients travel between ranks (registry.Route), and what that costs in bytes.
 
-Three routes, one interface (`reduce(tensors, names) -> reduced tensors`):
+Every communicator has the contract of roles.Communicator: `start(bucket)` compresses a bucket
+and launches its collective without blocking (the optimizer calls it from a gradient hook
+while backward runs); `finish(exchange)` waits and leaves the reduced values in the bucket.
 
-- `AllreduceCommunicator`: Horovod's allreduce of the compressed tensor. Right for `none`
-  and Horovod's `fp16`, whose compressed form can be summed. Exactly what
-  `hvd.DistributedOptimizer` does, so results are bit-identical to it.
-- `AllgatherCommunicator`: the course's design for 8-bit codes. Horovod's allreduce rejects
-  uint8, and a sum of float8 codes is meaningless, so every rank gathers every rank's packet,
-  decodes them and reduces in float32. Each rank receives (n-1) packets: cheaper than fp32 ring
-  allreduce (2(n-1)/n * g) only while n < 8 for 8-bit codes.
-- `AlltoallCommunicator`: two-phase 8/16-bit reduction that scales with n. Each rank's
-  gradient is cut into n chunks; alltoall hands chunk k of every rank to rank k, which decodes,
-  reduces in float32 and re-encodes it; an allgather of the reduced chunks completes the
-  result. Per rank 2(n-1)/n * g/4 bytes for 8-bit codes: a quarter of fp32 ring allreduce at
-  every n. Each chunk carries its own scale.
+- `AllreduceCommunicator`: Horovod's allreduce of the compressed tensor, tensor by tensor
+  (Horovod's own fusion buffer fuses them). Right for `none` and Horovod's `fp16`, whose codes
+  can be summed; exactly what `hvd.DistributedOptimizer` does, so results are bit-identical.
+- `AllgatherCommunicator`: the course's design for 8-bit codes. Every rank gathers every
+  rank's bucket message and decodes-and-sums them in one pass in float32. (n-1) messages
+  per rank: cheaper than fp32 ring allreduce only while n < 32/bits * 2.
+- `AlltoallCommunicator`: the two-phase route, which scales with n. Phase 1: the bucket is
+  cut into n chunks (on block boundaries), alltoall hands chunk k of every rank to rank k,
+  which decodes-and-sums it and re-encodes it. Phase 2: an allgather of the reduced chunks.
+  2(n-1)/n of the codes per rank, like a ring allreduce of them. `progress()` launches
+  phase 2 as soon as phase 1 is done, while backward still runs.
 
-Every rank ends with bit-identical results: all decode the same packets in rank order.
-Each communicator counts the bytes this rank sends, as the ring / pairwise algorithms move
-them, so the lab and the benchmarks never estimate what they can count.
+Every rank ends with bit-identical results: all decode the same codes in rank order. Each
+communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
+what they can count.
 """
 import time
 from contextlib import contextmanager
@@ -25,27 +26,34 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .compressors import compressor_name, packet_bytes
-from .fusion import buckets_by_size, flatten
+from .codecs import SCALE_BLOCK
+from .compressors import Compression, compressor_name
+from .fusion import Bucket
+from .registry import SCHEMES, Route, resolve_route
+from .roles import Communicator, PacketCompressor
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
-           "AlltoallCommunicator", "REDUCTIONS", "Stats", "start_packet_exchange"]
+           "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
+           "DEFAULT_FUSION_BYTES"]
 
-REDUCTIONS = ("allreduce", "allgather", "alltoall")
-DEFAULT_FUSION_BYTES = 64 * 1024 * 1024
+# Buckets of at most 1 MiB of float32 (Horovod fuses up to 64 MiB, DDP buckets 25 MiB): small
+# enough that the first buckets leave while backward still computes the rest. A tensor larger
+# than this travels alone.
+DEFAULT_FUSION_BYTES = 1 << 20
 _WARMED = set()
 
 
 class Stats:
-    """Seconds spent compressing, communicating, decompressing, and bytes sent, since last pop."""
-    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent")
+    """Seconds spent compressing, waiting for communication, decompressing; bytes sent; and
+    how long collectives were in flight while backward still ran (overlap_s), since last pop."""
+    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s")
 
     def __init__(self):
         self.reset()
 
     def reset(self):
-        self.values = dict.fromkeys(self.FIELDS, 0)
-        self.values["compress_s"] = self.values["communicate_s"] = self.values["decompress_s"] = 0.0
+        self.values = {f: 0.0 for f in self.FIELDS}
+        self.values["bytes_sent"] = 0
 
     @contextmanager
     def timing(self, field):
@@ -61,249 +69,288 @@ class Stats:
         return out
 
 
-def _check_op(op):
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError("compressed gradient exchange supports op=hvd.Average or hvd.Sum "
-                         f"(got {op!r}); use hvd.DistributedOptimizer for Adasum")
+class Exchange:
+    """One bucket's collective in flight: its handle, phase and launch time."""
+    __slots__ = ("bucket", "handle", "phase", "launched", "ctx")
+
+    def __init__(self, bucket, handle, ctx=None, phase=1):
+        self.bucket, self.handle, self.ctx, self.phase = bucket, handle, ctx, phase
+        self.launched = time.perf_counter()
 
 
-class _Communicator:
-    reduction = None
+class _Base(Communicator):
+    fuses = True                     # one flat float32 buffer per bucket
 
-    def __init__(self, compression, op=hvd.Average, fusion_threshold_bytes=None):
-        _check_op(op)
+    def __init__(self, compression, op=hvd.Average, fusion_threshold_bytes=None,
+                 scale_block=SCALE_BLOCK):
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError("compressed gradient exchange supports op=hvd.Average or hvd.Sum "
+                             f"(got {op!r}); use hvd.DistributedOptimizer for Adasum")
         self.compression = compression
         self.op = op
-        self.fusion_threshold_bytes = (DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None
-                                       else int(fusion_threshold_bytes))
+        self.scale_block = scale_block
+        threshold = DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None else int(fusion_threshold_bytes)
+        # One scale per tensor (scale_block=None, the course's packets) means one tensor per bucket.
+        self.fusion_threshold_bytes = threshold if scale_block else 0
         self.stats = Stats()
-        if hasattr(compression, "decode_packet") and compression not in _WARMED:
-            # The codecs probe torch's casts once per device (about a second); do it here,
-            # not inside the first timed training step.
-            compression.decode_packet(compression.compress(torch.zeros(1))[0])
-            _WARMED.add(compression)
 
     def pop_stats(self):
         return self.stats.pop()
 
     def describe(self):
-        return f"{compressor_name(self.compression)}/{self.reduction}"
+        return f"{compressor_name(self.compression)}/{self.route.value}"
 
     def _tag(self, name):
         # The route is part of the name, so ranks that disagree on it never match silently.
-        return None if name is None else f"hvdc.{self.describe()}.{name}"
+        return f"hvdc.{self.describe()}.{name}"
 
-    def _compress(self, tensor, name, memory):
-        """compress(tensor), with error feedback when a ResidualMemory is given."""
-        if memory is None:
-            return self.compression.compress(tensor)
-        compensated = memory.compensate(name, tensor)
-        packet, ctx = self.compression.compress(compensated)
-        memory.remember(name, compensated, self.compression.decode_packet(packet))
-        return packet, (tensor.shape, tensor.dtype)
-
-    def _sum_packets(self, rows, n):
-        """Decode row r = rank r's packet, sum in float32 in rank order, average if asked."""
-        total = self.compression.decode_packet(rows[0])
-        scratch = torch.empty_like(total)
-        for r in range(1, n):
-            total.add_(self.compression.decode_packet(rows[r], out=scratch))
-        return self._finish_mean(total, n)
-
-    def _finish_mean(self, total, n):
-        if self.op == hvd.Average and n > 1:
-            total.div_(n)
-        return total
-
-
-class AllreduceCommunicator(_Communicator):
-    """compress -> hvd.allreduce_async_ -> decompress: Horovod's own path, tensor by tensor.
-
-    Horovod fuses these allreduces in its own fusion buffer, so no bucketing here.
-    """
-    reduction = "allreduce"
+    def plan(self, names, tensors, prefix=""):
+        """[(member indices, Bucket)] for these tensors, in the order given."""
+        return Bucket.plan(names, tensors, self.fusion_threshold_bytes, flat=self.fuses, prefix=prefix)
 
     def reduce(self, tensors, names, memory=None):
+        """Exchange `tensors` now (start every bucket, then finish each); reduced tensors in
+        the same order, shapes and dtypes. The optimizer does the same from its hooks."""
+        planned = self.plan(names, tensors)
+        exchanges = []
+        for group, bucket in planned:
+            with self.stats.timing("compress_s"):
+                for j, i in enumerate(group):
+                    bucket.put(j, tensors[i])
+            exchanges.append(self.start(bucket, memory))
+        for ex in exchanges:
+            self.progress(ex)
+        results = [None] * len(tensors)
+        for (group, bucket), ex in zip(planned, exchanges):
+            self.finish(ex)
+            for j, i in enumerate(group):
+                results[i] = bucket.result(j)
+        return results
+
+    def progress(self, exchange):
+        """Move a multi-phase exchange on if its current phase is done; never blocks."""
+
+    def _average(self, values, n):
+        if self.op == hvd.Average and n > 1:
+            values.div_(n)
+
+
+class AllreduceCommunicator(_Base):
+    """compress -> hvd.allreduce_async_ -> decompress: Horovod's own path, tensor by tensor."""
+    route = Route.ALLREDUCE
+    fuses = False
+
+    def start(self, bucket, memory=None):
         if memory is not None:
             raise ValueError("error feedback needs a lossy packet route (bit8/bit16 with "
-                             "reduction 'allgather' or 'alltoall'), not allreduce")
+                             "route 'allgather' or 'alltoall'), not allreduce")
         n = hvd.size()
-        pending = []
-        for tensor, name in zip(tensors, names):
-            with self.stats.timing("compress_s"):
-                compressed, ctx = self.compression.compress(tensor)
-            restore = None
-            if compressed.dtype == torch.bfloat16:  # Horovod's CPU ops have no bfloat16: sum in
-                compressed, restore = compressed.float(), torch.bfloat16   # float32, cast back
-            elif not compressed.is_contiguous():    # Horovod needs a dense row-major buffer
-                compressed = compressed.contiguous()
-            handle = hvd.allreduce_async_(compressed, name=name, op=self.op,
-                                          prescale_factor=1.0, postscale_factor=1.0)
-            self.stats.values["bytes_sent"] += int(
-                2 * (n - 1) * compressed.numel() * compressed.element_size() // n)
-            pending.append((handle, ctx, restore))
-        results = []
-        for handle, ctx, restore in pending:
-            with self.stats.timing("communicate_s"):
-                output = hvd.synchronize(handle)
-            with self.stats.timing("decompress_s"):
-                if restore is not None:
-                    output = output.to(restore)
-                results.append(self.compression.decompress(output, ctx))
-        return results
-
-
-class AllgatherCommunicator(_Communicator):
-    """Gather every rank's packets, decode them all, reduce in float32 (the course's design).
-
-    Tensors are bucketed up to `fusion_threshold_bytes` of float32: a bucket's packets (one per
-    tensor, each with its own scale) are concatenated and travel in one allgather.
-    """
-    reduction = "allgather"
-
-    def reduce(self, tensors, names, memory=None):
-        launched = [(bucket, self.start([tensors[i] for i in bucket], [names[i] for i in bucket], memory))
-                    for bucket in buckets_by_size(tensors, self.fusion_threshold_bytes)]
-        results = [None] * len(tensors)
-        for bucket, handle in launched:
-            for i, reduced in zip(bucket, self.finish(handle)):
-                results[i] = reduced
-        return results
-
-    def start(self, tensors, names, memory=None):
-        """Compress `tensors` and launch one allgather carrying all their packets."""
         with self.stats.timing("compress_s"):
-            packed = [self._compress(t, name, memory) for t, name in zip(tensors, names)]
-            message = torch.cat([p for p, _ in packed]) if len(packed) > 1 else packed[0][0]
-        handle = hvd.allgather_async(message, name=self._tag(names[0]))
-        self.stats.values["bytes_sent"] += (hvd.size() - 1) * message.numel()
-        return handle, [(p.numel(), ctx) for p, ctx in packed]
+            compressed, ctx = self.compression.compress(bucket.tensor)
+        restore = None
+        if compressed.dtype == torch.bfloat16:    # Horovod's CPU ops have no bfloat16: sum in
+            compressed, restore = compressed.float(), torch.bfloat16   # float32, cast back
+        elif not compressed.is_contiguous():      # Horovod needs a dense row-major buffer
+            compressed = compressed.contiguous()
+        handle = hvd.allreduce_async_(compressed, name=bucket.name, op=self.op,
+                                      prescale_factor=1.0, postscale_factor=1.0)
+        self.stats.values["bytes_sent"] += int(2 * (n - 1) * compressed.numel()
+                                               * compressed.element_size() // n)
+        return Exchange(bucket, handle, (ctx, restore))
 
-    def finish(self, started):
-        """Wait for the allgather, decode every rank's packets, reduce: one tensor per input."""
-        handle, layout = started
-        n = hvd.size()
+    def finish(self, exchange):
         with self.stats.timing("communicate_s"):
-            gathered = hvd.synchronize(handle)
-        results, offset = [], 0
+            output = hvd.synchronize(exchange.handle)
         with self.stats.timing("decompress_s"):
-            per_rank = gathered.view(n, -1)
-            for size, (shape, dtype) in layout:
-                results.append(self._sum_packets(per_rank[:, offset:offset + size], n).view(shape).to(dtype))
-                offset += size
-        return results
+            ctx, restore = exchange.ctx
+            if restore is not None:
+                output = output.to(restore)
+            exchange.bucket.tensor = self.compression.decompress(output, ctx)
 
 
-def start_packet_exchange(compression, tensor, name, op=hvd.Average):
-    """Launch one tensor's allgather exchange now; return a callable that finishes it.
+class _PacketBase(_Base):
+    """The packet routes: compensate -> encode one message per destination -> remember."""
 
-    The hook Horovod's own DistributedOptimizer needs for the course's in-tree route
-    (patches/course-bit8-bit16.patch): Horovod calls it per gradient during backward and
-    calls the returned function in synchronize().
-    """
-    comm = AllgatherCommunicator(compression, op=op, fusion_threshold_bytes=0)
-    started = comm.start([tensor], [name])
-    return lambda: comm.finish(started)[0]
+    def __init__(self, compression, *args, **kwargs):
+        super().__init__(compression, *args, **kwargs)
+        if compression not in _WARMED:
+            # The codecs probe torch's casts once per device (about a second); do it here,
+            # not inside the first timed training step.
+            compression.decode_packet(compression.compress(torch.zeros(1))[0])
+            _WARMED.add(compression)
+
+    def _block(self, numel):
+        return self.scale_block or max(numel, 1)
+
+    def _encode(self, bucket, pieces, memory):
+        """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
+        with error feedback, compensate first and remember what the codes dropped."""
+        comp, x = self.compression, bucket.buffer
+        sizes = [comp.message_bytes(b - a, self._block(b - a)) for a, b in pieces]
+        message = bucket.scratch("message", sum(sizes), torch.uint8, zero=True)
+        if memory is not None:
+            memory.compensate(bucket.name, x, inplace=True)
+            kept = bucket.scratch("kept", bucket.numel, torch.float32)
+        offset = 0
+        for (a, b), size in zip(pieces, sizes):
+            segment = message[offset:offset + size]
+            comp.encode_message(x[a:b], segment, self._block(b - a))
+            if memory is not None:
+                comp.decode_message(segment, b - a, kept[a:b], self._block(b - a))
+            offset += size
+        if memory is not None:
+            memory.remember(bucket.name, x, kept)
+        return message, sizes
 
 
-def _chunk_bounds(numel, n):
-    """n contiguous chunks covering range(numel), sizes differing by at most one."""
-    base, extra = divmod(numel, n)
+class AllgatherCommunicator(_PacketBase):
+    """Gather every rank's bucket message; decode and sum all n in one pass (the course's design)."""
+    route = Route.ALLGATHER
+
+    def start(self, bucket, memory=None):
+        with self.stats.timing("compress_s"):
+            message, _ = self._encode(bucket, [(0, bucket.numel)], memory)
+        handle = hvd.allgather_async(message, name=self._tag(bucket.name))
+        self.stats.values["bytes_sent"] += (hvd.size() - 1) * message.numel()
+        return Exchange(bucket, handle)
+
+    def finish(self, exchange):
+        bucket, n = exchange.bucket, hvd.size()
+        with self.stats.timing("communicate_s"):
+            gathered = hvd.synchronize(exchange.handle)
+        with self.stats.timing("decompress_s"):
+            self.compression.decode_messages(gathered.view(n, -1), bucket.numel, bucket.buffer,
+                                             self._block(bucket.numel))
+            self._average(bucket.buffer, n)
+
+
+def _chunk_bounds(numel, n, align=1):
+    """n contiguous chunks covering range(numel), cut on multiples of `align`, their sizes in
+    units of `align` differing by at most one."""
+    units = -(-numel // align) if numel else 0
+    base, extra = divmod(units, n)
     bounds, start = [], 0
     for k in range(n):
         stop = start + base + (1 if k < extra else 0)
-        bounds.append((start, stop))
+        bounds.append((min(start * align, numel), min(stop * align, numel)))
         start = stop
     return bounds
 
 
-class AlltoallCommunicator(_Communicator):
-    """Two-phase reduction: alltoall of encoded chunks, reduce, allgather of reduced chunks.
+class AlltoallCommunicator(_PacketBase):
+    """Two-phase: alltoall of encoded chunks, decode-and-sum, re-encode, allgather."""
+    route = Route.ALLTOALL
 
-    Every tensor is cut into n chunks (sizes differ by at most one), each encoded with its own
-    scale, so a small-magnitude tensor never shares a scale with a large one. Rank k receives
-    chunk k of every tensor of a bucket from every rank in one alltoall, reduces each in float32
-    and re-encodes it; one allgather per bucket brings every reduced chunk to every rank.
-    """
-    reduction = "alltoall"
+    def _chunks(self, bucket):
+        # Cut on block boundaries so every chunk's scales are its own; with one scale per tensor
+        # (scale_block=None) each chunk gets its own scale instead.
+        return _chunk_bounds(bucket.numel, hvd.size(), self.scale_block or 1)
 
-    def reduce(self, tensors, names, memory=None):
+    def start(self, bucket, memory=None):
+        chunks = self._chunks(bucket)
+        with self.stats.timing("compress_s"):
+            message, sizes = self._encode(bucket, chunks, memory)
+        splits = torch.tensor(sizes, dtype=torch.int32)
+        handle = hvd.alltoall_async(message, splits=splits, name=self._tag(bucket.name))
+        self.stats.values["bytes_sent"] += message.numel() - sizes[hvd.rank()]
+        return Exchange(bucket, handle, (chunks, sizes))
+
+    def progress(self, exchange, wait=False):
+        """Phase 1 done (or wait=True): reduce this rank's chunk, launch the allgather."""
+        if exchange.phase != 1 or not (wait or hvd.poll(exchange.handle)):
+            return
+        bucket, (chunks, sizes) = exchange.bucket, exchange.ctx
         n, me = hvd.size(), hvd.rank()
-        phase1 = []
-        for bucket in buckets_by_size(tensors, self.fusion_threshold_bytes):
-            with self.stats.timing("compress_s"):
-                flats = [flatten([tensors[i]]) for i in bucket]
-                if memory is not None:
-                    flats = [memory.compensate(names[i], f) for i, f in zip(bucket, flats)]
-                bounds = [_chunk_bounds(f.numel(), n) for f in flats]
-                # packets[k][j]: chunk k of tensor j, destined for rank k
-                packets = [[self.compression.compress(f[b[k][0]:b[k][1]])[0]
-                            for f, b in zip(flats, bounds)] for k in range(n)]
-                if memory is not None:
-                    self._remember(memory, [names[i] for i in bucket], flats, bounds, packets)
-                segments = [torch.cat(row) for row in packets]
-                splits = torch.tensor([seg.numel() for seg in segments], dtype=torch.int32)
-                message = torch.cat(segments)
-            handle = hvd.alltoall_async(message, splits=splits, name=self._tag(names[bucket[0]]))
-            self.stats.values["bytes_sent"] += message.numel() - segments[me].numel()
-            phase1.append((bucket, bounds, handle))
+        a, b = chunks[me]
+        with self.stats.timing("communicate_s"):
+            received, _ = hvd.synchronize(exchange.handle)
+        with self.stats.timing("decompress_s"):
+            mine = bucket.buffer[a:b]
+            self.compression.decode_messages(received.view(n, -1), b - a, mine, self._block(b - a))
+            self._average(mine, n)
+        with self.stats.timing("compress_s"):
+            reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
+            self.compression.encode_message(mine, reduced, self._block(b - a))
+        exchange.handle = hvd.allgather_async(reduced, name=self._tag(bucket.name + ".gather"))
+        exchange.phase = 2
+        self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
 
-        phase2 = []
-        for bucket, bounds, handle in phase1:
-            with self.stats.timing("communicate_s"):
-                received, _ = hvd.synchronize(handle)
-            with self.stats.timing("decompress_s"):
-                per_rank = received.view(n, -1)
-                reduced_chunks, offset = [], 0
-                for b in bounds:
-                    size = packet_bytes(self.compression, b[me][1] - b[me][0])
-                    reduced_chunks.append(self._sum_packets(per_rank[:, offset:offset + size], n))
-                    offset += size
-            with self.stats.timing("compress_s"):
-                reduced = torch.cat([self.compression.compress(c)[0] for c in reduced_chunks])
-            handle = hvd.allgather_async(reduced, name=self._tag(f"{names[bucket[0]]}.gather"))
-            self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
-            phase2.append((bucket, bounds, handle))
-
-        results = [None] * len(tensors)
-        for bucket, bounds, handle in phase2:
-            with self.stats.timing("communicate_s"):
-                gathered = hvd.synchronize(handle)
-            with self.stats.timing("decompress_s"):
-                flats = [torch.empty(b[-1][1], dtype=torch.float32, device=gathered.device)
-                         for b in bounds]
-                offset = 0
-                for r in range(n):                       # rank r's reduced chunks, tensor by tensor
-                    for f, b in zip(flats, bounds):
-                        size = packet_bytes(self.compression, b[r][1] - b[r][0])
-                        self.compression.decode_packet(gathered[offset:offset + size],
-                                                       out=f[b[r][0]:b[r][1]])
-                        offset += size
-                for i, f in zip(bucket, flats):
-                    results[i] = f.view(tensors[i].shape).to(tensors[i].dtype)
-        return results
-
-    def _remember(self, memory, names, flats, bounds, packets):
-        """Error feedback: each tensor's residual from the chunks this rank encoded."""
-        for j, (name, f, b) in enumerate(zip(names, flats, bounds)):
-            kept = torch.empty_like(f)
-            for k in range(len(packets)):
-                self.compression.decode_packet(packets[k][j], out=kept[b[k][0]:b[k][1]])
-            memory.remember(name, f, kept)
+    def finish(self, exchange):
+        self.progress(exchange, wait=True)
+        bucket, (chunks, sizes) = exchange.bucket, exchange.ctx
+        with self.stats.timing("communicate_s"):
+            gathered = hvd.synchronize(exchange.handle)
+        with self.stats.timing("decompress_s"):
+            offset = 0
+            for (a, b), size in zip(chunks, sizes):
+                self.compression.decode_message(gathered[offset:offset + size], b - a,
+                                                bucket.buffer[a:b], self._block(b - a))
+                offset += size
 
 
-def make_communicator(compression, reduction=None, op=hvd.Average, fusion_threshold_bytes=None):
-    """The communicator for `compression` over `reduction` (None: the compressor's default)."""
-    if reduction is None:
-        reduction = getattr(compression, "default_reduction", "allreduce")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if reduction != "allreduce" and not hasattr(compression, "decode_packet"):
-        raise ValueError(f"reduction={reduction!r} needs a packet compressor (Compression.bit8 or "
-                         f".bit16); {compressor_name(compression)} travels by allreduce")
-    if reduction == "allreduce" and hasattr(compression, "decode_packet"):
-        raise ValueError(f"{compressor_name(compression)} packets cannot be summed by allreduce "
-                         "(a sum of float8 codes is meaningless): use 'allgather' or 'alltoall'")
-    cls = {"allreduce": AllreduceCommunicator, "allgather": AllgatherCommunicator,
-           "alltoall": AlltoallCommunicator}[reduction]
-    return cls(compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes)
+_ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCommunicator,
+           Route.ALLTOALL: AlltoallCommunicator}
+
+
+def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
+                      scale_block=SCALE_BLOCK, *, reduction=None):
+    """The communicator for `compression` over `route` (None: the scheme's default, see
+    registry.SCHEMES). The one place where a route is chosen. `reduction=` is the old name of
+    `route=`, still accepted."""
+    if reduction is not None:
+        if route is not None and Route.parse(route) != Route.parse(reduction):
+            raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
+        route = reduction
+    name = compressor_name(compression)
+    packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
+    if name in SCHEMES:
+        route = resolve_route(name, route)
+    else:                                        # a user's compressor: by what it can do
+        route = Route.parse(route) if route is not None else (
+            Route.ALLGATHER if packet else Route.ALLREDUCE)
+        if packet == (route == Route.ALLREDUCE):
+            raise ValueError(f"{name} cannot travel by {route.value}: packet compressors take "
+                             "'allgather' or 'alltoall', others 'allreduce'")
+    if scale_block is not None and int(scale_block) < 1:
+        raise ValueError(f"scale_block must be >= 1 values or None (one scale per tensor), "
+                         f"got {scale_block!r}")
+    return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
+                          scale_block=scale_block)
+
+
+def start_packet_exchange(compression, tensor, name, op=hvd.Average):
+    """Launch one tensor's packet allgather now; return a callable that finishes it.
+
+    The hook Horovod's own DistributedOptimizer needs for the course's in-tree route
+    (patches/course-bit8-bit16.patch): Horovod calls it per gradient during backward and calls
+    the returned function in synchronize(). Horovod's interface, per tensor: every rank's
+    `compress()` packet is decoded with `decode_packet` and summed in float32 in rank order,
+    as the plugin's allgather route does with scale_block=None, bit for bit.
+    """
+    comm = AllgatherCommunicator(compression, op=op, scale_block=None)  # validates op, warms
+    packet, (shape, dtype) = compression.compress(tensor)
+    handle = hvd.allgather_async(packet, name=f"hvdc.{comm.describe()}.{name}")
+
+    def finish():
+        n = hvd.size()
+        rows = hvd.synchronize(handle).view(n, -1)
+        total = compression.decode_packet(rows[0])
+        scratch = torch.empty_like(total)
+        for r in range(1, n):
+            total.add_(compression.decode_packet(rows[r], out=scratch))
+        comm._average(total, n)
+        return total.view(shape).to(dtype)
+    return finish
+
+
+def horovod_bytes_sent(compression, numels, n):
+    """Bytes one rank sends per step under Horovod's own `hvd.DistributedOptimizer` (stock, or
+    the course's patched route), counted as the communicators count theirs: (n-1) packets per
+    gradient by allgather for 8/16-bit packet compressors, 2(n-1)/n of each tensor by ring
+    allreduce otherwise; 0 at n = 1 (Horovod skips the exchange)."""
+    if n == 1:
+        return 0
+    if isinstance(compression, type) and issubclass(compression, PacketCompressor):
+        return sum((n - 1) * compression.packet_bytes(numel) for numel in numels)
+    item = 2 if compression is Compression.fp16 else 4
+    return sum(2 * (n - 1) * numel * item // n for numel in numels)

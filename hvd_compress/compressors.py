@@ -4,7 +4,7 @@ Horovod's interface is two static methods: `compress(tensor) -> (compressed, ctx
 `decompress(compressed, ctx) -> tensor`. Ours keep exactly that shape, so any code written
 for `hvd.Compression.fp16` accepts them. What does not fit in two methods (which collective
 carries the result, error feedback, bucketing) lives in communicators.py, memory.py and
-fusion.py, as in GRACE.
+fusion.py, as in GRACE (roles.py states the three roles).
 
 The compressed form is a *packet*: one flat uint8 tensor, self-contained so that a
 collective can carry it unchanged and any rank can decode it:
@@ -22,17 +22,25 @@ Why the Inf flag: E4M3 has no Inf code, and a diverging run must stay visible. W
 holds +-Inf, its finite values are scaled one binade lower (to <= 224), so the largest code
 (+-448) is free to mean +-Inf; NaN keeps E4M3's NaN code. float16 has Inf, so Bit16 never
 needs the flag.
-"""
-import torch
-from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
 
-from .codecs import E4M3, fp8_torch, fp16_torch
-from .codecs.scaling import pow2_scale
+Both run on the codec's block kernels (codecs/blocks.py): a packet is one block as long as
+the tensor, so the per-tensor interface and the optimizer's bucket path share one encoder and
+one decoder. The bucket path (`encode_message` / `decode_messages`) puts one scale per block
+of `codecs.SCALE_BLOCK` values in front of the codes; a negative scale marks a block whose
+largest code means +-Inf, the same rule as the packet's flag.
+"""
+import math
+
+import torch
+from horovod.torch.compression import FP16Compressor, NoneCompressor
+
+from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
+from .registry import HEADER_BYTES
+from .roles import PacketCompressor
 
 __all__ = ["Bit8Compressor", "Bit16Compressor", "Compression", "HEADER_BYTES",
-           "packet_bytes", "compressor_name"]
+           "packet_bytes", "compressor_name", "read_header"]
 
-HEADER_BYTES = 8
 FLAG_INF_AT_MAX = 1
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -47,100 +55,136 @@ def _flat_float32(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype not in FLOAT_DTYPES:
         raise TypeError(f"8/16-bit gradient compression needs a floating-point tensor, "
                         f"got {tensor.dtype}")
-    return tensor.detach().reshape(-1).to(torch.float32)
-
-
-def _finite_amax(x: torch.Tensor):
-    """(largest finite |x|, whether x holds +-Inf). One reduction when all values are finite."""
-    if x.numel() == 0:
-        return 0.0, False
-    lo, hi = torch.aminmax(x)                 # one pass, no |x| temporary
-    amax = max(-float(lo), float(hi))
-    if amax < float("inf"):                  # all finite (NaN or Inf would make it NaN/Inf)
-        return amax, False
-    finite = torch.isfinite(x)
-    finite_amax = float(torch.where(finite, x.abs(), 0.0).amax())
-    return finite_amax, bool(torch.isinf(x).any())
-
-
-def _write_header(packet: torch.Tensor, scale: float, flags: int) -> None:
-    packet[0:4].copy_(torch.tensor([scale], dtype=torch.float32).view(torch.uint8))
-    packet[4:8].copy_(torch.tensor([flags], dtype=torch.int32).view(torch.uint8))
+    return tensor.detach().reshape(-1).to(torch.float32).contiguous()
 
 
 def read_header(packet: torch.Tensor):
-    """(scale, flags) of a packet. Copies 8 bytes, so any byte offset works."""
+    """(scale, flags) of a packet, checked: a corrupt header raises instead of decoding garbage."""
     if packet.dtype != torch.uint8 or packet.dim() != 1 or packet.numel() < HEADER_BYTES:
         raise ValueError(f"not a packet: expected a 1-D uint8 tensor of >= {HEADER_BYTES} bytes, "
                          f"got {packet.dtype} of shape {tuple(packet.shape)}")
     head = packet[:HEADER_BYTES].cpu().clone()
-    return float(head[0:4].view(torch.float32)), int(head[4:8].view(torch.int32))
+    scale, flags = float(head[0:4].view(torch.float32)), int(head[4:8].view(torch.int32))
+    mantissa, _ = math.frexp(scale) if math.isfinite(scale) else (0.0, 0)
+    if not (scale > 0 and mantissa == 0.5) or flags & ~FLAG_INF_AT_MAX:
+        raise ValueError(f"corrupt packet header: scale {scale!r} (must be a finite power of two), "
+                         f"flags {flags:#x} (known: {FLAG_INF_AT_MAX:#x})")
+    return scale, flags
 
 
-class _ScaledCompressor(Compressor):
-    """Shared shape of Bit8/Bit16: scale, encode after an 8-byte header; the reverse."""
-    code_bytes = 1                # bytes per value in the packet
+def _pad4(nbytes: int) -> int:
+    return (nbytes + 3) & ~3
+
+
+class _BlockScaledCompressor(PacketCompressor):
+    """Shared shape of Bit8/Bit16: a power-of-two scale per block, then the format's codes."""
+    code_bytes = 1               # bytes per value
     name = "scaled"
-    default_reduction = "allgather"
 
+    # ---- per tensor: Horovod's interface, one self-describing packet -----------------------
     @classmethod
     def compress(cls, tensor):
         """Encode a floating-point tensor into a packet; ctx = (shape, dtype) to restore it."""
         x = _flat_float32(tensor)
         packet = torch.empty(HEADER_BYTES + cls.code_bytes * x.numel(), dtype=torch.uint8,
                              device=x.device)
-        scale, flags = cls._encode(x, packet[HEADER_BYTES:])
-        _write_header(packet, scale, flags)
+        scale = packet[0:4].view(torch.float32)          # the header's scale, written in place
+        scale.fill_(1.0)
+        if x.numel():
+            blocks.encode(x, cls.fmt, cls._codes(packet[HEADER_BYTES:]), scale, block=x.numel())
+        inf_at_max = float(scale) < 0
+        scale.abs_()
+        packet[4:8].view(torch.int32).fill_(FLAG_INF_AT_MAX if inf_at_max else 0)
         return packet, (tensor.shape, tensor.dtype)
 
     @classmethod
     def decompress(cls, packet, ctx):
         """Decode a packet back to a tensor of the original shape and dtype."""
         shape, dtype = ctx
-        values = cls.decode_packet(packet)
-        return values.view(shape).to(dtype)
+        return cls.decode_packet(packet).view(shape).to(dtype)
 
     @classmethod
     def decode_packet(cls, packet, out=None):
         """The packet's values as flat float32 (scale undone, Inf restored)."""
         scale, flags = read_header(packet)
-        codes = packet[HEADER_BYTES:]
-        if codes.numel() % cls.code_bytes:
-            raise ValueError(f"{cls.__name__} packet has {codes.numel()} code bytes, "
+        if flags and cls.fmt.has_inf:
+            raise ValueError(f"corrupt packet header: {cls.__name__} never sets flags")
+        raw = packet[HEADER_BYTES:]
+        if raw.numel() % cls.code_bytes:
+            raise ValueError(f"{cls.__name__} packet has {raw.numel()} code bytes, "
                              f"not a multiple of {cls.code_bytes}")
-        return cls._decode(codes, scale, flags, out)
+        numel = raw.numel() // cls.code_bytes
+        if out is None:
+            out = torch.empty(numel, dtype=torch.float32, device=packet.device)
+        signed = torch.tensor([-scale if flags & FLAG_INF_AT_MAX else scale], device=packet.device)
+        return blocks.decode(cls._codes(raw), signed, cls.fmt, out, block=max(numel, 1))
+
+    @classmethod
+    def packet_bytes(cls, numel: int) -> int:
+        return HEADER_BYTES + cls.code_bytes * numel
+
+    # ---- per bucket: the optimizer's path, [scales | codes | pad to 4 bytes] --------------
+    @classmethod
+    def message_bytes(cls, numel: int, block=SCALE_BLOCK) -> int:
+        """Bytes of a bucket message: float32 scales, codes, padded to a multiple of 4 so
+        that rows of a gathered buffer can be viewed as float32 without copying."""
+        return 4 * blocks.num_blocks(numel, block or max(numel, 1)) + _pad4(cls.code_bytes * numel)
+
+    @classmethod
+    def encode_message(cls, flat, message, block=SCALE_BLOCK):
+        """Encode contiguous float32 `flat` into `message` (message_bytes long), one pass."""
+        if flat.numel() == 0:
+            return message
+        codes, scales = cls._split(message, flat.numel(), block)
+        blocks.encode(flat, cls.fmt, codes, scales, block=block or max(flat.numel(), 1))
+        return message
+
+    @classmethod
+    def decode_message(cls, message, numel, out, block=SCALE_BLOCK):
+        """Decode one message into float32 `out` (numel values)."""
+        if numel == 0:
+            return out
+        codes, scales = cls._split(message, numel, block)
+        return blocks.decode(codes, scales, cls.fmt, out, block=block or max(numel, 1))
+
+    @classmethod
+    def decode_messages(cls, messages, numel, out, block=SCALE_BLOCK):
+        """Decode n messages (rows of a 2-D uint8 tensor, rank order) and sum them into `out`
+        in float32, rank by rank, in one pass: bit-identical on every rank."""
+        if numel == 0:
+            return out
+        codes, scales = cls._split(messages, numel, block)
+        return blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block or max(numel, 1))
+
+    @classmethod
+    def _split(cls, message, numel, block):
+        nb = blocks.num_blocks(numel, block or max(numel, 1))
+        scales = message[..., :4 * nb].view(torch.float32)
+        return cls._codes(message[..., 4 * nb:4 * nb + cls.code_bytes * numel]), scales
+
+    @classmethod
+    def _codes(cls, raw):
+        """uint8 bytes viewed as the format's codes (int16 for float16; copied if misaligned)."""
+        if cls.code_bytes == 1:
+            return raw
+        if raw.storage_offset() % cls.code_bytes:
+            raw = raw.clone()
+        return raw.view(blocks.code_dtype(cls.fmt))
 
 
-class Bit8Compressor(_ScaledCompressor):
+class Bit8Compressor(_BlockScaledCompressor):
     """float32 -> scaled OCP E4M3 (torch.float8_e4m3fn bits), 1 byte per value + 8-byte header.
 
     Relative error <= 2**-4 for values that land in E4M3's normal range after scaling;
     NaN stays NaN and +-Inf stays +-Inf (see the module docstring).
     """
     code_bytes = 1
+    bits = 8
     name = "bit8"
     fmt = E4M3
 
-    @classmethod
-    def _encode(cls, x, codes_out):
-        amax, has_inf = _finite_amax(x)
-        target = cls.fmt.max_finite / 2 if has_inf else cls.fmt.max_finite
-        scale = pow2_scale(amax, target)
-        fp8_torch.encode(x, cls.fmt, saturate=True, out=codes_out, scale=scale)
-        return scale, FLAG_INF_AT_MAX if has_inf else 0
 
-    @classmethod
-    def _decode(cls, codes, scale, flags, out):
-        # One gather from the format's 256 values, unscaled (exact: scale is a power of two)
-        # and with the Inf codes put back, so the data is touched once.
-        table = fp8_torch.decode_table(cls.fmt, codes.device) * (1.0 / scale)
-        if flags & FLAG_INF_AT_MAX:
-            table[cls.fmt.max_code] = float("inf")
-            table[0x80 | cls.fmt.max_code] = float("-inf")
-        return fp8_torch.decode(codes, cls.fmt, out=out, table=table)
-
-
-class Bit16Compressor(_ScaledCompressor):
+class Bit16Compressor(_BlockScaledCompressor):
     """float32 -> scaled IEEE float16 bits, 2 bytes per value + 8-byte header.
 
     Unlike Horovod's `Compression.fp16` (a plain cast, summed in float16 by allreduce), the
@@ -148,29 +192,14 @@ class Bit16Compressor(_ScaledCompressor):
     11 significant bits, and ranks reduce in float32. Relative error <= 2**-11 for normal values.
     """
     code_bytes = 2
+    bits = 16
     name = "bit16"
-    # Measured here (32 MiB, loopback, Gloo, 2 and 4 ranks, scripts/bench_collectives.py): the
-    # two-phase route moves half of fp32 allreduce's bytes at every n and was the faster 16-bit
-    # exchange at both n (n=4: 352 ms vs 621 ms allgather vs 628 ms Horovod fp16 allreduce);
-    # allgather of 16-bit codes moves as many bytes as fp32 ring allreduce already at n=4.
-    default_reduction = "alltoall"
-
-    @classmethod
-    def _encode(cls, x, codes_out):
-        amax, _ = _finite_amax(x)                 # float16 has Inf: no reserved code needed
-        scale = pow2_scale(amax, 65504.0)
-        fp16_torch.encode(x, out=codes_out.view(torch.int16), scale=scale)
-        return scale, 0
-
-    @classmethod
-    def _decode(cls, codes, scale, flags, out):
-        values = fp16_torch.decode(codes.view(torch.int16), out=out)
-        return values.mul_(1.0 / scale) if scale != 1.0 else values   # exact: a power of two
+    fmt = FP16
 
 
 def packet_bytes(compressor, numel: int) -> int:
     """Size of the packet `compressor` makes for `numel` values."""
-    return HEADER_BYTES + compressor.code_bytes * numel
+    return compressor.packet_bytes(numel)
 
 
 def compressor_name(compressor) -> str:

@@ -1,12 +1,14 @@
-"""Bucketing: many small gradients travel in one collective, as Horovod's fusion buffer does.
+"""Buckets: many gradients travel in one collective, with membership fixed once.
 
-A model with many small layers would otherwise pay one collective's latency (and one round
-of Horovod's negotiation) per tensor. Buckets are formed in the order the tensors are given
-(the optimizer's fixed parameter order), so every rank forms the same buckets.
+A model with many small layers would otherwise pay one collective's latency (and one round of
+Horovod's negotiation) per tensor. Membership is decided once, from the parameters' order and
+names, identically on every rank, so the order in which gradients arrive during backward
+never changes what is summed with what (PyTorch DDP's reducer does the same:
+https://pytorch.org/docs/stable/notes/ddp.html#internal-design).
 """
 import torch
 
-__all__ = ["buckets_by_size", "flatten"]
+__all__ = ["buckets_by_size", "flatten", "Bucket"]
 
 
 def buckets_by_size(tensors, threshold_bytes):
@@ -36,3 +38,62 @@ def flatten(tensors):
         return tensors[0].detach().reshape(-1).to(torch.float32)
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
+
+class Bucket:
+    """Tensors that travel together: names, shapes, and one flat float32 `buffer`.
+
+    The packet routes reduce `buffer` in place; `load(i, t)` copies member i in, `view(i)` is
+    member i's slice of it. The allreduce route fuses nothing itself (Horovod's fusion buffer
+    does) and works on `tensor`, one member bound per step: a bucket of one.
+    """
+
+    def __init__(self, name, names, tensors, flat=True):
+        self.name = name
+        self.names = list(names)
+        self.shapes = [t.shape for t in tensors]
+        self.dtypes = [t.dtype for t in tensors]
+        self.numels = [t.numel() for t in tensors]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(tensors))]
+        self.numel = sum(self.numels)
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        self.buffer = torch.empty(self.numel, dtype=torch.float32, device=self.device) if flat else None
+        self.tensor = None            # allreduce route: the one member, bound each step
+        self._scratch = {}
+
+    def __len__(self):
+        return len(self.names)
+
+    def put(self, i, tensor):
+        """Member i's gradient for this step: copied into the buffer (converted to float32),
+        or, for a bucket without one, bound as it is."""
+        if self.buffer is None:
+            self.tensor = tensor
+        else:
+            self.buffer[self.offsets[i]:self.offsets[i] + self.numels[i]].copy_(tensor.reshape(-1))
+
+    def scratch(self, key, numel, dtype, zero=False):
+        """A buffer kept with the bucket and reused every step (fresh large tensors cost page
+        faults each time); zero=True zeroes it once, when made."""
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() != numel or buf.dtype != dtype:
+            make = torch.zeros if zero else torch.empty
+            buf = self._scratch[key] = make(numel, dtype=dtype, device=self.device)
+        return buf
+
+    def view(self, i):
+        """Member i's slice of the buffer, in its shape (float32)."""
+        return self.buffer[self.offsets[i]:self.offsets[i] + self.numels[i]].view(self.shapes[i])
+
+    def result(self, i):
+        """Member i after reduction, in its own shape and dtype."""
+        if self.buffer is None:
+            return self.tensor
+        return self.view(i).to(self.dtypes[i])
+
+    @classmethod
+    def plan(cls, names, tensors, threshold_bytes, flat=True, prefix=""):
+        """Buckets for `tensors` in the order given, fused up to `threshold_bytes` (0 or
+        flat=False: one bucket per tensor). Each is named by its first member."""
+        groups = buckets_by_size(tensors, threshold_bytes if flat else 0)
+        return [(group, cls(prefix + names[group[0]], [names[i] for i in group],
+                            [tensors[i] for i in group], flat)) for group in groups]

@@ -6,24 +6,29 @@ update follows the true gradient (Seide et al. 2014; Karimireddy et al. 2019, "E
 """
 import torch
 
+from .roles import Memory
+
 __all__ = ["ResidualMemory"]
 
 
-class ResidualMemory:
-    """Per-parameter residuals: compensate before compressing, update after."""
+class ResidualMemory(Memory):
+    """Residuals by name (a bucket's, or a tensor's): compensate before compressing, update after."""
 
     def __init__(self):
         self.residuals = {}
 
-    def compensate(self, name, grad):
-        """The gradient plus the residual left by the previous step (float32)."""
-        g = grad.detach().to(torch.float32)
+    def compensate(self, name, grad, inplace=False):
+        """The gradient plus the residual left by the previous step (float32). inplace=True adds
+        into `grad` itself (a bucket's own float32 buffer) instead of allocating."""
+        g = grad.detach() if inplace else grad.detach().to(torch.float32)
         residual = self.residuals.get(name)
-        if residual is None:
-            return g.clone() if g.data_ptr() == grad.data_ptr() else g
-        if residual.shape != g.shape:
+        if residual is not None and residual.shape != g.shape:
             raise ValueError(f"residual for {name!r} has shape {tuple(residual.shape)}, "
                              f"gradient {tuple(g.shape)}")
+        if inplace:
+            return g if residual is None else g.add_(residual)
+        if residual is None:
+            return g.clone() if g.data_ptr() == grad.data_ptr() else g
         return g + residual
 
     def remember(self, name, compensated, kept):

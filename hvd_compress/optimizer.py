@@ -5,23 +5,28 @@ through the right collective for its compressor, with stock Horovod (no rebuild)
                                             compression=hvd_compress.Compression.bit8)
     loss.backward(); opt.step()
 
-Differences from Horovod's, and why:
-- The exchange starts in `step()` / `synchronize()`, not in per-gradient hooks while
-  backward runs. This gives one fixed order of tensors on every rank (needed for buckets and
-  the two-phase reduction) and clean timings of compress / communicate / decompress per step,
-  which the course measures. What it costs: no overlap of backward with communication.
-- With `Compression.none` or `.fp16` the gradients go through the same `allreduce_async_` calls
-  as Horovod's optimizer, so results are bit-identical to `hvd.DistributedOptimizer`.
+How a step goes, and why:
+- Overlap, as Horovod's and DDP's do: a hook on every parameter fires when its gradient has
+  been accumulated (`Tensor.register_post_accumulate_grad_hook`); the gradient is copied into
+  its bucket, and a full bucket is compressed and its collective launched at once, while
+  backward goes on computing earlier layers. `step()` only waits for what is still in flight.
+- Buckets are fixed at construction from the parameter order, last layer first (the order
+  backward produces gradients), the same on every rank; collectives carry the bucket's name,
+  which is how Horovod matches them across ranks, so arrival order never changes a result.
+- With `Compression.none` or `.fp16` each gradient goes through the same `allreduce_async_`
+  call as in Horovod's optimizer, so results are bit-identical to `hvd.DistributedOptimizer`.
 - At world size 1 the compressor still runs (a serial bit8 run shows the quantisation's effect).
 - Ranks that disagree on the compressor, the route or the parameters fail at construction,
   on every rank, with a message naming the difference, instead of hanging in a collective.
 """
+import time
 import warnings
 from contextlib import contextmanager
 
 import torch
 import horovod.torch as hvd
 
+from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
 from .compressors import Compression, compressor_name
 from .memory import ResidualMemory
@@ -31,12 +36,13 @@ __all__ = ["DistributedOptimizer"]
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 reduction, error_feedback, fusion_threshold_bytes, sparse_as_dense):
+                 route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense):
         super(self.__class__, self).__init__(params)
         self._params = _ordered_named_params(self.param_groups, named_parameters)
         self._compression = compression
-        self._communicator = make_communicator(compression, reduction, op, fusion_threshold_bytes)
-        if error_feedback and self._communicator.reduction == "allreduce":
+        self._communicator = make_communicator(compression, route, op, fusion_threshold_bytes,
+                                               scale_block)
+        if error_feedback and self._communicator.fuses is False:
             raise ValueError("error_feedback needs an 8/16-bit packet compressor "
                              "(Compression.bit8 or .bit16), not "
                              f"{compressor_name(compression)}")
@@ -46,36 +52,98 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self._synchronized = False
         self._should_synchronize = True
+        # Last layer first: the order in which backward produces gradients.
+        order = self._params[::-1]
+        planned = self._communicator.plan([n for n, _ in order], [p for _, p in order])
+        self._buckets = [bucket for _, bucket in planned]
+        self._members = [[order[i] for i in group] for group, _ in planned]
+        self._slot = {}
+        for b, (group, _) in enumerate(planned):
+            for j, i in enumerate(group):
+                self._slot[order[i][1]] = (b, j)
+        self._reset_step()
         _check_ranks_agree(self._describe_setup())
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
+                       for _, p in self._params]
 
     def _describe_setup(self):
         return {"compression": compressor_name(self._compression),
-                "reduction": self._communicator.reduction,
+                "route": self._communicator.route.value,
                 "op": str(self.op),
                 "error_feedback": self._memory is not None,
                 "fusion_threshold_bytes": self._communicator.fusion_threshold_bytes,
+                "scale_block": self._communicator.scale_block,
+                "backward_passes_per_step": self.backward_passes_per_step,
                 "parameters": [(name, tuple(p.shape)) for name, p in self._params]}
 
+    def _reset_step(self):
+        self._passes_left = {p: self.backward_passes_per_step for _, p in self._params}
+        self._missing = [len(bucket) for bucket in self._buckets]
+        self._arrived = set()                    # parameters already in their bucket
+        self._in_flight = {}                     # bucket index -> Exchange
+
+    # ---- during backward ----------------------------------------------------------------
+    def _on_gradient(self, p):
+        """Gradient hook: p.grad is final for this pass. On the last pass before step(), put it
+        in its bucket; launch the bucket when it is full."""
+        if not self._should_synchronize or p not in self._passes_left:
+            return
+        self._passes_left[p] -= 1
+        if self._passes_left[p] > 0:
+            return
+        if self._passes_left[p] < 0:
+            raise AssertionError(
+                "gradients were computed more than backward_passes_per_step times before "
+                "step(); raise backward_passes_per_step to accumulate more passes")
+        if p.grad is None or p.grad.is_sparse:   # left for synchronize(), which handles both
+            return
+        self._put(p, p.grad)
+        self._progress()
+
+    def _put(self, p, grad):
+        b, j = self._slot[p]
+        with self._communicator.stats.timing("compress_s"):
+            self._buckets[b].put(j, grad)
+        self._arrived.add(p)
+        self._missing[b] -= 1
+        if self._missing[b] == 0:
+            self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
+
+    def _progress(self):
+        for exchange in self._in_flight.values():
+            self._communicator.progress(exchange)
+
+    # ---- at step() ------------------------------------------------------------------------
     def synchronize(self):
-        """Exchange all gradients now and write the reduced ones into `p.grad`."""
-        grads, names = [], []
+        """Finish the exchange of every gradient and write the reduced ones into `p.grad`."""
+        now = time.perf_counter()
+        stats = self._communicator.stats.values
+        stats["overlap_s"] += sum(now - ex.launched for ex in self._in_flight.values())
         for name, p in self._params:
-            if p.grad is None:
-                # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
-                p.grad = torch.zeros_like(p)
-            if p.grad.is_sparse:
-                if not self.sparse_as_dense:
-                    raise ValueError(f"parameter {name!r} has a sparse gradient: pass "
-                                     "sparse_as_dense=True to exchange it densely (compressed), or "
-                                     "use hvd.DistributedOptimizer for sparse allreduce")
-                p.grad = p.grad.to_dense()
-            grads.append(p.grad)
-            names.append(name)
-        reduced = self._communicator.reduce(grads, names, memory=self._memory)
-        for (name, p), r in zip(self._params, reduced):
-            if r is not p.grad:
-                p.grad.copy_(r)
+            if p not in self._arrived:           # no gradient, a sparse one, or an early step()
+                self._put(p, self._final_grad(name, p))
+        self._progress()
+        for b, bucket in enumerate(self._buckets):
+            self._communicator.finish(self._in_flight[b])
+            with self._communicator.stats.timing("decompress_s"):
+                for j, (name, p) in enumerate(self._members[b]):
+                    result = bucket.result(j)
+                    if result is not p.grad:
+                        p.grad.copy_(result)
+        self._reset_step()
         self._synchronized = True
+
+    def _final_grad(self, name, p):
+        if p.grad is None:
+            # Another rank may have a gradient for it (dynamic graphs): send zeros, as Horovod does.
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self.sparse_as_dense:
+                raise ValueError(f"parameter {name!r} has a sparse gradient: pass "
+                                 "sparse_as_dense=True to exchange it densely (compressed), or "
+                                 "use hvd.DistributedOptimizer for sparse allreduce")
+            p.grad = p.grad.to_dense()
+        return p.grad
 
     @contextmanager
     def skip_synchronize(self):
@@ -97,7 +165,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def pop_stats(self):
-        """{compress_s, communicate_s, decompress_s, bytes_sent} since the previous call."""
+        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s} since the previous
+        call. compress_s includes the work done in gradient hooks during backward;
+        communicate_s is only the time step() waited; overlap_s sums, over buckets, how long
+        each collective was in flight before step() began."""
         return self._communicator.pop_stats()
 
     @property
@@ -147,19 +218,29 @@ def _short(value, limit=200):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=hvd.Average, reduction=None,
+                         backward_passes_per_step=1, op=hvd.Average, route=None,
                          error_feedback=False, fusion_threshold_bytes=None,
-                         sparse_as_dense=False):
+                         sparse_as_dense=False, scale_block=SCALE_BLOCK, *, reduction=None):
     """Wrap `optimizer` so that `step()` first averages (or sums) gradients across ranks.
 
     compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8.
-    reduction: None (the compressor's default: allreduce for none/fp16, allgather for bit8 and
-        bit16) or "allgather" | "alltoall" (two-phase) for bit8/bit16.
+    route: None (the scheme's default, registry.SCHEMES: allreduce for none/fp16, allgather for
+        bit8, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for bit8/bit16.
+        `reduction=` is its old name, still accepted (deprecated).
     error_feedback: carry each rank's quantisation error to the next step (bit8/bit16).
-    fusion_threshold_bytes: bucket size in float32 bytes for the packet routes (0: no fusion).
+    fusion_threshold_bytes: bucket size in float32 bytes for the packet routes (0: no fusion;
+        default communicators.DEFAULT_FUSION_BYTES).
+    scale_block: values per power-of-two scale in a bucket (default codecs.SCALE_BLOCK); None:
+        one scale per tensor and no fusion, the course's per-tensor packets, bit for bit.
     backward_passes_per_step: gradients of that many backward passes accumulate locally and are
-        exchanged once, at step() (as in Horovod: summed, not averaged, over passes).
+        exchanged once, after the last (as in Horovod: summed, not averaged, over passes).
     """
+    if reduction is not None:
+        warnings.warn("DistributedOptimizer(reduction=...) is deprecated: the keyword is "
+                      "route= (op= is the reduction)", DeprecationWarning, stacklevel=2)
+        if route is not None and str(route) != str(reduction):
+            raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
+        route = reduction
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("hvd_compress.DistributedOptimizer supports op=hvd.Average or hvd.Sum; "
                          "use hvd.DistributedOptimizer for Adasum")
@@ -168,4 +249,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, int(backward_passes_per_step),
-               op, reduction, error_feedback, fusion_threshold_bytes, sparse_as_dense)
+               op, route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense)

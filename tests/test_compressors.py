@@ -6,6 +6,8 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.codecs import E4M3, fp8_torch
+from hvd_compress.codecs import SCALE_BLOCK
+from hvd_compress.communicators import make_communicator
 from hvd_compress.compressors import HEADER_BYTES, read_header
 from hvd_compress.data import read_idx
 from hvd_compress.fusion import buckets_by_size, flatten
@@ -195,3 +197,101 @@ def test_fusion_buckets_and_flatten():
         buckets_by_size(ts, -1)
     flat = flatten(ts)
     assert torch.equal(flat, torch.cat([t.reshape(-1) for t in ts]))
+
+
+def per_block(comp, x, block):
+    """x through the per-tensor interface, one block at a time: the bucket path's reference."""
+    out = torch.empty_like(x)
+    for a in range(0, x.numel(), block):
+        out[a:a + block] = comp.decode_packet(comp.compress(x[a:a + block])[0])
+    return out
+
+
+def with_specials(x):
+    x = x.clone()
+    x[3], x[700], x[701], x[1500] = float("nan"), float("inf"), float("-inf"), float("nan")
+    return x
+
+
+@pytest.mark.parametrize("comp", COMPRESSORS, ids=lambda c: c.name)
+@pytest.mark.parametrize("numel,block", [(2049, SCALE_BLOCK), (1000, 7), (5, SCALE_BLOCK), (300, 300), (1, 1)])
+def test_bucket_message_equals_per_tensor_packets_block_by_block(comp, numel, block):
+    for x in (gradient_like(numel, seed=numel), with_specials(gradient_like(2049, seed=1))[:numel]):
+        message = torch.zeros(comp.message_bytes(numel, block), dtype=torch.uint8)
+        assert message.numel() % 4 == 0
+        assert message.numel() >= comp.code_bytes * numel + 4 * -(-numel // block)
+        comp.encode_message(x, message, block)
+        out = comp.decode_message(message, numel, torch.empty(numel), block)
+        expected = per_block(comp, x, block)
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("comp", COMPRESSORS, ids=lambda c: c.name)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_decode_messages_sums_ranks_in_order(comp, n):
+    numel = 1000
+    rows = [with_specials(gradient_like(2049, seed=10 + r))[:numel] if r == 1 else gradient_like(numel, seed=10 + r)
+            for r in range(n)]
+    size = comp.message_bytes(numel)
+    messages = torch.zeros(n, size, dtype=torch.uint8)
+    for r in range(n):
+        comp.encode_message(rows[r], messages[r])
+    out = comp.decode_messages(messages, numel, torch.empty(numel))
+    expected = per_block(comp, rows[0], SCALE_BLOCK)
+    for r in range(1, n):
+        expected = expected + per_block(comp, rows[r], SCALE_BLOCK)
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("comp", COMPRESSORS, ids=lambda c: c.name)
+def test_block_scaling_is_no_worse_than_per_tensor_scaling_on_real_gradients(comp):
+    flat = torch.cat([g.reshape(-1) for g in real_gradients()])    # one bucket of the whole net
+    message = torch.zeros(comp.message_bytes(flat.numel()), dtype=torch.uint8)
+    blocked = comp.decode_message(comp.encode_message(flat, message), flat.numel(), torch.empty_like(flat))
+    whole = comp.decode_packet(comp.compress(flat)[0])
+    err = lambda approx: float((approx - flat).norm() / flat.norm())
+    nonzero = flat != 0
+    mean_rel = lambda approx: float(((approx - flat).abs() / flat.abs())[nonzero].mean())
+    print(f"{comp.name}: relative L2 error {err(blocked):.2e} with a scale per {SCALE_BLOCK} values, "
+          f"{err(whole):.2e} with one per bucket; mean relative error per value "
+          f"{mean_rel(blocked):.2e} vs {mean_rel(whole):.2e}")
+    assert err(blocked) <= err(whole) and mean_rel(blocked) <= mean_rel(whole)
+    assert err(blocked) < BOUND[comp.name]
+
+
+@pytest.mark.parametrize("comp", COMPRESSORS, ids=lambda c: c.name)
+def test_corrupt_headers_are_refused(comp):
+    packet, _ = comp.compress(gradient_like(64))
+    for scale, flags in ((3.0, 0), (float("nan"), 0), (float("inf"), 0), (0.0, 0), (-2.0, 0), (1.0, 6)):
+        bad = packet.clone()
+        bad[0:4] = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
+        bad[4:8] = torch.tensor([flags], dtype=torch.int32).view(torch.uint8)
+        with pytest.raises(ValueError, match="corrupt packet header"):
+            comp.decode_packet(bad)
+    if comp.fmt.has_inf:                 # float16 has Inf: the Inf flag is never set
+        bad = packet.clone()
+        bad[4:8] = torch.tensor([1], dtype=torch.int32).view(torch.uint8)
+        with pytest.raises(ValueError, match="corrupt packet header"):
+            comp.decode_packet(bad)
+
+
+def test_routes_are_chosen_in_one_place():
+    from hvd_compress.registry import Route
+    assert make_communicator(hc.Compression.none).route == Route.ALLREDUCE
+    assert make_communicator(hc.Compression.fp16).route == Route.ALLREDUCE
+    assert make_communicator(hc.Compression.bit8).route == Route.ALLGATHER
+    assert make_communicator(hc.Compression.bit16).route == Route.ALLTOALL
+    assert make_communicator(hc.Compression.bit8, "alltoall").route == Route.ALLTOALL
+    assert make_communicator(hc.Compression.bit8, reduction="alltoall").route == Route.ALLTOALL
+    with pytest.raises(ValueError, match="cannot travel by allreduce"):
+        make_communicator(hc.Compression.bit8, "allreduce")
+    with pytest.raises(ValueError, match="cannot travel by allgather"):
+        make_communicator(hc.Compression.none, "allgather")
+    with pytest.raises(ValueError, match="route must be one of"):
+        make_communicator(hc.Compression.bit8, "ring")
+    with pytest.raises(ValueError, match="disagree"):
+        make_communicator(hc.Compression.bit8, "allgather", reduction="alltoall")
+    with pytest.raises(ValueError, match="scale_block"):
+        make_communicator(hc.Compression.bit8, scale_block=0)
+    # one scale per tensor (the course's packets) travels unfused
+    assert make_communicator(hc.Compression.bit8, scale_block=None).fusion_threshold_bytes == 0

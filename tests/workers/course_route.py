@@ -47,7 +47,8 @@ for comp in (hvd.Compression.bit8, hvd.Compression.bit16):
     for op in (hvd.Average, hvd.Sum):
         t = torch.randn(1001, generator=g) * 1e-3
         out = hvd.allreduce(t, compression=comp, op=op, name=f"route.{comp.name}.{op}")
-        ref = make_communicator(comp, "allgather", op).reduce([t], [f"plugin.{comp.name}.{op}"])[0]
+        ref = make_communicator(comp, "allgather", op, scale_block=None).reduce(
+            [t], [f"plugin.{comp.name}.{op}"])[0]
         check(f"allreduce.{comp.name}.{op}.equals_plugin", torch.equal(out, ref))
         check(f"allreduce.{comp.name}.{op}.same_on_all_ranks", same_on_all_ranks(out, f"same.{comp.name}.{op}"))
 
@@ -77,7 +78,8 @@ for comp in (hvd.Compression.bit8, hvd.Compression.bit16):
     course, losses = train(lambda m, o: hvd.DistributedOptimizer(o, named_parameters=m.named_parameters(),
                                                                  compression=comp))
     plugin, _ = train(lambda m, o: hvd_compress.DistributedOptimizer(o, named_parameters=m.named_parameters(),
-                                                                     compression=comp, reduction="allgather"))
+                                                                     compression=comp, route="allgather",
+                                                                     scale_block=None))
     check(f"optimizer.{comp.name}.loss_decreases", losses[-1] < 0.5 * losses[0], f"{losses[0]} -> {losses[-1]}")
     check(f"optimizer.{comp.name}.same_on_all_ranks", same_on_all_ranks(course, f"opt.{comp.name}"))
     check(f"optimizer.{comp.name}.equals_plugin", torch.equal(course, plugin),

@@ -13,6 +13,7 @@ import checks
 from checks import check
 
 import hvd_compress as hc
+from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.communicators import make_communicator, _chunk_bounds
 
 hvd.init()
@@ -35,28 +36,44 @@ def gather_inputs(tensors):
     return [hvd.allgather(t.reshape(1, -1).contiguous(), name=f"inputs.{i}") for i, t in enumerate(tensors)]
 
 
-def simulate_allgather(comp, rows, average):
-    """What the allgather route must produce: decode each rank's packet, float32 rank-order sum."""
-    total = comp.decode_packet(comp.compress(rows[0])[0]).clone()
-    for r in range(1, N):
-        total += comp.decode_packet(comp.compress(rows[r])[0])
-    return total / N if average and N > 1 else total
+def blocks_of(numel, block):
+    """(start, stop) of each scale block: `block` values, or the whole range for None."""
+    block = block or max(numel, 1)
+    return [(a, min(a + block, numel)) for a in range(0, numel, block)]
 
 
-def simulate_alltoall(comp, rows, average):
-    """Two-phase, done on one process: per chunk, reduce decoded codes, re-encode, decode."""
-    out = torch.empty(rows.shape[1])
-    for a, b in _chunk_bounds(rows.shape[1], N):
-        reduced = simulate_allgather(comp, rows[:, a:b], average)
-        out[a:b] = comp.decode_packet(comp.compress(reduced)[0])
+def decoded(comp, x, block):
+    """x through the codec, block by block, by the per-tensor interface (compress a block as a
+    tensor of its own): an independent way to the values the bucket path must produce."""
+    out = torch.empty_like(x)
+    for a, b in blocks_of(x.numel(), block):
+        out[a:b] = comp.decode_packet(comp.compress(x[a:b])[0])
     return out
 
 
-def float64_reference(comp, rows, average):
+def simulate_allgather(comp, rows, average, block):
+    """What the allgather route must produce: decode each rank's codes, float32 rank-order sum."""
+    total = decoded(comp, rows[0], block).clone()
+    for r in range(1, N):
+        total += decoded(comp, rows[r], block)
+    return total / N if average and N > 1 else total
+
+
+def simulate_alltoall(comp, rows, average, block):
+    """Two-phase, done on one process: per chunk (cut on block boundaries), reduce decoded
+    codes, re-encode, decode."""
+    out = torch.empty(rows.shape[1])
+    for a, b in _chunk_bounds(rows.shape[1], N, block or 1):
+        reduced = simulate_allgather(comp, rows[:, a:b], average, block)
+        out[a:b] = decoded(comp, reduced, block)
+    return out
+
+
+def float64_reference(comp, rows, average, block):
     """Decoded codes summed in float64: the true sum of what the ranks sent."""
     total = torch.zeros(rows.shape[1], dtype=torch.float64)
     for r in range(N):
-        total += comp.decode_packet(comp.compress(rows[r])[0]).double()
+        total += decoded(comp, rows[r], block).double()
     return total / N if average else total
 
 
@@ -69,27 +86,32 @@ def same_on_all_ranks(t, name):
 
 def check_packet_routes():
     for comp in (hc.Compression.bit8, hc.Compression.bit16):
-        for reduction in ("allgather", "alltoall"):
+        for route in ("allgather", "alltoall"):
             for op, average in ((hvd.Average, True), (hvd.Sum, False)):
-                tensors = rank_tensors(seed=len(reduction) + (2 if average else 0))
-                inputs = gather_inputs(tensors)
-                fused = make_communicator(comp, reduction, op).reduce(tensors, [f"t{i}" for i in range(len(tensors))])
-                unfused = make_communicator(comp, reduction, op, fusion_threshold_bytes=0).reduce(
-                    tensors, [f"u{i}" for i in range(len(tensors))])
-                simulate = simulate_allgather if reduction == "allgather" else simulate_alltoall
-                tag = f"{comp.name}.{reduction}.{'avg' if average else 'sum'}"
-                for i, (t, out, rows) in enumerate(zip(tensors, fused, inputs)):
-                    check(f"{tag}.t{i}.shape_dtype", out.shape == t.shape and out.dtype == t.dtype)
-                    expected = simulate(comp, rows, average).view(t.shape)
-                    check(f"{tag}.t{i}.equals_simulation", torch.equal(out, expected),
-                          f"max diff {(out - expected).abs().max() if out.numel() else 0}")
-                    check(f"{tag}.t{i}.fusion_same_as_unfused", torch.equal(out, unfused[i]))
-                    check(f"{tag}.t{i}.same_on_all_ranks", same_on_all_ranks(out, f"{tag}.same.{i}"))
-                    if reduction == "allgather":
-                        ref = float64_reference(comp, rows, average).view(t.shape)
-                        bound = N * 2.0 ** -23 * float(rows.abs().sum(0).max()) if rows.numel() else 0.0
-                        err = float((out.double() - ref).abs().max()) if out.numel() else 0.0
-                        check(f"{tag}.t{i}.float64_reference", err <= bound, f"err {err} > {bound}")
+                for block, fusion in ((SCALE_BLOCK, None), (SCALE_BLOCK, 0), (None, None), (5, None)):
+                    tensors = rank_tensors(seed=len(route) + (2 if average else 0))
+                    names = [f"t{i}" for i in range(len(tensors))]
+                    inputs = gather_inputs(tensors)
+                    comm = make_communicator(comp, route, op, fusion_threshold_bytes=fusion,
+                                             scale_block=block)
+                    tag = f"{comp.name}.{route}.{'avg' if average else 'sum'}.b{block}.f{fusion}"
+                    out = comm.reduce(tensors, [f"{tag}.{n}" for n in names])
+                    simulate = simulate_allgather if route == "allgather" else simulate_alltoall
+                    for group, _ in comm.plan(names, tensors):
+                        rows = torch.cat([inputs[i] for i in group], dim=1)
+                        expected = simulate(comp, rows, average, block)
+                        got = torch.cat([out[i].reshape(-1) for i in group])
+                        where = f"{tag}.bucket{group[0]}"
+                        check(f"{where}.equals_simulation", torch.equal(got, expected),
+                              f"max diff {(got - expected).abs().max() if got.numel() else 0}")
+                        check(f"{where}.same_on_all_ranks", same_on_all_ranks(got, f"{where}.same"))
+                        if route == "allgather":
+                            ref = float64_reference(comp, rows, average, block)
+                            bound = N * 2.0 ** -23 * float(rows.abs().sum(0).max()) if rows.numel() else 0.0
+                            err = float((got.double() - ref).abs().max()) if got.numel() else 0.0
+                            check(f"{where}.float64_reference", err <= bound, f"err {err} > {bound}")
+                    for i, t in enumerate(tensors):
+                        check(f"{tag}.t{i}.shape_dtype", out[i].shape == t.shape and out[i].dtype == t.dtype)
 
 
 def check_allreduce_routes():
@@ -104,35 +126,94 @@ def check_allreduce_routes():
                 check(f"allreduce.{comp.__name__}.{op}.t{i}.identical_to_hvd_allreduce", torch.equal(outs[i], ref))
 
 
-def train(make_optimizer, steps=5):
+class Model(torch.nn.Module):
+    """Two layers, and a third that only rank 0 uses on odd steps: some parameters have no
+    gradient on some ranks (dynamic graphs), as Horovod's optimizer must handle."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.extra = torch.nn.Linear(20, 16), torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+
+    def forward(self, x, step):
+        h = torch.relu(self.a(x))
+        out = self.b(h)
+        return out + self.extra(h) if RANK == 0 and step % 2 else out
+
+
+def train(make_optimizer, steps=5, passes=1, exchange=None):
+    """Parameters after `steps` steps of `passes` backward passes each; `exchange`, if given,
+    replaces the optimizer's own exchange (called after backward with the model)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = Model()
     opt = make_optimizer(model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(RANK)
-    for _ in range(steps):
-        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 4, (32,), generator=g)
+    for step in range(steps):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for _ in range(passes):
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 4, (32,), generator=g)
+            torch.nn.functional.cross_entropy(model(x, step), y).backward()
+        if exchange:
+            exchange(model)
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def exchange_after_backward(comm):
+    """The exchange without hooks: every gradient, last layer first, through comm.reduce."""
+    def run(model):
+        named = list(model.named_parameters())[::-1]
+        for _, p in named:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = comm.reduce([p.grad for _, p in named], [n for n, _ in named])
+        for (_, p), r in zip(named, grads):
+            p.grad.copy_(r)
+    return run
 
 
 def check_optimizer():
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     for comp, name in ((hc.Compression.none, "none"), (hc.Compression.fp16, "fp16")):
-        ours = train(lambda m: hc.DistributedOptimizer(sgd(m), m.named_parameters(), compression=comp))
-        stock = train(lambda m: hvd.DistributedOptimizer(sgd(m), m.named_parameters(), compression=comp))
-        check(f"optimizer.{name}.identical_to_hvd_DistributedOptimizer", torch.equal(ours, stock),
-              f"max diff {(ours - stock).abs().max()}")
+        for passes in (1, 2):
+            ours = train(lambda m: hc.DistributedOptimizer(sgd(m), m.named_parameters(), compression=comp,
+                                                           backward_passes_per_step=passes), passes=passes)
+            stock = train(lambda m: hvd.DistributedOptimizer(sgd(m), m.named_parameters(), compression=comp,
+                                                             backward_passes_per_step=passes), passes=passes)
+            check(f"optimizer.{name}.passes{passes}.identical_to_hvd_DistributedOptimizer",
+                  torch.equal(ours, stock), f"max diff {(ours - stock).abs().max()}")
     for comp in (hc.Compression.bit8, hc.Compression.bit16):
-        for reduction in ("allgather", "alltoall"):
+        for route in ("allgather", "alltoall"):
             for ef in (False, True):
                 params = train(lambda m: hc.DistributedOptimizer(
-                    sgd(m), m.named_parameters(), compression=comp, reduction=reduction, error_feedback=ef))
-                tag = f"optimizer.{comp.name}.{reduction}.ef{int(ef)}"
+                    sgd(m), m.named_parameters(), compression=comp, route=route, error_feedback=ef))
+                tag = f"optimizer.{comp.name}.{route}.ef{int(ef)}"
                 check(f"{tag}.finite", bool(torch.isfinite(params).all()))
                 check(f"{tag}.same_on_all_ranks", same_on_all_ranks(params, tag))
+            # Overlap changes nothing: hooks during backward == one exchange after backward,
+            # with several buckets (a 600-byte threshold splits this model into 3).
+            for fusion in (600, None):
+                hooked = train(lambda m: hc.DistributedOptimizer(
+                    sgd(m), m.named_parameters(), compression=comp, route=route,
+                    fusion_threshold_bytes=fusion))
+                comm = make_communicator(comp, route, fusion_threshold_bytes=fusion)
+                plain = train(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                              exchange=exchange_after_backward(comm))
+                check(f"optimizer.{comp.name}.{route}.f{fusion}.hooks_equal_exchange_after_backward",
+                      torch.equal(hooked, plain), f"max diff {(hooked - plain).abs().max()}")
+    # An explicit synchronize() (to clip gradients), then step() under skip_synchronize().
+    def clipped(m):
+        opt = hc.DistributedOptimizer(sgd(m), m.named_parameters(), compression=hc.Compression.bit8)
+        step = opt.step
+
+        def step_after_clipping(closure=None):
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            with opt.skip_synchronize():
+                return step(closure)
+        opt.step = step_after_clipping
+        return opt
+    params = train(clipped)
+    check("optimizer.skip_synchronize.same_on_all_ranks", same_on_all_ranks(params, "clip"))
 
 
 check_allreduce_routes()

@@ -30,7 +30,7 @@ def name_of(comp, reduction):
 def exchange(params, comp, reduction, lr=0.0):
     opt = hc.DistributedOptimizer(torch.optim.SGD(params.values(), lr=lr),
                                   named_parameters=list(params.items()),
-                                  compression=comp, reduction=reduction)
+                                  compression=comp, route=reduction)
     opt.synchronize()
     return {k: (None if p.grad is None else p.grad.clone()) for k, p in params.items()}
 
