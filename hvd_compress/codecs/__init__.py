@@ -12,13 +12,13 @@ The torch modules are imported lazily so the NumPy codecs work without importing
 import importlib
 
 from . import fp8_numpy, fp16_numpy, scaling
-from .formats import E4M3, E5M2, Float8Format
+from .formats import E4M3, E5M2, FP16, SCALE_BLOCK, Float8Format, FloatFormat
 
-__all__ = ["E4M3", "E5M2", "Float8Format",
+__all__ = ["E4M3", "E5M2", "FP16", "SCALE_BLOCK", "FloatFormat", "Float8Format", "blocks",
            "fp8_numpy", "fp8_torch", "fp16_numpy", "fp16_torch", "scaling"]
 
 
 def __getattr__(name):
-    if name in ("fp8_torch", "fp16_torch"):
+    if name in ("fp8_torch", "fp16_torch", "blocks"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

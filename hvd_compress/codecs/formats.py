@@ -1,6 +1,7 @@
-"""The two OCP 8-bit float formats, described by their numbers only.
+"""The number formats of the codecs, described by their numbers only: the two OCP 8-bit
+floats and IEEE float16.
 
-A `Float8Format` says how the 8 bits are split (1 sign, `exp_bits`, `man_bits`), the exponent
+A `FloatFormat` says how its 8 or 16 bits are split (1 sign, `exp_bits`, `man_bits`), the exponent
 bias, and whether the all-ones exponent means Inf/NaN (IEEE style, E5M2) or is an ordinary
 binade with a single NaN pattern S.1111.111 (the "fn" = finite-only style, E4M3).  The codecs
 derive every constant they need (shifts, thresholds, special codes) from these fields, so the
@@ -15,14 +16,15 @@ This module also holds the few array-plumbing helpers every NumPy/torch codec mo
 """
 from dataclasses import dataclass
 
-__all__ = ["Float8Format", "E4M3", "E5M2", "BLOCK", "TORCH_BLOCK", "block_ranges"]
+__all__ = ["FloatFormat", "Float8Format", "E4M3", "E5M2", "FP16", "BLOCK", "TORCH_BLOCK",
+           "SCALE_BLOCK", "block_ranges"]
 
 
 @dataclass(frozen=True)
-class Float8Format:
-    """One 8-bit float format.  Frozen, so it can be a dict key or an lru_cache argument."""
+class FloatFormat:
+    """One float format.  Frozen, so it can be a dict key or an lru_cache argument."""
 
-    name: str               # "e4m3fn" or "e5m2"
+    name: str               # "e4m3fn", "e5m2" or "float16"
     exp_bits: int
     man_bits: int
     bias: int
@@ -31,11 +33,23 @@ class Float8Format:
     min_subnormal: float
     torch_dtype_name: str   # also the ml_dtypes name
 
-    # ---- derived codes (magnitudes, i.e. without the sign bit 0x80) -------------------------
+    # ---- derived codes (magnitudes, i.e. without the sign bit) -----------------------------
+    @property
+    def bits(self) -> int:
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def code_bytes(self) -> int:
+        return self.bits // 8
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.bits - 1)
+
     @property
     def nan_code(self) -> int:
-        """The NaN magnitude torch produces when encoding: all exponent and mantissa bits set."""
-        return 0x7F
+        """The NaN magnitude with all exponent and mantissa bits set (torch's 8-bit NaN)."""
+        return self.sign_bit - 1
 
     @property
     def inf_code(self):
@@ -53,11 +67,13 @@ class Float8Format:
 
     def is_nan_code(self, code: int) -> bool:
         """True when the 8-bit `code` (any sign) decodes to NaN."""
-        mag = code & 0x7F
+        mag = code & (self.sign_bit - 1)
         if self.has_inf:
             return mag > self.inf_code
         return mag == self.nan_code
 
+
+Float8Format = FloatFormat     # the name the 8-bit codecs and their tests use
 
 E4M3 = Float8Format(
     name="e4m3fn", exp_bits=4, man_bits=3, bias=7, has_inf=False,
@@ -67,6 +83,16 @@ E5M2 = Float8Format(
     name="e5m2", exp_bits=5, man_bits=2, bias=15, has_inf=True,
     max_finite=57344.0, min_subnormal=2.0 ** -16, torch_dtype_name="float8_e5m2",
 )
+FP16 = FloatFormat(
+    name="float16", exp_bits=5, man_bits=10, bias=15, has_inf=True,
+    max_finite=65504.0, min_subnormal=2.0 ** -24, torch_dtype_name="float16",
+)
+
+# Values per power-of-two scale in a bucket (codecs/blocks.py). The OCP MX formats share one
+# scale per 32 values; 256 keeps the scales at 4/256 = 1.6% of an 8-bit bucket, and a block is
+# still small enough that one large gradient does not push its neighbours' values out of range
+# (docs/codecs.md gives the error bound).
+SCALE_BLOCK = 256
 
 # ---- shared plumbing ---------------------------------------------------------------------
 # Codecs work block by block so their temporaries (a few blocks' worth) stay in cache and are
