@@ -5,7 +5,7 @@ setup(
     name="hvd_compress",
     version="0.1.0",
     description="Bit-exact float8/float16 gradient compression for Horovod with PyTorch",
-    packages=find_packages(include=["hvd_compress", "hvd_compress.*"]),
+    packages=find_packages(include=["hvd_compress", "hvd_compress.*", "labs", "labs.*"]),
     python_requires=">=3.9",
     install_requires=["numpy", "torch"],
     # Horovod is deliberately not listed: it must be built against the installed torch

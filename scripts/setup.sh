@@ -100,7 +100,14 @@ if [ "$installed_at" != "$(realpath "$ROOT")" ]; then
   (cd / && "$PY" -c 'import hvd_compress') || die "hvd_compress does not import after pip install -e"
 fi
 
-# 5. Check: the build must carry PyTorch, MPI and Gloo.
+# 5. The codec's C++ kernel (hvd_compress/codecs/native): built here, once, into the checkout;
+#    never at first import, where several ranks would race the compiler. About 10 s.
+if ! (cd / && "$PY" -c 'import sys; from hvd_compress.codecs import native; sys.exit(native.module() is None)') 2>/dev/null; then
+  log "building the native codec kernel"
+  "$PY" -m hvd_compress.codecs.native || die "the native codec kernel did not build"
+fi
+
+# 6. Check: the build must carry PyTorch, MPI and Gloo.
 check=$("$VENV/bin/horovodrun" --check-build)
 for want in PyTorch MPI Gloo; do
   grep -qE "\[X\] $want" <<< "$check" || { echo "$check" >&2; die "Horovod lacks $want"; }

@@ -1,0 +1,1 @@
+"""The course lab: the trainer (mnist.py), the lab kit and the network emulator."""
