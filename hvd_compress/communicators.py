@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .codecs import SCALE_BLOCK
+from .codecs import SCALE_BLOCK, blocks
 from .compressors import Compression, compressor_name
 from .fusion import Bucket
 from .registry import SCHEMES, Route, resolve_route
@@ -182,22 +182,36 @@ class _PacketBase(_Base):
     def _block(self, numel):
         return self.scale_block or max(numel, 1)
 
+    def _layout(self, bucket, pieces):
+        """The bucket's message, made once: one segment per piece (a, b) of the buffer, and each
+        segment's (a, b, block, codes view, scales view)."""
+        comp = self.compression
+
+        def make():
+            sizes = [comp.message_bytes(b - a, self._block(b - a)) for a, b in pieces]
+            message = torch.zeros(sum(sizes), dtype=torch.uint8, device=bucket.device)
+            segments, offset = [], 0
+            for (a, b), size in zip(pieces, sizes):
+                block = self._block(b - a)
+                codes, scales = comp.message_views(message[offset:offset + size], b - a, block)
+                segments.append((a, b, block, codes, scales))
+                offset += size
+            return message, sizes, segments
+        return bucket.cached(("layout", self.route, tuple(pieces)), make)
+
     def _encode(self, bucket, pieces, memory):
         """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
         with error feedback, compensate first and remember what the codes dropped."""
-        comp, x = self.compression, bucket.buffer
-        sizes = [comp.message_bytes(b - a, self._block(b - a)) for a, b in pieces]
-        message = bucket.scratch("message", sum(sizes), torch.uint8, zero=True)
+        fmt, x = self.compression.fmt, bucket.buffer
+        message, sizes, segments = self._layout(bucket, pieces)
         if memory is not None:
             memory.compensate(bucket.name, x, inplace=True)
             kept = bucket.scratch("kept", bucket.numel, torch.float32)
-        offset = 0
-        for (a, b), size in zip(pieces, sizes):
-            segment = message[offset:offset + size]
-            comp.encode_message(x[a:b], segment, self._block(b - a))
-            if memory is not None:
-                comp.decode_message(segment, b - a, kept[a:b], self._block(b - a))
-            offset += size
+        for a, b, block, codes, scales in segments:
+            if b > a:
+                blocks.encode(x[a:b], fmt, codes, scales, block)
+                if memory is not None:
+                    blocks.decode(codes, scales, fmt, kept[a:b], block)
         if memory is not None:
             memory.remember(bucket.name, x, kept)
         return message, sizes
@@ -247,10 +261,10 @@ class AlltoallCommunicator(_PacketBase):
         return _chunk_bounds(bucket.numel, hvd.size(), self.scale_block or 1)
 
     def start(self, bucket, memory=None):
-        chunks = self._chunks(bucket)
+        chunks = bucket.cached(("chunks", hvd.size()), lambda: self._chunks(bucket))
         with self.stats.timing("compress_s"):
             message, sizes = self._encode(bucket, chunks, memory)
-        splits = torch.tensor(sizes, dtype=torch.int32)
+        splits = bucket.cached(("splits", tuple(sizes)), lambda: torch.tensor(sizes, dtype=torch.int32))
         handle = hvd.alltoall_async(message, splits=splits, name=self._tag(bucket.name))
         self.stats.values["bytes_sent"] += message.numel() - sizes[hvd.rank()]
         return Exchange(bucket, handle, (chunks, sizes))

@@ -157,6 +157,12 @@ class _BlockScaledCompressor(PacketCompressor):
         return blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block or max(numel, 1))
 
     @classmethod
+    def message_views(cls, message, numel, block=SCALE_BLOCK):
+        """(codes, scales) of a message (or of each row of a 2-D batch of messages), as views:
+        the layout, for callers that keep them from step to step."""
+        return cls._split(message, numel, block)
+
+    @classmethod
     def _split(cls, message, numel, block):
         nb = blocks.num_blocks(numel, block or max(numel, 1))
         scales = message[..., :4 * nb].view(torch.float32)

@@ -59,6 +59,8 @@ class Bucket:
         self.buffer = torch.empty(self.numel, dtype=torch.float32, device=self.device) if flat else None
         self.tensor = None            # allreduce route: the one member, bound each step
         self._scratch = {}
+        self._slices = ([] if self.buffer is None else
+                        [self.buffer[o:o + k] for o, k in zip(self.offsets, self.numels)])
 
     def __len__(self):
         return len(self.names)
@@ -69,7 +71,13 @@ class Bucket:
         if self.buffer is None:
             self.tensor = tensor
         else:
-            self.buffer[self.offsets[i]:self.offsets[i] + self.numels[i]].copy_(tensor.reshape(-1))
+            self._slices[i].copy_(tensor.reshape(-1))
+
+    def cached(self, key, make):
+        """make(), computed once per bucket and key: layouts and views reused every step."""
+        if key not in self._scratch:
+            self._scratch[key] = make()
+        return self._scratch[key]
 
     def scratch(self, key, numel, dtype, zero=False):
         """A buffer kept with the bucket and reused every step (fresh large tensors cost page
@@ -82,7 +90,7 @@ class Bucket:
 
     def view(self, i):
         """Member i's slice of the buffer, in its shape (float32)."""
-        return self.buffer[self.offsets[i]:self.offsets[i] + self.numels[i]].view(self.shapes[i])
+        return self._slices[i].view(self.shapes[i])
 
     def result(self, i):
         """Member i after reduction, in its own shape and dtype."""

@@ -102,8 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _put(self, p, grad):
         b, j = self._slot[p]
-        with self._communicator.stats.timing("compress_s"):
-            self._buckets[b].put(j, grad)
+        start = time.perf_counter()
+        self._buckets[b].put(j, grad)
+        self._communicator.stats.values["compress_s"] += time.perf_counter() - start
         self._arrived.add(p)
         self._missing[b] -= 1
         if self._missing[b] == 0:
