@@ -8,12 +8,21 @@ Bit8 compressor would use.  Every operation writes into a preallocated buffer (`
 GB/s counts float32 bytes (4 * N) per second; `ratio` is time / time of torch's own cast in
 the same direction (encode, decode or round trip) for the same format.
 
+The bucket codecs (issue 12): bit8 (E4M3) and bit16 (float16) with one power-of-two scale per
+tensor (the per-tensor torch codecs), and with one scale per codecs.SCALE_BLOCK values
+(codecs/blocks.py) on its torch path and its native C++ kernel, each as encode, decode,
+encode+decode and decode_accumulate of n = 2 and 4 ranks' codes; every row also carries
+`ratio_to_memcpy` = its time / memcpy's (`copy_` of the same float32 buffer) in the same run.
+Targets: bit8 encode+decode <= 2x memcpy, bit16 <= 1.5x (the `issue 12` lines, measured
+interleaved with memcpy run by run, best-of and median of per-run ratios).
+
 The last line is the headline: our torch float8 encode+decode time / torch's cast round trip,
 measured again with the two interleaved run by run (best-of ratio, and the median of the
 per-run ratios, which a load spike on a shared machine hardly moves).  Target: <= 1.0.
-Results also go to --out as CSV.
+Results also go to --out as CSV; --csv prints that CSV on stdout instead of the table.
 
     python scripts/bench_codec.py                    # 2**24 values, 7 reps, E4M3
+    python scripts/bench_codec.py --csv > codec.csv  # the same, as CSV (progress on stderr)
     python scripts/bench_codec.py --threads 1 --block-sizes 16384 65536 262144
 """
 import argparse
@@ -25,10 +34,8 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hvd_compress.codecs import (E4M3, E5M2, fp8_numpy, fp8_torch, fp16_numpy,  # noqa: E402
-                                 fp16_torch, scaling)
-from hvd_compress.codecs import formats  # noqa: E402
+from hvd_compress.codecs import (E4M3, E5M2, FP16, SCALE_BLOCK, blocks, formats, fp8_numpy, fp8_torch,
+                                 fp16_numpy, fp16_torch, scaling)
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 
@@ -77,8 +84,12 @@ def main(argv=None):
     p.add_argument("--block-sizes", type=int, nargs="*", default=[],
                    help="also time our torch float8 codec with these block sizes")
     p.add_argument("--no-fp16", action="store_true", help="skip the float16 rows")
+    p.add_argument("--no-buckets", action="store_true", help="skip the bucket codecs (issue 12)")
+    p.add_argument("--csv", action="store_true", help="print the CSV on stdout (progress on stderr)")
     p.add_argument("--out", default="runs/bench/codec.csv")
     args = p.parse_args(argv)
+    if args.csv:                                           # the table goes to stderr
+        real_stdout, sys.stdout = sys.stdout, sys.stderr
     if args.threads:
         torch.set_num_threads(args.threads)
     fmt = FORMATS[args.format]
@@ -91,7 +102,9 @@ def main(argv=None):
     xn = x.numpy()
     print(f"n={n} ({4 * n / 2**20:.0f} MiB float32), format={fmt.name}, scale=2**{int(np.log2(s))}, "
           f"torch threads={torch.get_num_threads()}, reps={reps}, "
-          f"blocks: numpy {formats.BLOCK}, torch {formats.TORCH_BLOCK}", flush=True)
+          f"blocks: numpy {formats.BLOCK}, torch {formats.TORCH_BLOCK}, "
+          f"native kernel {'built' if blocks.native_available() else 'ABSENT'}, "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
 
     # preallocated buffers
     f32 = torch.empty(n)
@@ -177,6 +190,9 @@ def main(argv=None):
         run("encode (bits)", "ours-numpy", lambda: fp16_numpy.encode(xn, out=u16n), "fp16-encode")
         run("decode (table)", "ours-numpy", lambda: fp16_numpy.decode(h16n, out=f32n), "fp16-decode")
 
+    if not args.no_buckets:
+        bucket_rows(g, reps, run, rows)
+
     # ratios to torch's own cast in the same direction (best-of times)
     torch_best = {r["direction"]: r["best_ms"] for r in rows if r["impl"] == "torch" and "fresh" not in r["op"]}
     print("\nratio to torch's cast (best-of; < 1 = faster than torch)")
@@ -196,15 +212,89 @@ def main(argv=None):
                      threads=torch.get_num_threads(), best_ms=min(t_ours) * 1e3,
                      median_ms=sorted(t_ours)[len(t_ours) // 2] * 1e3, gbps_best=4 * n / min(t_ours) / 1e9,
                      ratio_to_torch_cast=best, paired_median_ratio=paired))
+    memcpy = next(r["best_ms"] for r in rows if r["op"] == "copy_ into buffer")
+    print("\nbucket codecs, ratio to memcpy (best-of; targets: bit8 encode+decode <= 2, bit16 <= 1.5)")
+    for r in rows:
+        r.setdefault("ratio_to_memcpy", r["best_ms"] / memcpy)
+        if r["direction"].startswith("bit") and not r["op"].startswith("issue"):
+            print(f"  {r['impl']:16s} {r['op']:32s} {r['best_ms']:8.2f} ms  {r['ratio_to_memcpy']:6.2f}")
+    fields = list(dict.fromkeys(k for r in rows for k in r))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[-1].keys()), restval="")
+        w = csv.DictWriter(fh, fieldnames=fields, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    if args.csv:
+        w = csv.DictWriter(real_stdout, fieldnames=fields, restval="")
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {args.out}")
     print(f"headline: ours torch {fmt.name} encode+decode / torch cast round trip = "
           f"{min(t_ours) * 1e3:.1f} ms / {min(t_torch) * 1e3:.1f} ms = {best:.2f} (best-of), "
           f"median of interleaved per-run ratios {paired:.2f}  (target <= 1)")
+
+
+def bucket_rows(g, reps, run, rows):
+    """The bucket codecs: per-tensor scale (torch codecs), block scale (torch path, native)."""
+    n = g.numel()
+    f32, src = torch.empty(n), g.clone()
+    nb = blocks.num_blocks(n)
+    print(f"bucket codecs, one scale per {SCALE_BLOCK} values (native kernel: "
+          f"{'built' if blocks.native_available() else 'ABSENT'})", flush=True)
+    for fmt, name in ((E4M3, "bit8"), (FP16, "bit16")):
+        codes = torch.empty(4, n, dtype=blocks.code_dtype(fmt))
+        scales = torch.empty(4, nb)
+        s = scaling.pow2_scale(float(g.abs().max()), fmt.max_finite)
+        table = fp8_torch.decode_table(E4M3, g.device) / s if fmt is E4M3 else None
+
+        def tensor_encode():
+            if fmt is FP16:
+                fp16_torch.encode(src, out=codes[0], scale=s)
+            else:
+                fp8_torch.encode(src, fmt, out=codes[0], scale=s)
+
+        def tensor_decode():
+            if fmt is FP16:
+                fp16_torch.decode(codes[0], out=f32).mul_(1.0 / s)
+            else:
+                fp8_torch.decode(codes[0], fmt, out=f32, table=table)
+
+        impls = {
+            "per-tensor-torch": (tensor_encode, tensor_decode, None),
+            "block-torch": (lambda: blocks.encode_reference(src, fmt, codes[0], scales[0]),
+                            lambda: blocks.decode_accumulate_reference(codes[:1], scales[:1], fmt, f32),
+                            lambda k: blocks.decode_accumulate_reference(codes[:k], scales[:k], fmt, f32)),
+        }
+        if blocks.native_available():
+            impls["block-native"] = (lambda: blocks.encode(src, fmt, codes[0], scales[0]),
+                                     lambda: blocks.decode(codes[0], scales[0], fmt, f32),
+                                     lambda k: blocks.decode_accumulate(codes[:k], scales[:k], fmt, f32))
+        for impl, (enc, dec, acc) in impls.items():
+            enc()
+            codes[1:] = codes[0]
+            scales[1:] = scales[0]
+            run(f"{name} encode", impl, enc, f"{name}-encode", block=SCALE_BLOCK if acc else n)
+            run(f"{name} decode", impl, dec, f"{name}-decode", block=SCALE_BLOCK if acc else n)
+            run(f"{name} encode+decode", impl, lambda: (enc(), dec()), f"{name}-roundtrip",
+                block=SCALE_BLOCK if acc else n)
+            for k in (2, 4) if acc else ():
+                run(f"{name} decode_accumulate n={k}", impl, lambda: acc(k), f"{name}-accumulate")
+        # the issue-12 target, interleaved with memcpy run by run
+        best_impl = "block-native" if "block-native" in impls else "block-torch"
+        enc, dec, _ = impls[best_impl]
+        t_copy, t_ours = time_pair(lambda: f32.copy_(g), lambda: (enc(), dec()), max(reps, 9))
+        ratios = sorted(o / c for o, c in zip(t_ours, t_copy))
+        best = min(t_ours) / min(t_copy)
+        target = 2.0 if fmt is E4M3 else 1.5
+        rows.append(dict(op=f"issue 12: {name} encode+decode / memcpy (interleaved)", impl=best_impl,
+                         direction=f"{name}-roundtrip", n=n, block=SCALE_BLOCK,
+                         threads=torch.get_num_threads(), best_ms=min(t_ours) * 1e3,
+                         median_ms=sorted(t_ours)[len(t_ours) // 2] * 1e3,
+                         gbps_best=4 * n / min(t_ours) / 1e9, ratio_to_memcpy=best,
+                         paired_median_ratio=ratios[len(ratios) // 2]))
+        print(f"issue 12: {name} {best_impl} encode+decode / memcpy = {min(t_ours) * 1e3:.1f} ms / "
+              f"{min(t_copy) * 1e3:.1f} ms = {best:.2f} (best-of), median of interleaved per-run "
+              f"ratios {ratios[len(ratios) // 2]:.2f}  (target <= {target})", flush=True)
 
 
 if __name__ == "__main__":

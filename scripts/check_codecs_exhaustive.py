@@ -8,9 +8,12 @@ For each chunk (default 2**24 consecutive bit patterns) and each mode:
                          NaN inputs, which must give NaN codes (ml_dtypes writes 0x7E, torch 0x7F)
   e5m2   saturate=True   vs torch's cast of x with finite values clamped to +-57344
   float16                vs NumPy `x.astype(np.float16)`
-each through every path: NumPy (`fp8_numpy.encode`), torch fast (`fp8_torch.encode`) and torch
-reference (`fp8_torch.encode_bits`); same for fp16.  Decoders are checked on all 256 / 65536
-codes first.  Prints a progress line per chunk; on any mismatch prints the first ones and
+each through every path: NumPy (`fp8_numpy.encode`), torch fast (`fp8_torch.encode`), torch
+reference (`fp8_torch.encode_bits`) and the native C++ kernel of the block codec (codecs/native,
+`encode_values`: E4M3 saturating and float16 only, the formats codecs/blocks.py uses); same for
+fp16.  Decoders are checked on all 256 / 65536 codes first (native: through its
+decode_accumulate with one rank and scale 1).  The native path needs the kernel built
+(scripts/setup.sh); asked for without it, the check fails.  Prints a progress line per chunk; on any mismatch prints the first ones and
 exits 1.  A summary goes to --out as JSON.
 
     nice python scripts/check_codecs_exhaustive.py            # all 256 chunks (minutes)
@@ -28,14 +31,27 @@ import ml_dtypes
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hvd_compress.codecs import E4M3, E5M2, fp8_numpy, fp8_torch, fp16_numpy, fp16_torch  # noqa: E402
+from hvd_compress.codecs import E4M3, E5M2, FP16, fp8_numpy, fp8_torch, fp16_numpy, fp16_torch, native
 
 # --quick: the chunks (top 8 bits = sign + 7 exponent bits) where the formats' boundaries are:
 # zeros and float32 subnormals, E4M3/E5M2 subnormals (0x3B, 0x37), the E4M3 overflow at 448..480
 # (0x43), E5M2 and float16 overflow at 57344..65536 (0x47), Inf and NaN (0x7F), and negatives.
 QUICK_CHUNKS = [0x00, 0x37, 0x3B, 0x3F, 0x43, 0x47, 0x7F, 0x80, 0xC3, 0xFF]
 MODES = [(E4M3, True), (E4M3, False), (E5M2, True), (E5M2, False)]
+PATHS = ["numpy", "torch", "torch-bits", "native"]
+
+
+def native_encode(x_t, fmt, out):
+    """The C++ kernel's plain encoder (no scale) into `out` (uint8 / int16)."""
+    native.module().encode_values(x_t, out, fmt.name)
+    return out
+
+
+def native_decode(codes_t, fmt):
+    """The C++ kernel's decoder: decode_accumulate of one rank, one block, scale 1."""
+    out = torch.empty(codes_t.numel(), dtype=torch.float32)
+    native.module().decode_accumulate(codes_t.view(1, -1), torch.ones(1, 1), out, fmt.name, max(1, codes_t.numel()))
+    return out
 
 
 def reference_fp8(x_np, x_t, fmt, saturate):
@@ -72,19 +88,25 @@ class Checker:
         return sum(self.mismatches.values())
 
 
-def check_decoders(chk: Checker):
+def check_decoders(chk: Checker, paths):
     codes = np.arange(256, dtype=np.uint8)
     for fmt in (E4M3, E5M2):
         ref = torch.from_numpy(codes).view(fp8_torch.torch_dtype(fmt)).float().numpy().view(np.uint32)
         chk.compare(f"decode {fmt.name} numpy", fp8_numpy.decode(codes, fmt).view(np.uint32), ref, codes)
         chk.compare(f"decode {fmt.name} torch",
                     fp8_torch.decode(torch.from_numpy(codes), fmt).numpy().view(np.uint32), ref, codes)
+        if "native" in paths and fmt is E4M3:
+            chk.compare(f"decode {fmt.name} native",
+                        native_decode(torch.from_numpy(codes), fmt).numpy().view(np.uint32), ref, codes)
     codes16 = np.arange(1 << 16, dtype=np.uint16)
     ref = codes16.view(np.float16).astype(np.float32).view(np.uint32)
     chk.compare("decode fp16 numpy", fp16_numpy.decode(codes16).view(np.uint32), ref, codes16)
     t16 = torch.from_numpy(codes16.view(np.int16))
     chk.compare("decode fp16 torch", fp16_torch.decode(t16).numpy().view(np.uint32), ref, codes16)
     chk.compare("decode fp16 torch-lookup", fp16_torch.decode_lookup(t16).numpy().view(np.uint32), ref, codes16)
+    if "native" in paths:     # the block decoder multiplies by 1/|scale|, which quiets NaNs
+        quiet = (torch.from_numpy(ref.view(np.float32)) * 1.0).numpy().view(np.uint32)
+        chk.compare("decode fp16 native (x 1.0)", native_decode(t16, FP16).numpy().view(np.uint32), quiet, codes16)
 
 
 def check_chunk(start, size, paths, do_fp16, chk: Checker, bufs):
@@ -101,6 +123,8 @@ def check_chunk(start, size, paths, do_fp16, chk: Checker, bufs):
             chk.compare(f"{mode} torch", fp8_torch.encode(xt, fmt, sat, out=u8t).numpy(), ref, bits)
         if "torch-bits" in paths:
             chk.compare(f"{mode} torch-bits", fp8_torch.encode_bits(xt, fmt, sat, out=u8t).numpy(), ref, bits)
+        if "native" in paths and fmt is E4M3 and sat:
+            chk.compare(f"{mode} native", native_encode(xt, fmt, u8t).numpy(), ref, bits)
         if fmt is E5M2 and not sat:                       # the ml_dtypes claim for E5M2
             ml = x.astype(ml_dtypes.float8_e5m2).view(np.uint8)
             nan = np.isnan(x)
@@ -116,6 +140,8 @@ def check_chunk(start, size, paths, do_fp16, chk: Checker, bufs):
         if "torch-bits" in paths:
             chk.compare("fp16 torch-bits", fp16_torch.encode_bits(xt, out=i16t).numpy().view(np.uint16),
                         ref16, bits)
+        if "native" in paths:
+            chk.compare("fp16 native", native_encode(xt, FP16, i16t).numpy().view(np.uint16), ref16, bits)
 
 
 def main(argv=None):
@@ -123,8 +149,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help=f"only chunks {[hex(c) for c in QUICK_CHUNKS]}")
     p.add_argument("--chunks", type=lambda s: int(s, 0), nargs="*", help="chunk indices to check")
     p.add_argument("--chunk-bits", type=int, default=24, help="log2 of the chunk size (default 24)")
-    p.add_argument("--paths", nargs="*", default=["numpy", "torch", "torch-bits"],
-                   choices=["numpy", "torch", "torch-bits"])
+    p.add_argument("--paths", nargs="*", default=PATHS, choices=PATHS)
     p.add_argument("--no-fp16", action="store_true")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: a correctness run, and many short "
@@ -132,6 +157,11 @@ def main(argv=None):
     p.add_argument("--out", default="runs/codecs/exhaustive.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if "native" in args.paths and native.module() is None:
+        print("FAILED: the native kernel is not built (scripts/setup.sh builds it; "
+              "python -m hvd_compress.codecs.native) or HVD_COMPRESS_NATIVE=0; "
+              "leave 'native' out of --paths to check the rest")
+        return 1
     warnings.simplefilter("ignore", RuntimeWarning)       # NumPy/ml_dtypes overflow warnings
 
     size = 1 << args.chunk_bits
@@ -151,7 +181,7 @@ def main(argv=None):
           f"threads {torch.get_num_threads()}; {len(chunks)} chunk(s) of 2**{args.chunk_bits}, "
           f"paths {args.paths}, fp16 {not args.no_fp16}", flush=True)
     chk = Checker()
-    check_decoders(chk)
+    check_decoders(chk, args.paths)
     print(f"decoders (all 256 / 65536 codes): {chk.total} mismatches", flush=True)
     bufs = (np.empty(size, np.uint8), torch.empty(size, dtype=torch.uint8),
             np.empty(size, np.uint16), torch.empty(size, dtype=torch.int16))

@@ -100,9 +100,10 @@ if [ "$installed_at" != "$(realpath "$ROOT")" ]; then
   (cd / && "$PY" -c 'import hvd_compress') || die "hvd_compress does not import after pip install -e"
 fi
 
-# 5. The codec's C++ kernel (hvd_compress/codecs/native): built here, once, into the checkout;
-#    never at first import, where several ranks would race the compiler. About 10 s.
-if ! (cd / && "$PY" -c 'import sys; from hvd_compress.codecs import native; sys.exit(native.module() is None)') 2>/dev/null; then
+# 5. The codec's C++ kernel (hvd_compress/codecs/native): built here, once, into the checkout
+#    (hvd_compress/codecs/native/build, git-ignored), again only when its sources, flags or
+#    torch change; never at first import, where several ranks would race the compiler. ~10 s.
+if ! (cd / && "$PY" -c 'import sys; from hvd_compress.codecs import native; sys.exit(native.built() is None)') 2>/dev/null; then
   log "building the native codec kernel"
   "$PY" -m hvd_compress.codecs.native || die "the native codec kernel did not build"
 fi

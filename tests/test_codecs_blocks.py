@@ -151,3 +151,104 @@ def test_kernel_follows_torch_thread_setting():
         assert same_bits(encoded(x, E4M3, SCALE_BLOCK)[0], encoded(x, E4M3, SCALE_BLOCK, blocks.encode_reference)[0])
     finally:
         torch.set_num_threads(before)
+
+
+def random_bits(n, seed):
+    """n float32 values from uniformly random bit patterns: every exponent, subnormals, Inf,
+    NaNs with every payload."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-2 ** 31, 2 ** 31, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("block", [1, 7, SCALE_BLOCK, 10_007])
+def test_native_equals_the_torch_path_on_random_bit_patterns(fmt, block):
+    x = random_bits(10_007, seed=block)
+    n_codes, n_scales = encoded(x, fmt, block, blocks.encode)
+    r_codes, r_scales = encoded(x, fmt, block, blocks.encode_reference)
+    assert same_bits(n_codes, r_codes) and same_bits(n_scales, r_scales)
+    fast = blocks.decode(n_codes, n_scales, fmt, torch.empty_like(x), block)
+    ref = blocks.decode_accumulate_reference(n_codes.view(1, -1), n_scales.view(1, -1), fmt,
+                                             torch.empty_like(x), block)
+    assert same_bits(fast, ref)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_native_plain_encoder_is_the_per_tensor_codec(fmt):
+    """encode_values (no scale; what scripts/check_codecs_exhaustive.py runs on all 2**32
+    inputs) against the per-tensor torch codecs."""
+    x = random_bits(1 << 16, seed=5)
+    codes = torch.empty(x.numel(), dtype=blocks.code_dtype(fmt))
+    native.module().encode_values(x, codes, fmt.name)
+    ref = fp16_torch.encode(x) if fmt is FP16 else fp8_torch.encode(x, fmt, saturate=True)
+    assert same_bits(codes, ref)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
+def test_empty_and_one_block_per_tensor(fmt, native_on, monkeypatch):
+    """numel 0 (no blocks) and block >= numel (the per-tensor packets: one scale)."""
+    if not native_on:
+        monkeypatch.setattr(blocks, "_use_native", lambda t, f: False)
+    empty = torch.empty(0)
+    codes, scales = encoded(empty, fmt, SCALE_BLOCK)
+    assert codes.numel() == 0 and scales.numel() == 0 and blocks.num_blocks(0) == 0
+    assert blocks.decode(codes, scales, fmt, torch.empty(0)).numel() == 0
+    assert blocks.decode_accumulate(codes.view(2, 0), scales.view(2, 0), fmt, torch.empty(0)).numel() == 0
+    x = mixed(1000, seed=11, specials=False)
+    for block in (1000, 4096):
+        codes, scales = encoded(x, fmt, block)
+        s = pow2_scale(float(x.abs().max()), fmt.max_finite)
+        assert scales.tolist() == [s]
+        ref = fp16_torch.encode(x, scale=s) if fmt is FP16 else fp8_torch.encode(x, fmt, scale=s)
+        assert torch.equal(codes, ref)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
+def test_decode_accumulate_sums_in_rank_order(fmt, native_on, monkeypatch):
+    """((d0 + d1) + d2) + d3 in float32: rounding makes the order visible, so every rank must
+    use this one."""
+    if not native_on:
+        monkeypatch.setattr(blocks, "_use_native", lambda t, f: False)
+    numel = 2048
+    g = torch.Generator().manual_seed(1)
+    big, small = torch.randn(numel, generator=g) * 2.0 ** 30, torch.randn(numel, generator=g)
+    rows = [big, small, -big, small * 3]
+    enc = [encoded(r, fmt, SCALE_BLOCK) for r in rows]
+    codes = torch.stack([c for c, _ in enc])
+    scales = torch.stack([s for _, s in enc])
+    dec = [blocks.decode(c, s, fmt, torch.empty(numel)) for c, s in enc]
+    expected = ((dec[0] + dec[1]) + dec[2]) + dec[3]
+    got = blocks.decode_accumulate(codes, scales, fmt, torch.empty(numel))
+    assert same_bits(got, expected)
+    other_order = ((dec[0] + dec[2]) + dec[1]) + dec[3]
+    assert not torch.equal(expected, other_order)      # the order matters on this data
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_block_scaling_is_no_worse_than_per_tensor_scaling(fmt):
+    """Gradient-like data (layers whose magnitudes differ by decades, one bucket): the error of
+    one scale per block is at most that of one scale for the whole bucket, value by value (a
+    block's scale is never smaller, and a power of two leaves the normal range's relative
+    rounding as it is), and the smallest layer, which one scale flushes to subnormals or zero,
+    keeps its relative 2**-(man_bits+1) bound (docs/codecs.md)."""
+    g = torch.Generator().manual_seed(4)
+    tiny_scale = 1e-7 if fmt.code_bytes == 1 else 1e-12    # past one scale's normal range
+    layers = [torch.randn(n, generator=g) * m for n, m in
+              [(5000, 1e-2), (3000, 1e-5), (8000, 3e-4), (777, tiny_scale), (4000, 2e-3)]]
+    x = torch.cat(layers)
+    codes, scales = encoded(x, fmt, SCALE_BLOCK)
+    block_err = (blocks.decode(codes, scales, fmt, torch.empty_like(x)) - x).abs()
+    one = blocks.num_blocks(x.numel(), x.numel())
+    codes1, scales1 = encoded(x, fmt, x.numel())
+    assert one == 1 and scales1.numel() == 1
+    tensor_err = (blocks.decode(codes1, scales1, fmt, torch.empty_like(x), x.numel()) - x).abs()
+    assert bool((block_err <= tensor_err).all())
+    tiny = slice(16000, 16777)                        # the tiny layer
+    bound = 2.0 ** -(fmt.man_bits + 1)
+    s_block = scales.abs().repeat_interleave(SCALE_BLOCK)[:x.numel()][tiny]
+    normal_block = x[tiny].abs() * s_block >= fmt.min_normal
+    normal_tensor = x[tiny].abs() * scales1.abs() >= fmt.min_normal
+    assert float(normal_block.float().mean()) > 0.7 and float(normal_tensor.float().mean()) < 0.05
+    assert float((block_err / x.abs())[tiny][normal_block].max()) <= bound

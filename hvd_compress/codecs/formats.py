@@ -11,13 +11,21 @@ arithmetic in fp8_numpy / fp8_torch reads the same for both formats.
     E5M2 (float8_e5m2):   S EEEEE MM, bias 15, Inf = S.11111.00, NaN = S.11111.{01,10,11},
                                                                        max 57344, min sub 2**-16
 
-This module also holds the few array-plumbing helpers every NumPy/torch codec module shares
-(block iteration): they are library-free, so importing it never imports torch.
+    FP16 (IEEE float16):  S EEEEE MMMMMMMMMM, bias 15, Inf = S.11111.0, NaN = S.11111.(!= 0),
+                                                                       max 65504, min sub 2**-24
+
+This module also holds the array plumbing every NumPy/torch codec module shares (the block
+loop, `for_blocks`): it is library-free, so importing it never imports torch.
 """
+import math
+import struct
 from dataclasses import dataclass
 
 __all__ = ["FloatFormat", "Float8Format", "E4M3", "E5M2", "FP16", "BLOCK", "TORCH_BLOCK",
-           "SCALE_BLOCK", "block_ranges"]
+           "SCALE_BLOCK", "block_ranges", "for_blocks", "INF_BITS", "ABS_MASK"]
+
+INF_BITS = 0x7F800000       # float32 +Inf; any larger magnitude pattern is NaN
+ABS_MASK = 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,37 @@ class FloatFormat:
     def min_normal(self) -> float:
         return 2.0 ** (1 - self.bias)
 
+    @property
+    def man_mask(self) -> int:
+        return (1 << self.man_bits) - 1
+
+    # ---- the encoder's integer constants (fp8_numpy's docstring derives them) ---------------
+    @property
+    def shift(self) -> int:
+        """float32 mantissa bits dropped (20 for E4M3, 13 for float16)."""
+        return 23 - self.man_bits
+
+    @property
+    def rebias_round(self) -> int:
+        """Added to |x|'s bits: re-bias the exponent, plus the round-half-up part of RNE."""
+        return ((self.bias - 127) << 23) + (1 << (self.shift - 1)) - 1
+
+    @property
+    def min_normal_bits(self) -> int:
+        """float32 bits of the smallest normal value, 2**(1-bias)."""
+        return (127 + 1 - self.bias) << 23
+
+    @property
+    def magic(self) -> float:
+        """2**(23 + log2(min_subnormal)): |x| + magic rounds |x| to the subnormal grid."""
+        return math.ldexp(1.0, 23 + math.frexp(self.min_subnormal)[1] - 1)
+
+    @property
+    def magic_bits(self) -> int:
+        return struct.unpack("<i", struct.pack("<f", self.magic))[0]
+
     def is_nan_code(self, code: int) -> bool:
-        """True when the 8-bit `code` (any sign) decodes to NaN."""
+        """True when `code` (any sign) decodes to NaN."""
         mag = code & (self.sign_bit - 1)
         if self.has_inf:
             return mag > self.inf_code
@@ -110,3 +147,23 @@ def block_ranges(n: int, block: int = BLOCK):
     """Yield (start, stop) pairs that cover range(n) in steps of `block`."""
     for start in range(0, n, block):
         yield start, min(start + block, n)
+
+
+def for_blocks(src, dst, block, kernel, scratch, empty, multiply, scale=None):
+    """The codecs' block loop, written once: kernel(src_b, dst_b, *scratch_b) for each block of
+    `block` elements of the flat arrays `src` and `dst` (NumPy or torch; the caller passes its
+    library's `empty(size, dtype)` and `multiply(a, b, out=)`).
+
+    scratch: dtypes of the work buffers the kernel gets, allocated once at the size of one
+    block and sliced to each block's length.  scale: when not None, src_b is src's block times
+    `scale`, multiplied into one more reused buffer (so x * scale never exists in full).
+    """
+    n = len(src)
+    size = max(1, min(n, block))
+    buffers = [empty(size, dtype) for dtype in scratch]
+    scaled = empty(size, src.dtype) if scale is not None else None
+    for start, stop in block_ranges(n, size):
+        k = stop - start
+        src_b = src[start:stop] if scale is None else multiply(src[start:stop], scale, out=scaled[:k])
+        kernel(src_b, dst[start:stop], *(b[:k] for b in buffers))
+    return dst

@@ -20,18 +20,14 @@ import functools
 import torch
 
 from . import fp16_numpy
-from .formats import TORCH_BLOCK as BLOCK, block_ranges
-from .fp8_torch import check_input, effective_scale, prepare_out, probe_inputs
+from .formats import ABS_MASK, FP16, INF_BITS, TORCH_BLOCK as BLOCK
+from .fp8_torch import gather
+from .torch_common import (ENCODE_SCRATCH, check_input, effective_scale, may_hold_nan,
+                           prepare_out, probe_inputs, run_blocks)
 
 __all__ = ["encode", "encode_bits", "decode", "decode_lookup", "cast_is_exact"]
 
-_SHIFT = 13
-_REBIAS_ROUND = ((15 - 127) << 23) + (1 << (_SHIFT - 1)) - 1
-_MIN_NORMAL_BITS = (127 + 1 - 15) << 23                       # bits of 2**-14
-_MAGIC = 0.5                                                  # ulp(0.5) = 2**-24 = min subnormal
-_MAGIC_BITS = 0x3F000000
-_INF_BITS = 0x7F800000
-_HALF_INF = 0x7C00
+# every constant comes from the format (formats.FP16), as in fp16_numpy
 # low halves for the probe: float16 drops 13 bits (more for subnormals), so its round bit can be
 # bit 12, 13, 14 or 15 of the low half: a tie there with an even and an odd lsb, each +-1
 _TIES = [1 << 12, 3 << 12, 1 << 13, 3 << 13, 1 << 14, 3 << 14, 1 << 15]
@@ -43,41 +39,33 @@ def encode_bits(x: torch.Tensor, out=None, *, scale=None) -> torch.Tensor:
     """Reference encoder: float32 -> float16 bits (int16), == NumPy `astype(np.float16)`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.int16)
-    scale = effective_scale(scale)
-    flat_x, codes = x.view(-1), out.view(-1)
-    size = max(1, min(flat_x.numel(), BLOCK))
-    a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
-    mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
-    for start, stop in block_ranges(flat_x.numel(), size):
-        k = stop - start
-        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
-        _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
+    run_blocks(x, out, BLOCK, _encode_bits_block, ENCODE_SCRATCH, effective_scale(scale))
     return out
 
 
-def _encode_bits_block(u, codes, a, q, t, mask):
-    torch.bitwise_and(u, 0x7FFFFFFF, out=a)                   # |x| as bits
+def _encode_bits_block(x, codes, a, q, t, mask):
+    u = x.view(torch.int32)
+    torch.bitwise_and(u, ABS_MASK, out=a)                     # |x| as bits
     # normal results: re-bias, round to nearest even, drop 13 bits
-    torch.bitwise_right_shift(a, _SHIFT, out=t)
+    torch.bitwise_right_shift(a, FP16.shift, out=t)
     t.bitwise_and_(1)
-    torch.add(a, _REBIAS_ROUND, out=q)
+    torch.add(a, FP16.rebias_round, out=q)
     q.add_(t)
-    q.bitwise_right_shift_(_SHIFT)
+    q.bitwise_right_shift_(FP16.shift)
     # subnormal results: |x| + 0.5 rounds |x| to a multiple of 2**-24
-    torch.add(a.view(torch.float32), _MAGIC, out=t.view(torch.float32))
-    t.sub_(_MAGIC_BITS)
-    torch.lt(a, _MIN_NORMAL_BITS, out=mask)
+    torch.add(a.view(torch.float32), FP16.magic, out=t.view(torch.float32))
+    t.sub_(FP16.magic_bits)
+    torch.lt(a, FP16.min_normal_bits, out=mask)
     torch.where(mask, t, q, out=q)
     # overflow and Inf -> Inf; NaN -> 0x7C00 | top payload bits (at least 1)
-    q.clamp_max_(_HALF_INF)
-    torch.bitwise_right_shift(a, _SHIFT, out=t)
-    t.bitwise_and_(0x3FF).clamp_min_(1).bitwise_or_(_HALF_INF)
-    torch.gt(a, _INF_BITS, out=mask)
+    q.clamp_max_(FP16.inf_code)
+    torch.bitwise_right_shift(a, FP16.shift, out=t)
+    t.bitwise_and_(FP16.man_mask).clamp_min_(1).bitwise_or_(FP16.inf_code)
+    torch.gt(a, INF_BITS, out=mask)
     torch.where(mask, t, q, out=q)
     # sign: bit 31 -> bit 15
     torch.bitwise_right_shift(u, 16, out=t)
-    t.bitwise_and_(0x8000)
+    t.bitwise_and_(FP16.sign_bit)
     q.bitwise_or_(t)
     codes.copy_(q)                                            # int32 -> int16 keeps the 16 bits
 
@@ -92,63 +80,37 @@ def decode_lookup(codes: torch.Tensor, out=None) -> torch.Tensor:
     """Reference decoder: a gather from the 65536-entry table, == NumPy `.astype(np.float32)`."""
     codes = check_input(codes, torch.int16, "codes")
     out = prepare_out(out, codes, torch.float32)
-    flat_codes, flat_out = codes.view(-1), out.view(-1)
-    size = max(1, min(flat_codes.numel(), BLOCK))
-    index = torch.empty(size, dtype=torch.int32, device=codes.device)
-    table = decode_table(codes.device)
-    for start, stop in block_ranges(flat_codes.numel(), size):
-        k = stop - start
-        _lookup_block(flat_codes[start:stop], flat_out[start:stop], index[:k], table)
-    return out
-
-
-def _lookup_block(codes, out, index, table):
-    index.copy_(codes)
-    index.bitwise_and_(0xFFFF)                                # int16 -> 0..65535
-    torch.index_select(table, 0, index, out=out)
+    return gather(decode_table(codes.device), codes, out, BLOCK, 0xFFFF)   # int16 -> 0..65535
 
 
 # ---- fast path: torch's casts, NaN blocks redone by the reference ---------------------------
-def _may_hold_nan(t: torch.Tensor) -> bool:
-    """False only if `t` holds no NaN: a NaN makes the sum NaN (Inf - Inf may too: harmless,
-    the caller then just looks block by block).  One reduction, no temporary tensor."""
-    return t.numel() > 0 and bool(torch.isnan(t.sum()))
-
-
 def _encode_cast(x, out, scale=None):
-    flat_x, codes = x.view(-1), out.view(-1)
     if scale is None:
-        codes.view(torch.float16).copy_(flat_x)               # torch's cast, whole tensor
-        if not _may_hold_nan(flat_x):
+        out.view(-1).view(torch.float16).copy_(x.view(-1))    # torch's cast, whole tensor
+        if not may_hold_nan(x):
             return out
-    size = max(1, min(flat_x.numel(), BLOCK))
-    a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
-    mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
-    for start, stop in block_ranges(flat_x.numel(), size):
-        k = stop - start
-        if scale is None:
-            xb = flat_x[start:stop]
-        else:
-            xb = torch.mul(flat_x[start:stop], scale, out=scaled[:k])
-            codes[start:stop].view(torch.float16).copy_(xb)  # torch's cast, one block
-        if _may_hold_nan(xb):                                 # redo this block by the reference
-            _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k])
+
+    def kernel(xb, codes, *scratch):
+        if scale is not None:
+            codes.view(torch.float16).copy_(xb)               # torch's cast, one block
+        if may_hold_nan(xb):                                  # redo this block by the reference
+            _encode_bits_block(xb, codes, *scratch)
+
+    run_blocks(x, out, BLOCK, kernel, ENCODE_SCRATCH, scale)
     return out
 
 
 def _decode_cast(codes, out):
-    flat_codes, flat_out = codes.view(-1), out.view(-1)
-    flat_out.copy_(flat_codes.view(torch.float16))            # torch's cast, whole tensor
-    if not _may_hold_nan(flat_out):
+    out.view(-1).copy_(codes.view(-1).view(torch.float16))    # torch's cast, whole tensor
+    if not may_hold_nan(out):
         return out
-    size = max(1, min(flat_codes.numel(), BLOCK))
-    index = torch.empty(size, dtype=torch.int32, device=codes.device)
     table = decode_table(codes.device)
-    for start, stop in block_ranges(flat_codes.numel(), size):
-        k = stop - start
-        if _may_hold_nan(flat_out[start:stop]):               # redo this block by the reference
-            _lookup_block(flat_codes[start:stop], flat_out[start:stop], index[:k], table)
+
+    def kernel(c, o):
+        if may_hold_nan(o):                                   # redo this block by the reference
+            gather(table, c, o, o.numel(), 0xFFFF)
+
+    run_blocks(codes, out, BLOCK, kernel)
     return out
 
 

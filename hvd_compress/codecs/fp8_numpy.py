@@ -27,39 +27,10 @@ import functools
 
 import numpy as np
 
-from .formats import BLOCK, Float8Format, block_ranges
+from .formats import ABS_MASK as _ABS_MASK, BLOCK, INF_BITS as _INF_BITS, Float8Format
+from .numpy_common import ENCODE_SCRATCH, check_input, effective_scale, prepare_out, run_blocks
 
 __all__ = ["encode", "decode", "decode_bits", "overflow_code", "effective_scale"]
-
-_INF_BITS = 0x7F800000      # float32 +Inf; any larger magnitude pattern is NaN
-_ABS_MASK = 0x7FFFFFFF
-
-
-# ---- argument checks shared by the NumPy codecs (fp16_numpy uses them too) -------------------
-def check_input(x, dtype, what: str) -> np.ndarray:
-    """Return `x` as a C-contiguous ndarray, or raise TypeError if it is not an ndarray of dtype.
-    A NumPy scalar of the right dtype (what arithmetic on 0-d arrays returns) becomes a 0-d array."""
-    if isinstance(x, np.generic) and x.dtype == dtype:
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{what} must be a numpy.ndarray of {np.dtype(dtype).name}, got {type(x).__name__}")
-    if x.dtype != dtype:
-        raise TypeError(f"{what} must have dtype {np.dtype(dtype).name}, got {x.dtype}")
-    return x if x.flags.c_contiguous else np.ascontiguousarray(x)   # (keeps 0-d arrays 0-d)
-
-
-def prepare_out(out, shape, dtype) -> np.ndarray:
-    """A fresh output array, or check that the caller's `out` has the right shape and dtype."""
-    if out is None:
-        return np.empty(shape, dtype=dtype)
-    if not isinstance(out, np.ndarray) or out.dtype != dtype:
-        raise TypeError(f"out must be a numpy.ndarray of {np.dtype(dtype).name}")
-    if out.shape != tuple(shape):
-        raise ValueError(f"out has shape {out.shape}, expected {tuple(shape)}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be C-contiguous and writeable")
-    return out
-
 
 # ---- constants derived from the format ------------------------------------------------------
 def overflow_code(fmt: Float8Format, saturate: bool) -> int:
@@ -75,17 +46,9 @@ def overflow_code(fmt: Float8Format, saturate: bool) -> int:
 
 @functools.lru_cache(maxsize=None)
 def encode_constants(fmt: Float8Format) -> dict:
-    """The integer constants of the encoder, derived from the format's fields."""
-    shift = 23 - fmt.man_bits                         # float32 mantissa bits dropped
-    magic = np.float32(2.0 ** (23 + np.log2(fmt.min_subnormal)))
-    return dict(
-        shift=shift,
-        # re-bias the exponent and add the round-half-up part of round-to-nearest-even
-        rebias_round=((fmt.bias - 127) << 23) + (1 << (shift - 1)) - 1,
-        min_normal_bits=(127 + 1 - fmt.bias) << 23,   # bits of 2**(1-bias)
-        magic=magic,
-        magic_bits=int(np.array(magic).view(np.int32)),
-    )
+    """The integer constants of the encoder (FloatFormat derives them), MAGIC as np.float32."""
+    return dict(shift=fmt.shift, rebias_round=fmt.rebias_round, min_normal_bits=fmt.min_normal_bits,
+                magic=np.float32(fmt.magic), magic_bits=fmt.magic_bits)
 
 
 # ---- encode ---------------------------------------------------------------------------------
@@ -103,38 +66,16 @@ def encode(x: np.ndarray, fmt: Float8Format, saturate: bool = True, out=None, *,
     """
     x = check_input(x, np.float32, "x")
     out = prepare_out(out, x.shape, np.uint8)
-    scale = effective_scale(scale)
-    c = encode_constants(fmt)
-    cap = overflow_code(fmt, saturate)
-    flat_x = x.reshape(-1)
-    codes = out.reshape(-1)
-    n = flat_x.size
-    # Scratch buffers, reused for every block (see formats.BLOCK).
-    size = max(1, min(n, BLOCK))
-    a = np.empty(size, np.int32)
-    q = np.empty(size, np.int32)
-    t = np.empty(size, np.int32)
-    mask = np.empty(size, np.bool_)
-    scaled = np.empty(size if scale is not None else 0, np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):   # the float ops below see Inf/NaN too
-        for start, stop in block_ranges(n, size):
-            k = stop - start
-            xb = flat_x[start:stop]
-            if scale is not None:
-                xb = np.multiply(xb, scale, out=scaled[:k])
-            _encode_block(xb.view(np.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k],
-                          c, fmt, saturate, cap)
+    kernel = functools.partial(_encode_block, fmt=fmt, saturate=saturate)
+    run_blocks(x, out, BLOCK, kernel, ENCODE_SCRATCH, effective_scale(scale))
     return out
 
 
-def effective_scale(scale):
-    """None when there is nothing to multiply by (None or 1.0), else the scale as np.float32."""
-    if scale is None or float(scale) == 1.0:
-        return None
-    return np.float32(scale)
 
-
-def _encode_block(u, codes, a, q, t, mask, c, fmt, saturate, cap):
+def _encode_block(x, codes, a, q, t, mask, *, fmt, saturate):
+    u = x.view(np.int32)
+    c = encode_constants(fmt)
+    cap = overflow_code(fmt, saturate)
     shift = c["shift"]
     np.bitwise_and(u, _ABS_MASK, out=a)                      # a = |x| as bits
     # normal results: re-bias, round to nearest even, drop the low bits
@@ -183,7 +124,7 @@ def decode_bits(codes: np.ndarray, fmt: Float8Format) -> np.ndarray:
     subnormal = sign | (man.astype(np.float32) * np.float32(fmt.min_subnormal)).view(np.uint32)
     special = sign | (0xFF << 23) | (man << (23 - m))
     special = np.where(man != 0, special | 0x00400000, special)         # quiet the NaNs
-    mag = c & 0x7F
+    mag = c & (fmt.sign_bit - 1)
     if fmt.has_inf:
         is_special = mag >= fmt.inf_code
     else:
@@ -204,10 +145,11 @@ def decode(codes: np.ndarray, fmt: Float8Format, out=None) -> np.ndarray:
     """Decode uint8 codes of `fmt` to float32 through the 256-entry table (bit-exact with torch)."""
     codes = check_input(codes, np.uint8, "codes")
     out = prepare_out(out, codes.shape, np.float32)
-    table = decode_table(fmt)
-    flat_codes = codes.reshape(-1)
-    flat_out = out.reshape(-1)
-    for start, stop in block_ranges(flat_codes.size, BLOCK):
-        # every code is a valid index, so 'clip' (no bounds check, no error path) is exact
-        np.take(table, flat_codes[start:stop], out=flat_out[start:stop], mode="clip")
+    return gather(decode_table(fmt), codes, out, BLOCK)
+
+
+def gather(table: np.ndarray, codes: np.ndarray, out: np.ndarray, block: int) -> np.ndarray:
+    """out = table[codes], `block` codes at a time (fp16_numpy's decoder too)."""
+    # every code is a valid index, so 'clip' (no bounds check, no error path) is exact
+    run_blocks(codes, out, block, lambda c, o: np.take(table, c, out=o, mode="clip"))
     return out

@@ -26,39 +26,11 @@ import math
 import torch
 
 from . import fp8_numpy
-from .formats import TORCH_BLOCK as BLOCK, Float8Format, block_ranges
+from .formats import ABS_MASK as _ABS_MASK, INF_BITS as _INF_BITS, TORCH_BLOCK as BLOCK, Float8Format
 from .fp8_numpy import encode_constants, overflow_code
+from .torch_common import ENCODE_SCRATCH, check_input, effective_scale, prepare_out, probe_inputs, run_blocks
 
 __all__ = ["encode", "encode_bits", "decode", "cast_is_exact", "torch_dtype", "effective_scale"]
-
-_INF_BITS = 0x7F800000
-_ABS_MASK = 0x7FFFFFFF
-
-
-# ---- argument checks shared by the torch codecs (fp16_torch uses them too) ------------------
-def check_input(x, dtype, what: str) -> torch.Tensor:
-    """Return `x` detached and contiguous, or raise TypeError if it is not a tensor of dtype."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor of {dtype}, got {type(x).__name__}")
-    if x.dtype != dtype:
-        raise TypeError(f"{what} must have dtype {dtype}, got {x.dtype}")
-    return x.detach().contiguous()
-
-
-def prepare_out(out, like: torch.Tensor, dtype) -> torch.Tensor:
-    """A fresh output tensor shaped like `like`, or check the caller's `out`."""
-    if out is None:
-        return torch.empty(like.shape, dtype=dtype, device=like.device)
-    if not isinstance(out, torch.Tensor) or out.dtype != dtype:
-        raise TypeError(f"out must be a torch.Tensor of {dtype}")
-    if out.shape != like.shape:
-        raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(like.shape)}")
-    if out.device != like.device:
-        raise ValueError(f"out is on {out.device}, input on {like.device}")
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-    return out
-
 
 def torch_dtype(fmt: Float8Format) -> torch.dtype:
     """torch.float8_e4m3fn or torch.float8_e5m2."""
@@ -71,31 +43,16 @@ def encode_bits(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=N
     """Reference encoder (integer ops on the int32 view).  Arguments as in `encode`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.uint8)
-    scale = effective_scale(scale)
-    c = encode_constants(fmt)
-    cap = overflow_code(fmt, saturate)
-    flat_x, codes = x.view(-1), out.view(-1)
-    size = max(1, min(flat_x.numel(), BLOCK))
-    a, q, t = (torch.empty(size, dtype=torch.int32, device=x.device) for _ in range(3))
-    mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
-    for start, stop in block_ranges(flat_x.numel(), size):
-        k = stop - start
-        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
-        _encode_bits_block(xb.view(torch.int32), codes[start:stop], a[:k], q[:k], t[:k], mask[:k],
-                           c, fmt, saturate, cap)
+    kernel = functools.partial(_encode_bits_block, fmt=fmt, saturate=saturate)
+    run_blocks(x, out, BLOCK, kernel, ENCODE_SCRATCH, effective_scale(scale))
     return out
 
 
-def effective_scale(scale):
-    """None when there is nothing to multiply by (None or 1.0), else the scale as a float."""
-    if scale is None:
-        return None
-    scale = float(scale)
-    return None if scale == 1.0 else scale
 
-
-def _encode_bits_block(u, codes, a, q, t, mask, c, fmt, saturate, cap):
+def _encode_bits_block(x, codes, a, q, t, mask, *, fmt, saturate):
+    u = x.view(torch.int32)
+    c = encode_constants(fmt)
+    cap = overflow_code(fmt, saturate)
     shift = c["shift"]
     torch.bitwise_and(u, _ABS_MASK, out=a)                       # a = |x| as bits
     # normal results: re-bias, round to nearest even, drop the low bits
@@ -117,7 +74,7 @@ def _encode_bits_block(u, codes, a, q, t, mask, c, fmt, saturate, cap):
         q.masked_fill_(torch.gt(a, _INF_BITS, out=mask), fmt.nan_code)
     # sign: bit 31 -> bit 7
     torch.bitwise_right_shift(u, 24, out=t)
-    t.bitwise_and_(0x80)
+    t.bitwise_and_(fmt.sign_bit)
     q.bitwise_or_(t)
     codes.copy_(q)                                               # values are 0..255
 
@@ -153,36 +110,18 @@ def _patch_block(x, codes, f, mask, fmt):
 
 
 def _encode_cast(x: torch.Tensor, fmt: Float8Format, saturate: bool, out: torch.Tensor, scale=None):
-    flat_x, codes = x.view(-1), out.view(-1)
     native = saturate == (not fmt.has_inf)                      # torch's own mode: no patch
     if native and scale is None:
-        codes.view(torch_dtype(fmt)).copy_(flat_x)              # torch's cast, whole tensor
+        out.view(-1).view(torch_dtype(fmt)).copy_(x.view(-1))   # torch's cast, whole tensor
         return out
-    size = max(1, min(flat_x.numel(), BLOCK))
-    f = torch.empty(size, dtype=torch.float32, device=x.device)
-    mask = torch.empty(size, dtype=torch.bool, device=x.device)
-    scaled = torch.empty(size if scale is not None else 0, dtype=torch.float32, device=x.device)
-    for start, stop in block_ranges(flat_x.numel(), size):
-        k = stop - start
-        xb = flat_x[start:stop] if scale is None else torch.mul(flat_x[start:stop], scale, out=scaled[:k])
-        codes[start:stop].view(torch_dtype(fmt)).copy_(xb)     # torch's cast, one block
+
+    def kernel(xb, codes, f, mask):
+        codes.view(torch_dtype(fmt)).copy_(xb)                  # torch's cast, one block
         if not native:
-            _patch_block(xb, codes[start:stop], f[:k], mask[:k], fmt)
+            _patch_block(xb, codes, f, mask, fmt)
+
+    run_blocks(x, out, BLOCK, kernel, (torch.float32, torch.bool), scale)
     return out
-
-
-_FP8_LOW_HALVES = (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)
-
-
-def probe_inputs(device, low_halves=_FP8_LOW_HALVES) -> torch.Tensor:
-    """float32 inputs for the one-time fast-path probes: every value of the top 16 bits (sign,
-    exponent, 7 mantissa bits: every binade, every rounding and tie position of the 8-bit
-    formats, Inf and NaN) times a few low halves (default: exact, just above, just below,
-    at and around the tie of bit 15) -> 65536 * 6 = 393,216 values."""
-    hi = torch.arange(1 << 16, dtype=torch.int64, device=device) << 16
-    lo = torch.tensor(low_halves, dtype=torch.int64, device=device)
-    bits = (hi[:, None] | lo[None, :]).reshape(-1)
-    return bits.to(torch.int32).view(torch.float32)   # int64 -> int32 keeps the low 32 bits
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,13 +136,10 @@ def encode(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=None, 
            scale=None) -> torch.Tensor:
     """Encode float32 `x` to uint8 codes of `fmt` (round to nearest even).
 
-    saturate=True : finite overflow -> +-max_finite.  E4M3: Inf -> +-448 too (== torch 2.13's
-                    `x.to(torch.float8_e4m3fn)`).  E5M2: Inf stays Inf.
-    saturate=False: finite overflow and Inf -> Inf for E5M2 (== torch / ml_dtypes cast),
-                    NaN for E4M3 (== ml_dtypes `astype(float8_e4m3fn)`).
-    NaN -> S.1111111 (sign kept), as torch does.
-    scale: encode x * scale instead (a float32 multiply done block by block, so no full-size
-           temporary); the codes are identical to `encode(x * scale if scale != 1.0 else x)`.
+    saturate=True : finite overflow -> +-max_finite (E4M3: Inf too, as torch's cast; E5M2: Inf
+                    stays Inf).  saturate=False: overflow -> Inf (E5M2) or NaN (E4M3), as
+                    ml_dtypes.  NaN -> S.1111111.  (fp8_numpy.encode's modes, same codes.)
+    scale: encode x * scale (block by block, no full-size temporary); identical codes.
     Uses torch's cast where `cast_is_exact` (see the module docstring), else `encode_bits`.
     """
     x = check_input(x, torch.float32, "x")
@@ -232,12 +168,18 @@ def decode(codes: torch.Tensor, fmt: Float8Format, out=None, *, table=None) -> t
         table = decode_table(fmt, codes.device)
     elif table.shape != (256,) or table.dtype != torch.float32:
         raise ValueError("table must be 256 float32 values")
-    flat_codes = codes.view(-1)
-    flat_out = out.view(-1)
-    size = max(1, min(flat_codes.numel(), BLOCK))
-    index = torch.empty(size, dtype=torch.int32, device=codes.device)
-    for start, stop in block_ranges(flat_codes.numel(), size):
-        k = stop - start
-        index[:k].copy_(flat_codes[start:stop])
-        torch.index_select(table, 0, index[:k], out=flat_out[start:stop])
+    return gather(table, codes, out, BLOCK)
+
+
+def gather(table: torch.Tensor, codes: torch.Tensor, out: torch.Tensor, block: int,
+           mask=None) -> torch.Tensor:
+    """out = table[codes] (or table[codes & mask], to read signed codes as unsigned), `block`
+    codes at a time through one reused int32 index buffer (fp16_torch's table decoder too)."""
+    def kernel(c, o, index):
+        index.copy_(c)
+        if mask is not None:
+            index.bitwise_and_(mask)
+        torch.index_select(table, 0, index, out=o)
+
+    run_blocks(codes, out, block, kernel, (torch.int32,))
     return out

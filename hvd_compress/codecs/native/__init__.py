@@ -4,7 +4,7 @@
 
 Never compiled at first import: several ranks importing at once must not race a compiler.
 `module()` loads the built library if it was built from this source for this torch, and
-returns its ops (`encode`, `decode_accumulate`); otherwise None, and codecs/blocks.py runs its
+returns its ops (`encode`, `decode_accumulate`, `encode_values`); otherwise None, and codecs/blocks.py runs its
 pure-torch path, the reference the kernel is tested against bit for bit.
 HVD_COMPRESS_NATIVE=0 switches the kernel off.
 """
@@ -13,10 +13,10 @@ import glob
 import hashlib
 import os
 
-__all__ = ["module", "build", "SOURCE", "BUILD_DIR", "FORMATS"]
+__all__ = ["module", "built", "build", "SOURCES", "BUILD_DIR", "FORMATS"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "blocks.cpp")
+SOURCES = [os.path.join(HERE, "blocks.cpp"), os.path.join(HERE, "kernels.h")]   # hashed into TAG
 BUILD_DIR = os.path.join(HERE, "build")
 NAME = "hvdc_blocks"
 FORMATS = ("e4m3fn", "float16")
@@ -29,40 +29,51 @@ LDFLAGS = ["-fopenmp"]
 
 def _tag():
     import torch
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(CFLAGS + LDFLAGS).encode()).hexdigest()[:16]
-    return f"{digest} torch {torch.__version__}"
+    digest = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode())
+    for path in SOURCES:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return f"{digest.hexdigest()[:16]} torch {torch.__version__}"
 
 
-@functools.lru_cache(maxsize=None)
-def module():
-    """torch.ops.hvdc (encode, decode_accumulate), or None when not built / stale / off."""
-    if os.environ.get("HVD_COMPRESS_NATIVE", "1") == "0":
-        return None
+def built(build_dir=BUILD_DIR):
+    """The path of the library in `build_dir` if it was built from these sources for this
+    torch, else None (HVD_COMPRESS_NATIVE plays no part: scripts/setup.sh asks this)."""
     try:
-        with open(os.path.join(BUILD_DIR, "TAG")) as f:
+        with open(os.path.join(build_dir, "TAG")) as f:
             if f.read().strip() != _tag():
                 return None
     except OSError:
         return None
-    found = glob.glob(os.path.join(BUILD_DIR, NAME + "*.so"))
-    if not found:
+    found = glob.glob(os.path.join(build_dir, NAME + "*.so"))
+    return found[0] if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def module():
+    """torch.ops.hvdc (encode, decode_accumulate, encode_values), or None when not built,
+    stale, or switched off by HVD_COMPRESS_NATIVE=0."""
+    if os.environ.get("HVD_COMPRESS_NATIVE", "1") == "0":
+        return None
+    path = built()
+    if path is None:
         return None
     import torch
-    torch.ops.load_library(found[0])
+    torch.ops.load_library(path)
     return torch.ops.hvdc
 
 
-def build(verbose=False):
-    """Compile blocks.cpp into BUILD_DIR with torch's cpp_extension; write TAG last."""
+def build(verbose=False, build_dir=BUILD_DIR):
+    """Compile blocks.cpp into `build_dir` with torch's cpp_extension (which also loads it into
+    this process); write TAG last. Returns the library's path."""
     from torch.utils.cpp_extension import load
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    tag_file = os.path.join(BUILD_DIR, "TAG")
+    os.makedirs(build_dir, exist_ok=True)
+    tag_file = os.path.join(build_dir, "TAG")
     if os.path.exists(tag_file):
         os.remove(tag_file)
-    load(name=NAME, sources=[SOURCE], build_directory=BUILD_DIR, extra_cflags=list(CFLAGS),
+    load(name=NAME, sources=SOURCES[:1], build_directory=build_dir, extra_cflags=list(CFLAGS),
          extra_ldflags=list(LDFLAGS), is_python_module=False, verbose=verbose)  # load() edits them
     with open(tag_file, "w") as f:
         f.write(_tag() + "\n")
     module.cache_clear()
-    return module()
+    return built(build_dir)
