@@ -140,20 +140,41 @@ def summarise(steps):
 
 
 def plot(summary, path):
+    """One panel per (model, link, ranks), a row per model: each row's median step as a ratio
+    to stock float32 in the same run, with its p10-p90 spread (these machines are noisy)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    groups = list(summary.groupby(["model", "link", "ranks"], sort=False))
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 4.2), sharey=True, squeeze=False)
-    for ax, ((model, link, n), frame) in zip(axes[0], groups):
-        colors = ["#888" if r.startswith("stock") else "#1f77b4" for r in frame.row]
-        ax.bar(range(len(frame)), frame.vs_stock_none, color=colors)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(range(len(frame)), frame.row, rotation=70, fontsize=7)
-        ax.set_title(f"{model}, {link}, n={n}", fontsize=9)
-    axes[0][0].set_ylabel("median step / stock float32 (lower is faster)")
+    models = list(dict.fromkeys(summary.model))
+    cells = list(dict.fromkeys(zip(summary.link, summary.ranks)))
+    fig, axes = plt.subplots(len(models), len(cells), figsize=(2.6 * len(cells), 3.6 * len(models)),
+                             sharey=True, squeeze=False)
+    for i, model in enumerate(models):
+        for j, (link, n) in enumerate(cells):
+            ax = axes[i][j]
+            frame = summary[(summary.model == model) & (summary.link == link) & (summary.ranks == n)]
+            base = frame.step_ms / frame.vs_stock_none
+            spread = [(frame.step_ms - frame.step_p10_ms) / base, (frame.step_p90_ms - frame.step_ms) / base]
+            colors = ["#999" if r.startswith("stock") else "#1f77b4" for r in frame.row]
+            ax.bar(range(len(frame)), frame.vs_stock_none, color=colors, yerr=spread, capsize=2)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xticks(range(len(frame)), [r.replace("ours:", "") for r in frame.row],
+                          rotation=70, fontsize=7)
+            ax.set_title(f"{model}, {link}, n={n}", fontsize=9)
+        axes[i][0].set_ylabel("step / stock float32 (lower: faster)")
+    fig.suptitle("Training step, stock hvd.DistributedOptimizer (grey) vs hvd_compress (blue), "
+                 "median and p10-p90, same run", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+
+
+def replot(out):
+    """Redraw summary.csv and summary.png from steps.csv (e.g. after merging runs)."""
+    import pandas as pd
+    summary = summarise(pd.read_csv(Path(out) / "steps.csv"))
+    summary.to_csv(Path(out) / "summary.csv", index=False, float_format="%.4g")
+    plot(summary, Path(out) / "summary.png")
+    return summary
 
 
 def main(argv=None):
@@ -176,7 +197,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    import pandas as pd
     args.rows = args.rows.split(",")
     bad = [r for r in args.rows if r not in ROWS]
     if bad or any(l not in LINKS for l in args.links.split(",")):
@@ -190,9 +210,7 @@ def main(argv=None):
             for n in map(int, args.ranks.split(",")):
                 print(f"[bench_step] {model} over {link}, {n} ranks", flush=True)
                 launch(args, model, link, n, csv.resolve())
-    summary = summarise(pd.read_csv(csv))
-    summary.to_csv(out / "summary.csv", index=False, float_format="%.4g")
-    plot(summary, out / "summary.png")
+    summary = replot(out)
     cols = ["model", "link", "ranks", "row", "step_ms", "vs_stock_none", "vs_stock_fp16",
             "forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
