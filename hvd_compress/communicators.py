@@ -97,6 +97,11 @@ class _Base(Communicator):
     def pop_stats(self):
         return self.stats.pop()
 
+    @property
+    def reduction(self):
+        """The route's name: the first version's word for it, kept for its callers."""
+        return self.route.value
+
     def describe(self):
         return f"{compressor_name(self.compression)}/{self.route.value}"
 

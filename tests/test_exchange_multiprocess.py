@@ -1,14 +1,17 @@
 """The compressed exchange across real ranks: horovodrun with 2, 3 and 4 processes, Gloo and MPI.
 
 The worker (tests/workers/exchange_checks.py) asserts on every rank that
-- each packet route (bit8/bit16 x allgather/alltoall x Average/Sum) equals the same reduction
-  simulated on one process (decode each rank's codes, float32 rank-order sum, re-encode for
-  the two-phase route), is within float32 rounding of the float64 sum of the decoded codes,
-  is identical with and without fusion, and is bit-identical on all ranks;
+- each packet route (bit8/bit16 x allgather/alltoall x Average/Sum x a scale per 256, per 5
+  values or per tensor, fused and unfused) equals, bucket by bucket, the same reduction
+  simulated on one process through the per-tensor interface (decode each rank's codes block by
+  block, float32 rank-order sum, re-encode for the two-phase route), is within float32 rounding
+  of the float64 sum of the decoded codes, and is bit-identical on all ranks;
 - none/fp16 through our communicator are bit-identical to hvd.allreduce;
 - hc.DistributedOptimizer with none/fp16 trains to bit-identical parameters as
-  hvd.DistributedOptimizer, and bit8/bit16 (both routes, with and without error feedback)
-  train to finite parameters identical on all ranks.
+  hvd.DistributedOptimizer, with 1 and 2 backward passes per step and a layer that only rank 0
+  uses; bit8/bit16 (both routes, with and without error feedback) train to finite parameters
+  identical on all ranks; exchanging from gradient hooks during backward gives the same bits as
+  one exchange after backward (several buckets, so overlap is real); skip_synchronize works.
 With more than 2 ranks a ring allreduce's summation order depends on how Horovod fused the
 tensors, so those runs disable Horovod's fusion (HOROVOD_FUSION_THRESHOLD=0) to compare bits.
 """
@@ -24,4 +27,7 @@ def test_exchange_across_ranks(controller, np, tmp_path):
     assert len(names) > 250, f"the worker ran only {len(names)} checks"
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         assert any(n.startswith(route) and n.endswith("equals_simulation") for n in names), route
-    assert "optimizer.none.identical_to_hvd_DistributedOptimizer" in names
+    for passes in (1, 2):
+        assert f"optimizer.none.passes{passes}.identical_to_hvd_DistributedOptimizer" in names
+    for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
+        assert f"optimizer.{route}.f600.hooks_equal_exchange_after_backward" in names
