@@ -44,9 +44,12 @@ _WARMED = set()
 
 
 class Stats:
-    """Seconds spent compressing, waiting for communication, decompressing; bytes sent; and
-    how long collectives were in flight while backward still ran (overlap_s), since last pop."""
-    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s")
+    """Seconds spent compressing, waiting for communication, decompressing; bytes sent; how
+    long collectives were in flight while backward still ran (overlap_s); and how much of the
+    work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
+    decompress_s), since the last pop."""
+    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
+              "in_backward_s")
 
     def __init__(self):
         self.reset()

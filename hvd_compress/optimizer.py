@@ -97,8 +97,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "step(); raise backward_passes_per_step to accumulate more passes")
         if p.grad is None or p.grad.is_sparse:   # left for synchronize(), which handles both
             return
+        start = time.perf_counter()
         self._put(p, p.grad)
         self._progress()
+        self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
 
     def _put(self, p, grad):
         b, j = self._slot[p]
@@ -166,10 +168,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def pop_stats(self):
-        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s} since the previous
-        call. compress_s includes the work done in gradient hooks during backward;
-        communicate_s is only the time step() waited; overlap_s sums, over buckets, how long
-        each collective was in flight before step() began."""
+        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s}
+        since the previous call. compress_s and decompress_s include the work done in gradient
+        hooks during backward, which in_backward_s measures (subtract it from a timing of
+        backward); communicate_s is only the time step() waited; overlap_s sums, over buckets,
+        how long each collective was in flight before step() began."""
         return self._communicator.pop_stats()
 
     @property

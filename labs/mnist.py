@@ -44,6 +44,7 @@ import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, too
 import hvd_compress as hc  # noqa: E402
+from hvd_compress.codecs import SCALE_BLOCK  # noqa: E402
 from hvd_compress import data as lab_data  # noqa: E402
 from hvd_compress import runlog  # noqa: E402
 from hvd_compress.compressors import packet_bytes  # noqa: E402
@@ -91,6 +92,11 @@ def build_parser():
                              "patched Horovod (whole-step times only)")
     parser.add_argument("--reduction", choices=["allgather", "alltoall"], default=None,
                         help="how 8/16-bit packets travel (default: the compressor's own)")
+    parser.add_argument("--scale-block", type=scale_block, default=SCALE_BLOCK,
+                        metavar="N|tensor",
+                        help="bit8/bit16: values per power-of-two scale in a bucket (default "
+                             f"{SCALE_BLOCK}); 'tensor': one scale per tensor, no "
+                             "fusion, the course's packets (what --route horovod sends)")
     parser.add_argument("--error-feedback", action="store_true", default=False,
                         help="keep each rank's compression error and add it to the next step")
     parser.add_argument("--dataset", choices=sorted(lab_data.DATASETS), default="mnist",
@@ -115,6 +121,15 @@ def build_parser():
                         help="end the job if no training step or evaluation finishes for this "
                              "long: another rank is dead or wedged (default: 300; 0 disables)")
     return parser
+
+
+def scale_block(text):
+    """--scale-block: a positive number of values, or 'tensor' (None: one scale per tensor)."""
+    if text == "tensor":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of values or 'tensor', got {text!r}")
+    return int(text)
 
 
 def parse_args(argv=None):
@@ -211,7 +226,7 @@ def make_optimizer(model, args, world_size):
                    "bit16": hc.Compression.bit16, "bit8": hc.Compression.bit8}[args.compression]
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                    compression=compression, op=hvd.Average,
-                                   reduction=args.reduction,
+                                   route=args.reduction, scale_block=args.scale_block,
                                    error_feedback=args.error_feedback)
 
 
@@ -351,10 +366,13 @@ def train_epoch(epoch, model, opt, data, args, ctx):
 
 def step_record(ctx, epoch, batch, samples, loss, times, stats):
     """One row of steps.csv; the update time is step() minus what pop_stats() accounts for."""
-    in_step = stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"]
+    # The plugin compresses full buckets from gradient hooks while backward runs: that part
+    # (in_backward_s) is moved from forward+backward to compress, so the columns add up.
+    in_backward = stats.get("in_backward_s", 0.0)
+    in_step = stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"] - in_backward
     return {"rank": ctx.rank, "epoch": epoch, "step": ctx.step, "batch": batch,
             "samples": samples, "loss": loss, "step_s": times["step"],
-            "forward_backward_s": times["forward_backward"],
+            "forward_backward_s": times["forward_backward"] - in_backward,
             "compress_s": stats["compress_s"], "communicate_s": stats["communicate_s"],
             "decompress_s": stats["decompress_s"],
             "update_s": times["optimizer"] - in_step if math.isfinite(in_step)

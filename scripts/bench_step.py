@@ -97,7 +97,7 @@ def worker(args):
                 if rnd and out:
                     out.write(",".join(map(str, [
                         args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),
-                        1e3 * (t1 - t0 - stats.get("compress_s", 0.0)),
+                        1e3 * (t1 - t0 - stats.get("in_backward_s", 0.0)),
                         1e3 * stats.get("compress_s", math.nan), 1e3 * stats.get("communicate_s", math.nan),
                         1e3 * stats.get("decompress_s", math.nan), 1e3 * stats.get("overlap_s", math.nan),
                         stats.get("bytes_sent", math.nan)])) + "\n")
