@@ -368,6 +368,15 @@ def test_many_blocks_with_a_partial_last_block(fmt, sat, monkeypatch):
 
 
 # ---- the scripts that check and time the codecs -------------------------------------------------
+def test_numpy_and_torch_fill_the_same_table_of_operations():
+    """reference.encode_bits_block is the one bit-level encoder; NumPy and torch each give it
+    every operation it calls, under the same names."""
+    from hvd_compress.codecs import numpy_common, reference, torch_common
+    names = set(vars(numpy_common.NUMPY_OPS))
+    assert names == set(vars(torch_common.TORCH_OPS))
+    assert names == set(reference.ELEMENTWISE_OPS) | {"copyto", "int32", "float32"}
+
+
 def test_exhaustive_checker_passes_on_boundary_chunks_and_fails_on_a_bug(tmp_path, monkeypatch, capsys):
     script = load_script(ROOT / "scripts" / "check_codecs_exhaustive.py", "check_codecs_exhaustive")
     # 2**16-value chunks around 448..480 (0x43E0..), 57344..65536 (0x4760..) and Inf/NaN (0x7F80..)

@@ -4,8 +4,8 @@ floats and IEEE float16.
 A `FloatFormat` says how its 8 or 16 bits are split (1 sign, `exp_bits`, `man_bits`), the exponent
 bias, and whether the all-ones exponent means Inf/NaN (IEEE style, E5M2) or is an ordinary
 binade with a single NaN pattern S.1111.111 (the "fn" = finite-only style, E4M3).  The codecs
-derive every constant they need (shifts, thresholds, special codes) from these fields, so the
-arithmetic in fp8_numpy / fp8_torch reads the same for both formats.
+derive every constant they need (shifts, thresholds, special codes) from these fields, so one
+bit-level encoder (reference.py) serves all three formats, in NumPy and in torch.
 
     E4M3 (float8_e4m3fn): S EEEE MMM, bias 7,  no Inf, NaN = S.1111.111,  max 448,   min sub 2**-9
     E5M2 (float8_e5m2):   S EEEEE MM, bias 15, Inf = S.11111.00, NaN = S.11111.{01,10,11},

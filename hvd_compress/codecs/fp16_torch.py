@@ -7,8 +7,8 @@ on every non-NaN value but quiet NaNs (float32 0x7F800001 -> 0x7E00, not NumPy's
 float16 0x7C01 -> 0x7FC02000, not 0x7F802000).
 
 * `encode_bits` / `decode_lookup`: THE REFERENCE.  Bit manipulation on the int32 view (the
-  algorithm of fp16_numpy, step for step) / a gather from the 65536-entry table built by
-  fp16_numpy.decode_bits.
+  code fp16_numpy runs, reference.encode_bits_block, with torch's ops) / a gather from the
+  65536-entry table built by fp16_numpy.decode_bits.
 * `encode` / `decode`: THE FAST PATH.  torch's cast (on the whole tensor, or block by block
   when `scale=` is given); if the data holds a NaN (one cheap sum tells), the blocks that hold
   one are redone by the reference path, so NaN payloads come out as NumPy's.  Used only where
@@ -20,14 +20,18 @@ import functools
 import torch
 
 from . import fp16_numpy
-from .formats import ABS_MASK, FP16, INF_BITS, TORCH_BLOCK as BLOCK
+from .formats import FP16, TORCH_BLOCK as BLOCK
 from .fp8_torch import gather
-from .torch_common import (ENCODE_SCRATCH, check_input, effective_scale, may_hold_nan,
+from .reference import encode_bits_block
+from .torch_common import (ENCODE_SCRATCH, TORCH_OPS, check_input, effective_scale, may_hold_nan,
                            prepare_out, probe_inputs, run_blocks)
 
 __all__ = ["encode", "encode_bits", "decode", "decode_lookup", "cast_is_exact"]
 
-# every constant comes from the format (formats.FP16), as in fp16_numpy
+# the reference block encoder: fp16_numpy's, with torch's ops (constants from formats.FP16)
+_encode_bits_block = functools.partial(encode_bits_block, TORCH_OPS, fmt=FP16, saturate=False,
+                                       nan_payload=True)
+
 # low halves for the probe: float16 drops 13 bits (more for subnormals), so its round bit can be
 # bit 12, 13, 14 or 15 of the low half: a tie there with an even and an odd lsb, each +-1
 _TIES = [1 << 12, 3 << 12, 1 << 13, 3 << 13, 1 << 14, 3 << 14, 1 << 15]
@@ -41,33 +45,6 @@ def encode_bits(x: torch.Tensor, out=None, *, scale=None) -> torch.Tensor:
     out = prepare_out(out, x, torch.int16)
     run_blocks(x, out, BLOCK, _encode_bits_block, ENCODE_SCRATCH, effective_scale(scale))
     return out
-
-
-def _encode_bits_block(x, codes, a, q, t, mask):
-    u = x.view(torch.int32)
-    torch.bitwise_and(u, ABS_MASK, out=a)                     # |x| as bits
-    # normal results: re-bias, round to nearest even, drop 13 bits
-    torch.bitwise_right_shift(a, FP16.shift, out=t)
-    t.bitwise_and_(1)
-    torch.add(a, FP16.rebias_round, out=q)
-    q.add_(t)
-    q.bitwise_right_shift_(FP16.shift)
-    # subnormal results: |x| + 0.5 rounds |x| to a multiple of 2**-24
-    torch.add(a.view(torch.float32), FP16.magic, out=t.view(torch.float32))
-    t.sub_(FP16.magic_bits)
-    torch.lt(a, FP16.min_normal_bits, out=mask)
-    torch.where(mask, t, q, out=q)
-    # overflow and Inf -> Inf; NaN -> 0x7C00 | top payload bits (at least 1)
-    q.clamp_max_(FP16.inf_code)
-    torch.bitwise_right_shift(a, FP16.shift, out=t)
-    t.bitwise_and_(FP16.man_mask).clamp_min_(1).bitwise_or_(FP16.inf_code)
-    torch.gt(a, INF_BITS, out=mask)
-    torch.where(mask, t, q, out=q)
-    # sign: bit 31 -> bit 15
-    torch.bitwise_right_shift(u, 16, out=t)
-    t.bitwise_and_(FP16.sign_bit)
-    q.bitwise_or_(t)
-    codes.copy_(q)                                            # int32 -> int16 keeps the 16 bits
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,8 +1,10 @@
 """float32 <-> 8-bit float codes in NumPy, by bit manipulation of the int32 view.
 
 This is the course's reference codec: every step is an integer operation on the float32 bit
-pattern, written out so a student can follow it.  The torch module (fp8_torch.py) runs the
-same steps with torch ops; the tests check both against torch's and ml_dtypes' casts.
+pattern, written out so a student can follow it.  The steps are written once, in reference.py
+(`encode_bits_block`), over a small table of array operations: this module runs them with
+NumPy's, fp8_torch.py with torch's, and the float16 codecs with float16's constants; the tests
+check them against torch's and ml_dtypes' casts.
 
 Encoding one float32 |x| with bit pattern `a` (sign removed), for a format with `m` mantissa
 bits and exponent bias `b`:
@@ -27,23 +29,14 @@ import functools
 
 import numpy as np
 
-from .formats import ABS_MASK as _ABS_MASK, BLOCK, INF_BITS as _INF_BITS, Float8Format
-from .numpy_common import ENCODE_SCRATCH, check_input, effective_scale, prepare_out, run_blocks
+from .formats import BLOCK, Float8Format
+from .numpy_common import (ENCODE_SCRATCH, NUMPY_OPS, check_input, effective_scale, prepare_out,
+                           run_blocks)
+from .reference import encode_bits_block, overflow_code
 
 __all__ = ["encode", "decode", "decode_bits", "overflow_code", "effective_scale"]
 
-# ---- constants derived from the format ------------------------------------------------------
-def overflow_code(fmt: Float8Format, saturate: bool) -> int:
-    """Magnitude code for finite values too large for the format.
-
-    saturate=True  -> the largest finite code (E4M3 0x7E = 448, E5M2 0x7B = 57344)
-    saturate=False -> Inf where the format has one (E5M2 0x7C), else NaN (E4M3 0x7F)
-    """
-    if saturate:
-        return fmt.max_code
-    return fmt.inf_code if fmt.has_inf else fmt.nan_code
-
-
+# ---- constants derived from the format (overflow_code: reference.py) -----------------------
 @functools.lru_cache(maxsize=None)
 def encode_constants(fmt: Float8Format) -> dict:
     """The integer constants of the encoder (FloatFormat derives them), MAGIC as np.float32."""
@@ -66,42 +59,9 @@ def encode(x: np.ndarray, fmt: Float8Format, saturate: bool = True, out=None, *,
     """
     x = check_input(x, np.float32, "x")
     out = prepare_out(out, x.shape, np.uint8)
-    kernel = functools.partial(_encode_block, fmt=fmt, saturate=saturate)
+    kernel = functools.partial(encode_bits_block, NUMPY_OPS, fmt=fmt, saturate=saturate)
     run_blocks(x, out, BLOCK, kernel, ENCODE_SCRATCH, effective_scale(scale))
     return out
-
-
-
-def _encode_block(x, codes, a, q, t, mask, *, fmt, saturate):
-    u = x.view(np.int32)
-    c = encode_constants(fmt)
-    cap = overflow_code(fmt, saturate)
-    shift = c["shift"]
-    np.bitwise_and(u, _ABS_MASK, out=a)                      # a = |x| as bits
-    # normal results: re-bias, round to nearest even, drop the low bits
-    np.right_shift(a, shift, out=t)
-    np.bitwise_and(t, 1, out=t)                              # lsb that decides ties
-    np.add(a, c["rebias_round"], out=q)
-    np.add(q, t, out=q)
-    np.right_shift(q, shift, out=q)
-    # subnormal results: the FPU rounds |x| + MAGIC to the subnormal grid
-    np.add(a.view(np.float32), c["magic"], out=t.view(np.float32))
-    np.subtract(t, c["magic_bits"], out=t)
-    np.less(a, c["min_normal_bits"], out=mask)
-    np.copyto(q, t, where=mask)
-    # overflow (finite and Inf), then the special inputs
-    np.minimum(q, cap, out=q)
-    if saturate and fmt.has_inf:                             # E5M2 saturate: Inf stays Inf
-        np.equal(a, _INF_BITS, out=mask)
-        np.copyto(q, fmt.inf_code, where=mask)
-    if cap != fmt.nan_code:
-        np.greater(a, _INF_BITS, out=mask)                   # NaN -> S.1111111
-        np.copyto(q, fmt.nan_code, where=mask)
-    # sign: bit 31 -> bit 7
-    np.right_shift(u, 24, out=t)
-    np.bitwise_and(t, 0x80, out=t)
-    np.bitwise_or(q, t, out=q)
-    np.copyto(codes, q, casting="unsafe")                    # values are 0..255
 
 
 # ---- decode ---------------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Two encoders, same results:
 
 * `encode_bits`: THE REFERENCE.  The bit-manipulation algorithm of fp8_numpy (read its
-  docstring), step for step with torch integer ops on the int32 view.  Runs on any device,
-  never calls torch's float8 cast.  The tests and scripts/check_codecs_exhaustive.py check it
-  against torch's and ml_dtypes' casts.
+  docstring): reference.encode_bits_block, the very code fp8_numpy runs, with torch integer
+  ops on the int32 view.  Runs on any device, never calls torch's float8 cast.  The tests and
+  scripts/check_codecs_exhaustive.py check it against torch's and ml_dtypes' casts.
 * `encode`: THE FAST PATH the compressors call.  It lets torch's own float8 cast do the
   rounding and patches the overflowing elements for the modes torch does not implement
   (see `_patch_block`).  It is used only where `cast_is_exact(fmt, saturate, device)` holds: a
@@ -26,9 +26,10 @@ import math
 import torch
 
 from . import fp8_numpy
-from .formats import ABS_MASK as _ABS_MASK, INF_BITS as _INF_BITS, TORCH_BLOCK as BLOCK, Float8Format
-from .fp8_numpy import encode_constants, overflow_code
-from .torch_common import ENCODE_SCRATCH, check_input, effective_scale, prepare_out, probe_inputs, run_blocks
+from .formats import TORCH_BLOCK as BLOCK, Float8Format
+from .reference import encode_bits_block
+from .torch_common import (ENCODE_SCRATCH, TORCH_OPS, check_input, effective_scale, prepare_out,
+                           probe_inputs, run_blocks)
 
 __all__ = ["encode", "encode_bits", "decode", "cast_is_exact", "torch_dtype", "effective_scale"]
 
@@ -43,40 +44,9 @@ def encode_bits(x: torch.Tensor, fmt: Float8Format, saturate: bool = True, out=N
     """Reference encoder (integer ops on the int32 view).  Arguments as in `encode`."""
     x = check_input(x, torch.float32, "x")
     out = prepare_out(out, x, torch.uint8)
-    kernel = functools.partial(_encode_bits_block, fmt=fmt, saturate=saturate)
+    kernel = functools.partial(encode_bits_block, TORCH_OPS, fmt=fmt, saturate=saturate)
     run_blocks(x, out, BLOCK, kernel, ENCODE_SCRATCH, effective_scale(scale))
     return out
-
-
-
-def _encode_bits_block(x, codes, a, q, t, mask, *, fmt, saturate):
-    u = x.view(torch.int32)
-    c = encode_constants(fmt)
-    cap = overflow_code(fmt, saturate)
-    shift = c["shift"]
-    torch.bitwise_and(u, _ABS_MASK, out=a)                       # a = |x| as bits
-    # normal results: re-bias, round to nearest even, drop the low bits
-    torch.bitwise_right_shift(a, shift, out=t)
-    t.bitwise_and_(1)                                            # lsb that decides ties
-    torch.add(a, c["rebias_round"], out=q)
-    q.add_(t)
-    q.bitwise_right_shift_(shift)
-    # subnormal results: the FPU rounds |x| + MAGIC to the subnormal grid
-    torch.add(a.view(torch.float32), float(c["magic"]), out=t.view(torch.float32))
-    t.sub_(c["magic_bits"])
-    torch.lt(a, c["min_normal_bits"], out=mask)
-    torch.where(mask, t, q, out=q)
-    # overflow (finite and Inf), then the special inputs
-    q.clamp_max_(cap)
-    if saturate and fmt.has_inf:                                 # E5M2 saturate: Inf stays Inf
-        q.masked_fill_(torch.eq(a, _INF_BITS, out=mask), fmt.inf_code)
-    if cap != fmt.nan_code:
-        q.masked_fill_(torch.gt(a, _INF_BITS, out=mask), fmt.nan_code)
-    # sign: bit 31 -> bit 7
-    torch.bitwise_right_shift(u, 24, out=t)
-    t.bitwise_and_(fmt.sign_bit)
-    q.bitwise_or_(t)
-    codes.copy_(q)                                               # values are 0..255
 
 
 # ---- fast encoder: torch's cast, patched, where it is proven exact -------------------------

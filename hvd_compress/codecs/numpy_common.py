@@ -1,12 +1,24 @@
-"""What the NumPy codecs (fp8_numpy, fp16_numpy) share: argument checks and the block loop."""
+"""What the NumPy codecs (fp8_numpy, fp16_numpy) share: argument checks, the block loop and
+the table of array operations the bit-level encoder (reference.py) runs on."""
+import functools
+from types import SimpleNamespace
+
 import numpy as np
 
 from .formats import for_blocks
+from .reference import ELEMENTWISE_OPS
 
-__all__ = ["check_input", "prepare_out", "effective_scale", "run_blocks", "ENCODE_SCRATCH"]
+__all__ = ["check_input", "prepare_out", "effective_scale", "run_blocks", "ENCODE_SCRATCH",
+           "NUMPY_OPS"]
 
 # the work buffers of the bit-level encoders: a = |x| bits, q = codes, t = temporary, a mask
 ENCODE_SCRATCH = (np.int32, np.int32, np.int32, np.bool_)
+
+# reference.encode_bits_block's operations: the table uses NumPy's names, so mostly np itself
+NUMPY_OPS = SimpleNamespace(
+    **{name: getattr(np, name) for name in ELEMENTWISE_OPS},
+    copyto=functools.partial(np.copyto, casting="unsafe"),   # int32 -> uint8/uint16 codes
+    int32=np.int32, float32=np.float32)
 
 
 def check_input(x, dtype, what: str) -> np.ndarray:

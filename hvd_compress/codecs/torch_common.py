@@ -1,14 +1,36 @@
-"""What the torch codecs (fp8_torch, fp16_torch) share: argument checks, the block loop, and
-the inputs of their one-time fast-path probes."""
+"""What the torch codecs (fp8_torch, fp16_torch) share: argument checks, the block loop, the
+table of array operations the bit-level encoder (reference.py) runs on, and the inputs of
+their one-time fast-path probes."""
+from types import SimpleNamespace
+
 import torch
 
 from .formats import for_blocks
 
 __all__ = ["check_input", "prepare_out", "effective_scale", "run_blocks", "ENCODE_SCRATCH",
-           "probe_inputs", "may_hold_nan"]
+           "TORCH_OPS", "probe_inputs", "may_hold_nan"]
 
 # the work buffers of the bit-level encoders: a = |x| bits, q = codes, t = temporary, a mask
 ENCODE_SCRATCH = (torch.int32, torch.int32, torch.int32, torch.bool)
+
+
+def _copyto(dst, src, where=None):
+    """np.copyto for tensors: dst[where] = src (a tensor or a number), or without `where`
+    dst[:] = src (int32 -> uint8/int16 keeps the low bits)."""
+    if where is None:
+        return dst.copy_(src)
+    if isinstance(src, torch.Tensor):
+        return torch.where(where, src, dst, out=dst)
+    return dst.masked_fill_(where, src)
+
+
+# reference.encode_bits_block's operations under NumPy's names (`b` is a number where
+# torch needs one: clamp_max / clamp_min are the minimum / maximum with a number)
+TORCH_OPS = SimpleNamespace(
+    bitwise_and=torch.bitwise_and, bitwise_or=torch.bitwise_or, right_shift=torch.bitwise_right_shift,
+    add=torch.add, subtract=torch.sub, minimum=torch.clamp_max, maximum=torch.clamp_min,
+    less=torch.lt, equal=torch.eq, greater=torch.gt, copyto=_copyto,
+    int32=torch.int32, float32=torch.float32)
 
 
 def check_input(x, dtype, what: str) -> torch.Tensor:
