@@ -50,10 +50,23 @@ def test_bit8_allgather_by_hand():
     assert c.seconds(LINK) == pytest.approx(3e-3 + 20.1326784e-3, rel=1e-12)
 
 
+def test_old_two_phase_name_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="alltoall"):
+        old = model.predict("alltoall_allgather", 4, G, 8)
+    assert old == model.predict("alltoall", 4, G, 8)
+    assert "alltoall_allgather" not in model.SCHEMES
+
+
+def test_header_bytes_come_from_the_registry():
+    from hvd_compress import registry
+    assert model.HEADER_BYTES == registry.HEADER_BYTES
+    assert "HEADER_BYTES = " not in Path(model.__file__).read_text()
+
+
 def test_bit8_two_phase_by_hand():
     # chunk = (g/4)/n + 8 = 2097152 + 8 = 2097160 B; 2(n-1) = 6 chunks moved per rank
     # 6 ms + 6 * 2097160 * 0.8 ns = 6 ms + 10.066368 ms
-    c = model.predict("alltoall_allgather", 4, G, 8)
+    c = model.predict("alltoall", 4, G, 8)
     assert (c.messages, c.bytes) == (6, 6 * 2097160)
     assert c.seconds(LINK) == pytest.approx(6e-3 + 10.066368e-3, rel=1e-12)
 
@@ -170,14 +183,14 @@ def test_two_phase_beats_fp32_ring_at_every_n(g, alpha, bits):
     # same 2(n-1) messages, bytes 2(n-1)(g k/(32 n) + 8) < 2(n-1) g/n while 8 < g (32-k)/(32 n)
     link = Link(alpha, 0.8e-9)
     for n in range(2, 1025):
-        ours = model.predict("alltoall_allgather", n, g, bits).seconds(link)
+        ours = model.predict("alltoall", n, g, bits).seconds(link)
         assert ours < model.ring_allreduce(n, g).seconds(link), n
 
 
 def test_two_phase_header_loses_on_tiny_tensors():
     # the limit of the claim above: g = 64 B at n = 64, chunk = 16/64 + 8 = 8.25 B,
     # 2*63*8.25 = 1039.5 B against the ring's 2*63/64*64 = 126 B
-    c = model.predict("alltoall_allgather", 64, 64, 8)
+    c = model.predict("alltoall", 64, 64, 8)
     assert c.bytes == pytest.approx(1039.5)
     assert c.bytes > model.ring_allreduce(64, 64).bytes
 
@@ -278,6 +291,20 @@ def test_bits_are_an_eighth_of_bytes():
 def test_invalid_units_are_refused_with_a_reason(parse, text, why):
     with pytest.raises(units.UnitError, match=why):
         parse(text)
+
+
+def test_the_emulator_and_benchmark_spellings():
+    # tc's rates (bits per second, no /s), tc's time words, and a bare number in a named unit
+    assert units.parse_tc_rate("1gbit") == 1.25e8 and units.parse_tc_rate("1mibit") == 2**17
+    assert units.parse_tc_rate("100MBIT") == 12.5e6
+    for bad in ("1gbps", "10", "1Gbit/s", "-1gbit"):
+        with pytest.raises(units.UnitError):
+            units.parse_tc_rate(bad)
+    assert units.parse_time("2msec") == pytest.approx(2e-3) and units.parse_time("5usec") == pytest.approx(5e-6)
+    assert units.parse_time("0.001", default_unit="s") == 1e-3
+    assert units.parse_size("4096", default_unit="B") == 4096
+    with pytest.raises(units.UnitError, match="no unit"):
+        units.parse_time("0.001")
 
 
 def test_formatting_prints_units_and_reads_back():

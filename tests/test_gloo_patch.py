@@ -6,9 +6,8 @@ notification then queued behind the rank's own data to that peer, and at n = 2 t
 took turns (measured: 64 MiB allgather over 1 Gbit/s in 1.2-1.3 s instead of 0.6 s). This is
 checked as a behaviour, not a speed: each rank samples its NIC's transmit counter during the
 collective (tests/workers/duplex.py) and must be sending in most samples. Turn-taking gives
-about half, whatever the machine's load. Needs root for the emulated link (scripts/netem.py).
+about half, whatever the machine's load. Needs root for the emulated link (labs/netem).
 """
-import importlib.util
 import json
 import os
 import sys
@@ -16,11 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from labs import netem
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("netem", REPO / "scripts" / "netem.py")
-netem = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("netem", netem)
-_spec.loader.exec_module(netem)
 
 
 def _why_not():
@@ -34,7 +31,7 @@ def _why_not():
 @pytest.mark.parametrize("n", [2, 4])
 def test_both_directions_flow_at_once(n, tmp_path):
     # 100 Mbit/s: 16 MiB takes >= 1.3 s per direction, many 20 ms samples, little CPU
-    with netem.Cluster(n, netem.Link.parse("100mbit")) as cluster:
+    with netem.Cluster(n, netem.LinkShape.parse("100mbit")) as cluster:
         result = netem.run_ranks(
             cluster, [sys.executable, str(REPO / "tests" / "workers" / "duplex.py")],
             timeout=240, env=dict(os.environ, HVDC_DUPLEX_DIR=str(tmp_path), HVDC_DUPLEX_MIB="16"))

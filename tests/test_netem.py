@@ -1,16 +1,17 @@
-"""Tests of scripts/netem.py: the commands it builds (pure), and, as root, real namespaces,
-a real shaped link, real Horovod ranks across namespaces, and tear-down on every way out.
-Also scripts/delay_bridge.py, the userspace switch that adds the delay where the kernel has no
+"""Tests of labs/netem (scripts/netem.py is its wrapper): the commands it builds (pure), and,
+as root, real namespaces, a real shaped link, real Horovod ranks across namespaces, and tear-down on every way out.
+Also labs/netem/bridge.py, the userspace switch that adds the delay where the kernel has no
 netem: its forwarding logic (pure) and, as root, the delay and rate it really gives.
 
 The root-only tests skip (with the reason) where network namespaces cannot be made: not
 root, no iproute2, or a kernel/sandbox without veth.  Nothing here addresses anything but
 the namespaces it creates (198.18.0.0/24 inside them).
 """
-import importlib.util
+import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,15 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from labs import netem
+from labs.netem import bridge as delay_bridge
+from labs.netem import cluster as netem_cluster
+
 REPO = Path(__file__).resolve().parents[1]
 NETEM_PY = REPO / "scripts" / "netem.py"
-_spec = importlib.util.spec_from_file_location("netem", NETEM_PY)
-netem = importlib.util.module_from_spec(_spec)
-sys.modules["netem"] = netem            # dataclasses look their module up there
-_spec.loader.exec_module(netem)
-_bspec = importlib.util.spec_from_file_location("delay_bridge", REPO / "scripts" / "delay_bridge.py")
-delay_bridge = importlib.util.module_from_spec(_bspec)
-_bspec.loader.exec_module(delay_bridge)
 
 MiB = 2**20
 
@@ -74,7 +72,7 @@ def test_commands_touch_only_our_namespaces():
     """Every ip/tc command is `ip netns add hvdc-...` or runs with `-n hvdc-...`: nothing is
     done to the root namespace's interfaces, addresses or routes."""
     topo = netem.Topology("123-0", 3)
-    link = netem.Link.parse("1gbit", "0.2ms", delay_via="netem")
+    link = netem.LinkShape.parse("1gbit", "0.2ms", delay_via="netem")
     cmds = netem.setup_commands(topo, link)
     ours = set(topo.namespaces)
     for cmd in cmds:
@@ -95,46 +93,46 @@ def test_commands_touch_only_our_namespaces():
 
 def test_delay_needs_netem_only_when_netem_is_to_add_it():
     caps = netem.Capabilities(root=True, iproute2=True, netns=True, tbf=True, netem=False)
-    caps.require(netem.Link.parse("1gbit", "0"))
-    caps.require(netem.Link.parse("1gbit", "0", delay_via="netem"))     # no delay: no netem
+    caps.require(netem.LinkShape.parse("1gbit", "0"))
+    caps.require(netem.LinkShape.parse("1gbit", "0", delay_via="netem"))     # no delay: no netem
     with pytest.raises(netem.NetemError, match="--delay-via bridge"):
-        caps.require(netem.Link.parse("1gbit", "0.1ms", delay_via="netem"))
-    caps.require(netem.Link.parse("1gbit", "0.1ms", delay_via="bridge"))
-    caps.require(netem.Link.parse("1gbit", "0.1ms").resolved(caps.netem))   # auto -> bridge
+        caps.require(netem.LinkShape.parse("1gbit", "0.1ms", delay_via="netem"))
+    caps.require(netem.LinkShape.parse("1gbit", "0.1ms", delay_via="bridge"))
+    caps.require(netem.LinkShape.parse("1gbit", "0.1ms").resolved(caps.netem))   # auto -> bridge
     # with netem in the kernel, either way is fine
     with_netem = netem.Capabilities(root=True, iproute2=True, netns=True, tbf=True, netem=True)
     for via in netem.DELAY_VIA:
-        with_netem.require(netem.Link.parse("1gbit", "0.1ms", delay_via=via))
+        with_netem.require(netem.LinkShape.parse("1gbit", "0.1ms", delay_via=via))
     # what is still refused: rate without tbf, anything without namespaces
     no_tbf = netem.Capabilities(root=True, iproute2=True, netns=True, tbf=False, netem=False)
-    no_tbf.require(netem.Link.parse(None, "0.1ms", delay_via="bridge"))
+    no_tbf.require(netem.LinkShape.parse(None, "0.1ms", delay_via="bridge"))
     with pytest.raises(netem.NetemError, match="tbf"):
-        no_tbf.require(netem.Link.parse("1gbit", "0.1ms", delay_via="bridge"))
+        no_tbf.require(netem.LinkShape.parse("1gbit", "0.1ms", delay_via="bridge"))
     with pytest.raises(netem.NetemError, match="root"):
         netem.Capabilities(root=False, iproute2=True, problem="need root").require(
-            netem.Link.parse(None, "0.1ms", delay_via="bridge"))
+            netem.LinkShape.parse(None, "0.1ms", delay_via="bridge"))
     assert not any("netem" in c for c in netem.setup_commands(
-        netem.Topology("1-0", 2), netem.Link.parse("1gbit", "0")))
+        netem.Topology("1-0", 2), netem.LinkShape.parse("1gbit", "0")))
 
 
 def test_link_resolved_maps_auto_and_keeps_explicit_choices():
-    auto = netem.Link.parse("1gbit", "2ms")
+    auto = netem.LinkShape.parse("1gbit", "2ms")
     assert auto.delay_via == "auto"
     assert auto.resolved(True).delay_via == "netem"
     assert auto.resolved(False).delay_via == "bridge"
     # everything else survives
-    assert auto.resolved(False) == netem.Link(1e9, 2e-3, 1500, "bridge")
+    assert auto.resolved(False) == netem.LinkShape(1e9, 2e-3, 1500, "bridge")
     for via in ("netem", "bridge"):
-        link = netem.Link.parse("100mbit", "1ms", mtu=9000, delay_via=via)
+        link = netem.LinkShape.parse("100mbit", "1ms", mtu=9000, delay_via=via)
         assert link.resolved(True) == link and link.resolved(False) == link
-    assert netem.Link.parse("1gbit", "1ms", delay_via="bridge").uses_bridge
-    assert not netem.Link.parse("1gbit", "1ms", delay_via="netem").uses_bridge
-    assert not netem.Link.parse("1gbit", "0", delay_via="bridge").uses_bridge    # no delay
+    assert netem.LinkShape.parse("1gbit", "1ms", delay_via="bridge").uses_bridge
+    assert not netem.LinkShape.parse("1gbit", "1ms", delay_via="netem").uses_bridge
+    assert not netem.LinkShape.parse("1gbit", "0", delay_via="bridge").uses_bridge    # no delay
     assert not auto.uses_bridge                                   # not resolved yet
     with pytest.raises(netem.NetemError, match="delay-via"):
-        netem.Link.parse("1gbit", "1ms", delay_via="userspace")
+        netem.LinkShape.parse("1gbit", "1ms", delay_via="userspace")
     assert "via bridge" in auto.resolved(False).describe()
-    assert "via" not in netem.Link.parse("1gbit", "0", delay_via="bridge").describe()
+    assert "via" not in netem.LinkShape.parse("1gbit", "0", delay_via="bridge").describe()
 
 
 def _by_kind(cmds):
@@ -148,7 +146,7 @@ def _by_kind(cmds):
 
 def test_setup_commands_with_the_delay_bridge():
     topo = netem.Topology("5-0", 3)
-    cmds = netem.setup_commands(topo, netem.Link.parse("1gbit", "2ms", delay_via="bridge"))
+    cmds = netem.setup_commands(topo, netem.LinkShape.parse("1gbit", "2ms", delay_via="bridge"))
     sw = topo.switch_ns
     tcs, masters, br0 = _by_kind(cmds)
     assert masters == []                                 # no port joins a kernel bridge
@@ -171,13 +169,13 @@ def test_setup_commands_with_the_delay_bridge():
         assert ["ip", "-n", sw, "link", "set", port, "up"] in cmds
     # without a rate, the bridge needs no qdisc at all
     assert not any(c[0] == "tc" for c in netem.setup_commands(
-        topo, netem.Link.parse(None, "2ms", delay_via="bridge")))
+        topo, netem.LinkShape.parse(None, "2ms", delay_via="bridge")))
 
 
 def test_setup_commands_with_netem_as_before():
     topo = netem.Topology("5-0", 2)
     sw = topo.switch_ns
-    cmds = netem.setup_commands(topo, netem.Link.parse("1gbit", "2ms", delay_via="netem"))
+    cmds = netem.setup_commands(topo, netem.LinkShape.parse("1gbit", "2ms", delay_via="netem"))
     tcs, masters, br0 = _by_kind(cmds)
     assert br0[br0.index("type") + 1] == "bridge" and "veth" not in br0
     assert not any(netem.HOST_PORT in c for c in cmds)
@@ -192,8 +190,8 @@ def test_setup_commands_with_netem_as_before():
     assert all(c[c.index("parent") + 1] == "1:1" for c in under)
     assert sum("tbf" in c for c in tcs) == 4
     # a delay-free link builds the same kernel bridge whichever way a delay would have gone
-    plain = netem.setup_commands(topo, netem.Link.parse("1gbit", "0", delay_via="netem"))
-    assert plain == netem.setup_commands(topo, netem.Link.parse("1gbit", "0", delay_via="bridge"))
+    plain = netem.setup_commands(topo, netem.LinkShape.parse("1gbit", "0", delay_via="netem"))
+    assert plain == netem.setup_commands(topo, netem.LinkShape.parse("1gbit", "0", delay_via="bridge"))
     assert [c for c in plain if "master" in c] == masters
 
 
@@ -252,7 +250,7 @@ def test_delay_switch_holds_frames_learns_and_floods():
     switch.socks = ports
     switch.index = {p.fileno(): i for i, p in enumerate(ports)}
     switch.delay, switch.max_queue = 0.002, 1 << 20
-    switch.mac_port, switch.queue, switch.queued_bytes = {}, delay_bridge.collections.deque(), 0
+    switch.mac_port, switch.queue, switch.queued_bytes = {}, collections.deque(), 0
     switch.stats = {"frames_in": 0, "bytes_in": 0, "frames_out": 0, "dropped_queue_full": 0,
                     "dropped_send": 0, "late_max_s": 0.0}
     a, b, bcast = b"\x02" + bytes(4) + b"\x0a", b"\x02" + bytes(4) + b"\x0b", b"\xff" * 6
@@ -334,7 +332,7 @@ XFER = textwrap.dedent("""
 
 
 def _ours_alive():
-    return [ns for ns in netem.list_namespaces() if netem._owner_pid(ns) == os.getpid()]
+    return [ns for ns in netem.list_namespaces() if netem_cluster._owner_pid(ns) == os.getpid()]
 
 
 def _qdisc_bytes(ns, dev):
@@ -365,7 +363,7 @@ def _transfer(link, nbytes, tmp_path):
 
 
 def _transfer_seconds(rate, nbytes, tmp_path):
-    run = _transfer(netem.Link.parse(rate), nbytes, tmp_path)
+    run = _transfer(netem.LinkShape.parse(rate), nbytes, tmp_path)
     return run.seconds, run.counters
 
 
@@ -377,7 +375,7 @@ def _root_links():
 @needs_netns
 def test_namespaces_exist_during_and_are_gone_after(tmp_path):
     before = _root_links()
-    with netem.Cluster(2, netem.Link.parse("1gbit")) as cluster:
+    with netem.Cluster(2, netem.LinkShape.parse("1gbit")) as cluster:
         names = set(cluster.topo.namespaces)
         assert names <= set(netem.list_namespaces())
         r = subprocess.run(cluster.exec_prefix(1) + ["ip", "-4", "-o", "addr", "show", "eth0"],
@@ -417,7 +415,7 @@ def test_cli_cleans_up_after_failure_and_sigterm():
                          text=True)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if any(netem._owner_pid(ns) == p.pid for ns in netem.list_namespaces()):
+        if any(netem_cluster._owner_pid(ns) == p.pid for ns in netem.list_namespaces()):
             break
         time.sleep(0.1)
     else:
@@ -427,7 +425,7 @@ def test_cli_cleans_up_after_failure_and_sigterm():
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err
-    assert not any(netem._owner_pid(ns) == p.pid for ns in netem.list_namespaces())
+    assert not any(netem_cluster._owner_pid(ns) == p.pid for ns in netem.list_namespaces())
     assert subprocess.run(["pgrep", "-f", "sleep 55"], capture_output=True).returncode == 1
 
 
@@ -477,12 +475,12 @@ ALLREDUCE = textwrap.dedent("""
 @pytest.mark.parametrize("delay,via", [("0", "auto"), ("1ms", "bridge")],
                          ids=["no-delay", "delay-bridge"])
 def test_horovod_allreduce_across_namespaces(tmp_path, launcher, delay, via):
-    if launcher == "mpi" and not netem.shutil.which("mpirun"):
+    if launcher == "mpi" and not shutil.which("mpirun"):
         pytest.skip("Open MPI's mpirun is not installed")
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
     out = tmp_path / "out.txt"
-    link = netem.Link.parse("1gbit", delay, delay_via=via)
+    link = netem.LinkShape.parse("1gbit", delay, delay_via=via)
     with netem.Cluster(2, link) as cluster, open(out, "w+") as sink:
         names = set(cluster.topo.namespaces)
         result = netem.run_ranks(cluster, ["python", str(script)], timeout=120,
@@ -562,7 +560,7 @@ def _median_rtt(cluster, tmp_path, server_ns, server_ip, rounds=30):
 @needs_netns
 def test_delay_bridge_adds_twice_the_delay_to_a_round_trip(tmp_path):
     delay = 2e-3
-    link = netem.Link.parse("1gbit", "2ms", delay_via="bridge")
+    link = netem.LinkShape.parse("1gbit", "2ms", delay_via="bridge")
     with netem.Cluster(2, link) as cluster:
         assert cluster.link.uses_bridge and cluster.bridge.poll() is None
         rank_to_rank = _median_rtt(cluster, tmp_path, cluster.topo.rank_ns(1),
@@ -570,7 +568,7 @@ def test_delay_bridge_adds_twice_the_delay_to_a_round_trip(tmp_path):
         # the switch's own address (rendezvous, mpirun) sits behind the bridge too (br0 -- ph)
         rank_to_switch = _median_rtt(cluster, tmp_path, cluster.topo.switch_ns,
                                      cluster.topo.switch_ip)
-    with netem.Cluster(2, netem.Link.parse("1gbit", "0", delay_via="bridge")) as cluster:
+    with netem.Cluster(2, netem.LinkShape.parse("1gbit", "0", delay_via="bridge")) as cluster:
         assert cluster.bridge is None                  # no delay: the kernel bridge
         undelayed = _median_rtt(cluster, tmp_path, cluster.topo.rank_ns(1),
                                 cluster.topo.rank_ip(1))
@@ -586,7 +584,7 @@ def test_delay_bridge_keeps_the_rate_limit(tmp_path):
     frames the bridge sends still wait for the token buckets, and it is no bottleneck itself."""
     nbytes = 16 * MiB
     ideal = nbytes * 8 / 100e6                          # 1.34 s of payload alone
-    run = _transfer(netem.Link.parse("100mbit", "1ms", delay_via="bridge"), nbytes, tmp_path)
+    run = _transfer(netem.LinkShape.parse("100mbit", "1ms", delay_via="bridge"), nbytes, tmp_path)
     assert 0.9 * ideal <= run.seconds <= 2 * ideal, (run.seconds, ideal)
     # the payload went through the bridge, then through the tbf of the switch end of p1
     assert run.cluster.bridge_stats["bytes_in"] >= nbytes, run.cluster.bridge_stats
@@ -597,7 +595,7 @@ def test_delay_bridge_keeps_the_rate_limit(tmp_path):
 @needs_netns
 def test_delay_bridge_stops_with_the_cluster_and_reports(tmp_path):
     nbytes = 1 * MiB
-    run = _transfer(netem.Link.parse(None, "1ms", delay_via="bridge"), nbytes, tmp_path)
+    run = _transfer(netem.LinkShape.parse(None, "1ms", delay_via="bridge"), nbytes, tmp_path)
     bridge, cluster = run.bridge, run.cluster
     assert bridge is not None and cluster.bridge is None
     # it ended by itself on SIGTERM, after printing its counters (not killed), and is reaped
@@ -617,8 +615,8 @@ def test_delay_bridge_stops_with_the_cluster_and_reports(tmp_path):
 def test_cluster_is_removed_when_the_delay_bridge_does_not_start(tmp_path, monkeypatch):
     broken = tmp_path / "broken_bridge.py"
     broken.write_text("import sys\nprint('no such port', file=sys.stderr)\nsys.exit(3)\n")
-    monkeypatch.setattr(netem, "DELAY_BRIDGE", broken)
-    cluster = netem.Cluster(2, netem.Link.parse("1gbit", "1ms", delay_via="bridge"))
+    monkeypatch.setattr(netem_cluster, "DELAY_BRIDGE", [sys.executable, str(broken)])
+    cluster = netem.Cluster(2, netem.LinkShape.parse("1gbit", "1ms", delay_via="bridge"))
     t0 = time.monotonic()
     with pytest.raises(netem.NetemError, match="delay bridge did not start"):
         cluster.__enter__()
@@ -644,3 +642,16 @@ def test_cli_commands_with_the_delay_bridge():
     r = subprocess.run([sys.executable, str(NETEM_PY), "commands", "--delay", "1ms",
                         "--delay-via", "tc"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_the_script_and_the_package_are_one_command_line():
+    """scripts/netem.py wraps `python -m labs.netem`; the delay bridge starts as a module, so
+    it needs no path into the checkout (the namespace's working directory does not matter)."""
+    args = ["commands", "-n", "2", "--rate", "1gbit", "--delay", "1ms", "--delay-via", "bridge"]
+    by_path = subprocess.run([sys.executable, str(NETEM_PY), *args], capture_output=True,
+                             text=True, timeout=60)
+    by_module = subprocess.run([sys.executable, "-m", "labs.netem", *args], capture_output=True,
+                               text=True, timeout=60, cwd="/")
+    assert by_path.returncode == 0, by_path.stderr
+    assert by_path.stdout == by_module.stdout
+    assert netem_cluster.DELAY_BRIDGE[1:] == ["-m", "labs.netem.bridge"]

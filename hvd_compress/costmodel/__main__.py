@@ -34,24 +34,22 @@ def _typed(parse):
     return convert
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+def _int_at_least(low: int):
+    """An argparse type: a whole number >= low, with a usage error that says so."""
+    def convert(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
+        return value
+    convert.__name__ = "int"
+    return convert
 
 
-def _nonneg_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+_positive_int = _int_at_least(1)
+_nonneg_int = _int_at_least(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,11 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-message latency alpha, e.g. 1ms or 50us")
     p.add_argument("--bits", type=int, nargs="+", choices=(32, 16, 8), default=[32, 16, 8],
                    help="gradient bit widths k to show (default: 32 16 8)")
-    p.add_argument("--schemes", nargs="+", choices=list(model.SCHEMES), metavar="SCHEME",
-                   help="schemes to show (default: all): " + ", ".join(model.SCHEMES))
+    p.add_argument("--schemes", nargs="+", choices=[*model.SCHEMES, *model.DEPRECATED_NAMES],
+                   metavar="SCHEME", help="schemes to show (default: all): "
+                   + ", ".join(model.SCHEMES) + " (alltoall_allgather: old name of alltoall)")
     p.add_argument("--tensors", type=_positive_int, default=1,
                    help="packets per rank that each carry a header: tensors for allgather "
-                        "(one scale per tensor), fusion buckets for alltoall_allgather "
+                        "(one scale per tensor), fusion buckets for alltoall "
                         "(one scale per chunk); default 1")
     p.add_argument("--header-bytes", type=_nonneg_int, default=model.HEADER_BYTES,
                    help=f"header bytes per compressed packet (default {model.HEADER_BYTES})")
@@ -292,7 +291,7 @@ def main(argv=None) -> int:
     predicting = args.nodes is not None or args.size is not None
     if args.size is not None and args.size <= 0:
         parser.error("--size must be greater than 0 bytes")
-    chosen = [model.SCHEMES[s] for s in (args.schemes or model.SCHEMES)]
+    chosen = [model.SCHEMES[model.scheme_name(s)] for s in (args.schemes or model.SCHEMES)]
     if not any(k in s.bits for s in chosen for k in args.bits):
         parser.error("none of the chosen schemes carries the chosen bit widths ("
                      + "; ".join(f"{s.name}: {', '.join(map(str, s.bits))}" for s in chosen) + ")")

@@ -22,20 +22,20 @@ Communication Operations in MPICH" (IJHPCA 2005).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
+
+from ..registry import HEADER_BYTES
 
 __all__ = [
     "Link", "Cost",
     "ring_allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast_tree",
     "tree_allreduce", "double_binary_tree_allreduce", "parameter_server",
     "compressed_allgather", "compressed_two_phase", "wire_bytes",
-    "SCHEMES", "REFERENCE", "predict", "predict_table",
+    "SCHEMES", "REFERENCE", "DEPRECATED_NAMES", "scheme_name", "predict", "predict_table",
     "course_allreduce_time", "lumped_latency",
     "bandwidth_crossover", "allgather_crossover", "first_n_not_faster",
 ]
-
-HEADER_BYTES = 8  # per packet: float32 power-of-two scale + flags (see the lead's compressors.py)
-
 
 @dataclass(frozen=True)
 class Link:
@@ -260,18 +260,30 @@ SCHEMES = {
                "hvd-compress course design: allgather of k-bit packets, decode all",
                lambda n, g, bits, header_bytes=HEADER_BYTES, tensors=1, **_:
                compressed_allgather(n, g, bits, header_bytes, tensors)),
-        Scheme("alltoall_allgather", (16, 8),
+        Scheme("alltoall", (16, 8),
                "hvd-compress two-phase: alltoall k-bit chunks, reduce, allgather",
                lambda n, g, bits, header_bytes=HEADER_BYTES, tensors=1, **_:
                compressed_two_phase(n, g, bits, header_bytes, tensors)),
     ]
 }
 REFERENCE = ("allreduce_ring", 32)  # Horovod's default: what every speed-up is measured against
+# Old scheme names, still read: the two-phase exchange is named as its route (registry.Route).
+DEPRECATED_NAMES = {"alltoall_allgather": "alltoall"}
+
+
+def scheme_name(scheme: str) -> str:
+    """`scheme`, or the current name of a deprecated one (with a DeprecationWarning)."""
+    if scheme in DEPRECATED_NAMES:
+        warnings.warn(f"cost-model scheme {scheme!r} is now {DEPRECATED_NAMES[scheme]!r}",
+                      DeprecationWarning, stacklevel=3)
+        return DEPRECATED_NAMES[scheme]
+    return scheme
 
 
 def predict(scheme: str, n: int, g: float, bits: int, *, header_bytes: float = HEADER_BYTES,
             tensors: int = 1, servers: int = 1) -> Cost:
     """Cost coefficients of `scheme` for n ranks, g fp32 bytes per rank, k = bits."""
+    scheme = scheme_name(scheme)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
     s = SCHEMES[scheme]
@@ -289,7 +301,7 @@ def predict_table(nodes, g: float, link: Link, bits=(32, 16, 8), schemes=None, *
     for n in nodes:
         ref_scheme, ref_bits = REFERENCE
         ref = predict(ref_scheme, n, g, ref_bits).seconds(link, gamma)
-        for name in schemes or SCHEMES:
+        for name in [scheme_name(s) for s in schemes or SCHEMES]:
             for k in bits:
                 if k not in SCHEMES[name].bits:
                     continue

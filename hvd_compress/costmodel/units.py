@@ -9,7 +9,11 @@ Accepted spellings (case matters, because m/M and b/B mean different things):
 
   sizes   32MiB  32MB  1.5GiB  256Mbit  4kB  512B  8bit  (a space before the unit is fine)
   rates   10Gbit/s  10Gbps  1.25GB/s  100MiB/s
-  times   1ms  50us  50µs  2.5s  800ns
+  times   1ms  50us  50µs  2.5s  800ns  (and tc's 1msec 50usec 2sec)
+  tc rates (parse_tc_rate, the emulator's --rate)   1gbit  100mbit  1mibit  (bits per second)
+
+A bare number is refused unless the caller names its unit (default_unit=): the emulator's
+delays and the benchmark's sizes have always read "0.5" as seconds and "4096" as bytes.
 
 Rejected on purpose, with an error that says what to write instead:
   "32Mb"  (megabit or megabyte? write Mbit or MB)     "32KB" (1000 or 1024? write kB or KiB)
@@ -25,6 +29,7 @@ __all__ = [
     "parse_size",
     "parse_rate",
     "parse_time",
+    "parse_tc_rate",
     "format_size",
     "format_rate",
     "format_time",
@@ -44,7 +49,11 @@ _PREFIXES = {**_DECIMAL, **_BINARY}
 _BYTE_WORDS = {"B": 1.0, "byte": 1.0, "bytes": 1.0}
 _BIT_WORDS = {"bit": 1.0 / 8, "bits": 1.0 / 8}
 
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9,
+               "sec": 1.0, "msec": 1e-3, "usec": 1e-6}    # the last three: tc's spellings
+# tc(8) rates: bits per second, no "/s". tc reads "mbps" as megaBYTES per second: not accepted.
+_TC_RATE_BITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+                 "kibit": 2.0**10, "mibit": 2.0**20, "gibit": 2.0**30}
 
 # A non-negative decimal number (no sign, no nan/inf), then an optional space, then the unit.
 _QUANTITY = re.compile(r"^\s*(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P<unit>\S*)\s*$")
@@ -52,10 +61,13 @@ _QUANTITY = re.compile(r"^\s*(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(?P
 _SIZE_EXAMPLES = "e.g. 32MiB, 32MB, 256Mbit, 4kB, 512B"
 _RATE_EXAMPLES = "e.g. 10Gbit/s, 10Gbps, 1.25GB/s, 100MiB/s"
 _TIME_EXAMPLES = "e.g. 1ms, 50us, 2.5s, 800ns"
+_TC_RATE_EXAMPLES = "e.g. 100mbit, 1gbit, 10gbit"
 
 
-def _split(text: str, kind: str, examples: str) -> tuple[float, str]:
-    """Split '32 MiB' into (32.0, 'MiB'); reject missing units and non-numbers."""
+def _split(text: str, kind: str, examples: str, default_unit: str | None = None
+           ) -> tuple[float, str]:
+    """Split '32 MiB' into (32.0, 'MiB'); reject non-numbers, and a missing unit unless the
+    caller gave `default_unit`."""
     if not isinstance(text, str):
         raise UnitError(f"{kind} must be text with a unit ({examples}), got {text!r}")
     match = _QUANTITY.match(text)
@@ -67,7 +79,7 @@ def _split(text: str, kind: str, examples: str) -> tuple[float, str]:
     value = float(match.group("num"))
     if not math.isfinite(value):
         raise UnitError(f"{kind} {text!r} is too large to represent")
-    unit = match.group("unit")
+    unit = match.group("unit") or default_unit
     if not unit:
         raise UnitError(f"{kind} {text!r} has no unit: write it with one ({examples})")
     return value, unit
@@ -100,9 +112,10 @@ def _ambiguous_b(unit: str, text: str, kind: str) -> float:
     )
 
 
-def parse_size(text: str) -> float:
-    """Bytes in `text`, e.g. '32MiB' -> 33554432.0, '256Mbit' -> 32000000.0."""
-    value, unit = _split(text, "size", _SIZE_EXAMPLES)
+def parse_size(text: str, default_unit: str | None = None) -> float:
+    """Bytes in `text`, e.g. '32MiB' -> 33554432.0, '256Mbit' -> 32000000.0; a bare number
+    only with `default_unit` (e.g. 'B')."""
+    value, unit = _split(text, "size", _SIZE_EXAMPLES, default_unit)
     if unit.endswith("/s") or unit.endswith("ps"):
         raise UnitError(f"{text!r} is a rate, not a size ({_SIZE_EXAMPLES})")
     return value * _size_unit(unit, text, "size", _SIZE_EXAMPLES)
@@ -132,12 +145,27 @@ def parse_rate(text: str) -> float:
     return rate
 
 
-def parse_time(text: str) -> float:
-    """Seconds in `text`, e.g. '1ms' -> 0.001, '50us' -> 5e-05."""
-    value, unit = _split(text, "time", _TIME_EXAMPLES)
+def parse_time(text: str, default_unit: str | None = None) -> float:
+    """Seconds in `text`, e.g. '1ms' -> 0.001, '50us' -> 5e-05; a bare number only with
+    `default_unit` (e.g. 's')."""
+    value, unit = _split(text, "time", _TIME_EXAMPLES, default_unit)
     if unit not in _TIME_UNITS:
         raise UnitError(f"unknown time unit {unit!r} in {text!r} ({_TIME_EXAMPLES})")
     return value * _TIME_UNITS[unit]
+
+
+def parse_tc_rate(text: str) -> float:
+    """Bytes per second in a rate spelled as tc(8) writes it: '1gbit' -> 1.25e8.
+
+    Lower-case bit units only ('100mbit', '1gbit', '1mibit'), as the emulator's --rate takes
+    them; 'mbps' is refused: tc would read it as megabytes per second.
+    """
+    value, unit = _split(text.lower() if isinstance(text, str) else text, "rate",
+                         _TC_RATE_EXAMPLES)
+    if unit not in _TC_RATE_BITS:
+        raise UnitError(f"bad rate {text!r}: use a number and one of "
+                        f"{', '.join(_TC_RATE_BITS)} ({_TC_RATE_EXAMPLES})")
+    return value * _TC_RATE_BITS[unit] / 8
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], digits: int) -> str:
