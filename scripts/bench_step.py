@@ -112,7 +112,7 @@ STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + S
 
 # ---- the driver ---------------------------------------------------------------------------------
 def launch(args, model, link, n, csv):
-    from hvd_compress.launch import horovodrun_command, launch_env
+    from labs.kit.launch import horovodrun_command, launch_env
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
            "--rows", ",".join(args.rows), "--steps", str(args.steps), "--rounds", str(args.rounds),
            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--csv", str(csv)]

@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvd_compress.launch import horovodrun_command, launch_env
+from labs.kit.launch import horovodrun_command, launch_env
 
 WORKERS = Path(__file__).parent / "workers"
 

@@ -9,7 +9,7 @@ from hvd_compress.codecs import E4M3, fp8_torch
 from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.communicators import make_communicator
 from hvd_compress.compressors import HEADER_BYTES, read_header
-from hvd_compress.data import read_idx
+from labs.kit.data import read_idx
 from hvd_compress.fusion import buckets_by_size, flatten
 from hvd_compress.memory import ResidualMemory
 

@@ -1,4 +1,4 @@
-"""hvd_compress.data on the real MNIST test set, on corrupt copies of it, and sharding."""
+"""labs.kit.data on the real MNIST test set, on corrupt copies of it, and sharding."""
 import gzip
 import shutil
 import sys
@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from hvd_compress import data
+from conftest import MNIST_DIR, needs_mnist
+from labs.kit import data
 
-MNIST_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
 IMAGES = MNIST_DIR / "t10k-images-idx3-ubyte.gz"
 LABELS = MNIST_DIR / "t10k-labels-idx1-ubyte.gz"
 
@@ -39,6 +39,7 @@ def copy_test_set(folder: Path) -> Path:
 
 # --- reading the real files ------------------------------------------------------------------
 
+@needs_mnist
 def test_real_test_set_parses(test_images, test_labels):
     assert test_images.shape == (10000, 28, 28) and test_images.dtype == np.uint8
     assert test_labels.shape == (10000,) and test_labels.dtype == np.uint8
@@ -47,6 +48,7 @@ def test_real_test_set_parses(test_images, test_labels):
     assert test_images.min() == 0 and test_images.max() == 255
 
 
+@needs_mnist
 def test_published_md5_is_checked():
     assert data.md5_of(IMAGES) == data.MNIST.test_images.gz_md5
     content, how = data.verify_file(IMAGES, data.MNIST.test_images)
@@ -54,6 +56,7 @@ def test_published_md5_is_checked():
     assert len(content) == 16 + 10000 * 28 * 28
 
 
+@needs_mnist
 def test_recompressed_copy_is_accepted_by_content_md5(tmp_path, test_labels):
     # Debian re-compresses Fashion-MNIST: different .gz bytes, same IDX content.
     copy = tmp_path / LABELS.name
@@ -63,6 +66,7 @@ def test_recompressed_copy_is_accepted_by_content_md5(tmp_path, test_labels):
     assert np.array_equal(labels, test_labels)
 
 
+@needs_mnist
 def test_uncompressed_file_is_accepted(tmp_path, test_labels):
     raw = tmp_path / "t10k-labels-idx1-ubyte"
     raw.write_bytes(gzip.decompress(LABELS.read_bytes()))
@@ -72,6 +76,7 @@ def test_uncompressed_file_is_accepted(tmp_path, test_labels):
 
 # --- corrupt and missing files ---------------------------------------------------------------
 
+@needs_mnist
 def test_truncated_gzip_is_a_clear_error(tmp_path):
     cut = tmp_path / IMAGES.name
     cut.write_bytes(IMAGES.read_bytes()[:100_000])
@@ -79,6 +84,7 @@ def test_truncated_gzip_is_a_clear_error(tmp_path):
         data.read_idx(cut, data.MNIST.test_images)
 
 
+@needs_mnist
 def test_truncated_content_is_a_clear_error(tmp_path):
     content = gzip.decompress(IMAGES.read_bytes())[:-28 * 28]   # one image short
     with pytest.raises(data.DataError, match="truncated"):
@@ -89,6 +95,7 @@ def test_truncated_content_is_a_clear_error(tmp_path):
         data.read_idx(cut, data.MNIST.test_images)
 
 
+@needs_mnist
 def test_wrong_md5_is_a_clear_error(tmp_path):
     content = bytearray(gzip.decompress(LABELS.read_bytes()))
     content[100] = (content[100] + 1) % 10          # a plausible but wrong label
@@ -112,6 +119,7 @@ def test_missing_folder_names_the_files_and_how_to_get_them(tmp_path):
     assert "t10k-images-idx3-ubyte.gz" in message and "--data-dir" in message
 
 
+@needs_mnist
 def test_missing_training_set_suggests_split_test_and_never_falls_back(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     with pytest.raises(data.DataError) as err:
@@ -122,6 +130,7 @@ def test_missing_training_set_suggests_split_test_and_never_falls_back(tmp_path)
     assert "--split-test" in message
 
 
+@needs_mnist
 def test_missing_labels_file(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     (folder / LABELS.name).unlink()
@@ -129,6 +138,7 @@ def test_missing_labels_file(tmp_path):
         data.load_dataset("mnist", str(folder), split_test=8000)
 
 
+@needs_mnist
 def test_corrupt_file_stops_load_dataset(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     (folder / IMAGES.name).write_bytes(IMAGES.read_bytes()[:-10])
@@ -143,6 +153,7 @@ def test_unknown_dataset():
 
 # --- loading and normalising -----------------------------------------------------------------
 
+@needs_mnist
 def test_split_test_trains_on_the_first_n_images(test_images, test_labels):
     loaded = data.load_dataset("mnist", str(MNIST_DIR), split_test=8000)
     assert loaded.train_x.shape == (8000, 1, 28, 28) and loaded.train_x.dtype == torch.float32
@@ -156,12 +167,14 @@ def test_split_test_trains_on_the_first_n_images(test_images, test_labels):
     assert loaded.describe()["train_samples"] == 8000
 
 
+@needs_mnist
 def test_torchvision_layout_is_found(tmp_path):
     copy_test_set(tmp_path / "root" / "MNIST" / "raw")
     loaded = data.load_dataset("mnist", str(tmp_path / "root"), split_test=5000)
     assert loaded.folder.endswith("MNIST/raw")
 
 
+@needs_mnist
 @pytest.mark.parametrize("n", [0, -1, 10000, 20000])
 def test_split_test_out_of_range(n):
     with pytest.raises(data.DataError, match="--split-test"):
@@ -248,6 +261,7 @@ def test_debian_fashion_mnist_is_found_checked_and_normalised():
 
 # --- torchvision's download (a stand-in: torchvision cannot be installed here, no network) ---
 
+@needs_mnist
 def test_missing_mnist_is_fetched_with_torchvision_when_it_imports(tmp_path, monkeypatch):
     """Our side of the download: ask torchvision only when files are missing, then find,
     check and load what it wrote in its MNIST/raw layout."""

@@ -4,24 +4,25 @@ One module-scoped set of runs (serial and 2 processes x none / bit16 / bit8, one
 8,000 images each) serves all the assertions on accuracy and records; a small run matrix,
 an interrupted + resumed run, the report and the plots are checked on top.
 """
+import gzip
 import json
 import math
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
+import torch.nn.functional as F
 
-from conftest import load_script
+from conftest import MNIST_DIR, ROOT
 
-from hvd_compress import runlog
-from hvd_compress.launch import horovodrun_command, launch_env
+from labs.kit import matrix as run_matrix, report as fill_report, runlog, table
+from labs.kit.launch import horovodrun_command, launch_env
 
-ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
 PYTHON = sys.executable
 TRAINER = str(ROOT / "labs" / "mnist.py")
 # 8,000 training images, evaluated on the other 2,000; lr 0.1 (x world size) so that one
@@ -47,12 +48,8 @@ def train(out, ranks, extra, check=True):
     return done
 
 
-def script(name):
-    return load_script(ROOT / "scripts" / f"{name}.py", name)
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, mnist_dir):
     """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8."""
     base = tmp_path_factory.mktemp("lab")
     folders = {}
@@ -141,6 +138,58 @@ def test_each_rank_trains_on_its_own_shard(runs):
     assert (by_rank[0] != by_rank[1]).mean() > 0.9
 
 
+# --- the lab against a straight-line loop ---------------------------------------------------
+
+def reference_weights(mnist_dir, split, epochs, batch_size, lr, momentum, seed):
+    """Horovod's MNIST example trained serially with nothing but torch and numpy: the lab's
+    Net; the first `split` test images read with gzip, normalised as the course's transforms
+    do; each epoch's order a permutation seeded with seed + epoch (DistributedSampler's
+    choice); plain SGD.  No lab kit, no plugin."""
+    from labs.mnist import Net          # the model, nothing else of the lab
+
+    def idx(name, header):
+        raw = gzip.decompress((mnist_dir / name).read_bytes())
+        return np.frombuffer(raw, dtype=np.uint8, offset=header)
+    images = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)[:split].copy()
+    labels = idx("t10k-labels-idx1-ubyte.gz", 8)[:split]
+    x = torch.from_numpy(images).to(torch.float32).div_(255.0).sub_(0.1307).div_(0.3081)
+    x, y = x.unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)            # the lab's --num-threads default
+    try:
+        torch.manual_seed(seed)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        model.train()
+        for epoch in range(1, epochs + 1):
+            generator = torch.Generator()
+            generator.manual_seed(seed + epoch)
+            for index in torch.split(torch.randperm(split, generator=generator), batch_size):
+                optimizer.zero_grad()
+                F.nll_loss(model(x[index]), y[index]).backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.state_dict()
+
+
+def test_lab_trains_bit_identically_to_a_straight_line_loop(mnist_dir, tmp_path):
+    """A fixed seed gives the same weights, bit for bit, as the loop above: the lab kit's
+    bookkeeping (records, checkpoints, timing, the recorder's step loop) changes nothing."""
+    flags = dict(split=650, epochs=2, batch_size=50, lr=0.1, momentum=0.5, seed=7)
+    train(tmp_path / "run", 1, [
+        "--data-dir", str(mnist_dir), "--split-test", "650", "--epochs", "2",
+        "--batch-size", "50", "--lr", "0.1", "--momentum", "0.5", "--seed", "7",
+        "--no-progress"])
+    lab_weights = runlog.load_checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]
+    reference = reference_weights(mnist_dir, **flags)
+    assert list(lab_weights) == list(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(lab_weights[name], tensor), name
+    untrained = reference_weights(mnist_dir, **dict(flags, epochs=0))
+    assert not torch.equal(untrained["fc2.weight"], reference["fc2.weight"])   # it trained
+
+
 # --- command line errors (in-process: argparse runs before Horovod starts) -------------------
 
 
@@ -170,7 +219,22 @@ def test_flags_of_the_horovod_example(lab):
             args.seed, args.log_interval) == (64, 1000, 10, 0.01, 0.5, 42, 10)
     assert args.compression == "none"
     args = lab.parse_args(["--bit8-allreduce", "--reduction", "alltoall", "--error-feedback"])
-    assert lab.config_name(args, 4) == "np4-bit8-alltoall-ef"
+    assert table.config_name(args, 4) == "np4-bit8-alltoall-ef"
+
+
+def test_one_vocabulary_for_the_table_and_the_trainer(lab):
+    """The trainer names a run's flags as the matrix names the run (registry.run_name)."""
+    for run in table.course_runs(extras=True):
+        assert table.config_name(lab.parse_args(run.flags), run.ranks) == run.name
+    names = {(a, n): table.config_name(lab.parse_args(a.split()), n) for a, n in [
+        ("", 1), ("--bit8-allreduce", 1), ("--use-adasum", 2), ("--use-adasum --fp16-allreduce", 4),
+        ("--bit8-allreduce --route horovod", 2), ("--bit8-allreduce --reduction allgather", 2),
+        ("--bit16-allreduce --reduction allgather --error-feedback", 4)]}
+    assert list(names.values()) == ["serial", "serial-bit8", "np2-none-adasum",
+                                    "np4-fp16-adasum", "np2-bit8-horovod", "np2-bit8",
+                                    "np4-bit16-allgather-ef"]
+    assert table.ROW_ORDER == ["serial", "np2-none", "np4-none", "np2-bit8", "np4-bit8",
+                               "np2-bit16", "np4-bit16", "np2-fp16", "np4-fp16"]
 
 
 def test_missing_data_is_a_clear_error_and_creates_nothing(tmp_path):
@@ -184,10 +248,10 @@ def test_missing_data_is_a_clear_error_and_creates_nothing(tmp_path):
 # --- interrupted and resumed -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+def matrix(tmp_path_factory, mnist_dir):
     """A two-row run matrix (serial and np2-bit8, two epochs), run twice."""
     out = tmp_path_factory.mktemp("matrix")
-    cmd = [PYTHON, str(ROOT / "scripts" / "run_matrix.py"), "--dataset", "mnist",
+    cmd = [PYTHON, "-m", "labs.kit.matrix", "--dataset", "mnist",
            "--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "2",
            "--lr", "0.1", "--only", "serial,np2-bit8", "--out", str(out), "--quiet"]
     first = run(cmd)
@@ -307,7 +371,6 @@ def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
 
 def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
     out, _, _ = matrix
-    fill_report = script("fill_report")
     summary = pd.read_csv(out / "summary.csv")
     shutil.copytree(out / "serial", tmp_path / "serial")
     shutil.copytree(out / "np2-bit8", tmp_path / "np2-bit8")
@@ -339,7 +402,6 @@ def test_plots_are_written(matrix, tmp_path):
 # --- run matrix planning (no launch) ---------------------------------------------------------
 
 def test_matrix_table_and_filter():
-    run_matrix = script("run_matrix")
     names = [r.name for r in run_matrix.course_runs()]
     assert names == ["serial"] + [f"np{n}-{c}" for n in (2, 4)
                                   for c in ("none", "fp16", "bit16", "bit8")]
@@ -353,7 +415,6 @@ def test_matrix_table_and_filter():
 
 def test_matrix_refuses_a_run_made_with_other_settings(matrix):
     out, _, _ = matrix
-    run_matrix = script("run_matrix")
     args = run_matrix.parse_args(["--dataset", "mnist", "--split-test", "8000",
                                   "--epochs", "3", "--lr", "0.1", "--out", str(out)])
     spec = run_matrix.course_runs()[0]

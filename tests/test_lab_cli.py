@@ -2,16 +2,13 @@
 message, exit code 2, and no run folder left behind."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import load_script
+from conftest import MNIST_DIR, ROOT, needs_mnist
 
-from hvd_compress.launch import horovodrun_command, launch_env
+from labs.kit.launch import horovodrun_command, launch_env
 
-ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
 TRAINER = str(ROOT / "labs" / "mnist.py")
 
 
@@ -23,6 +20,7 @@ def lab(argv, out, ranks=1):
                           timeout=300)
 
 
+@needs_mnist
 @pytest.mark.parametrize("argv,message", [
     (["--epochs", "0"], "--epochs must be at least 1, got 0"),
     (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
@@ -50,11 +48,12 @@ def test_bad_values_are_clear_errors(tmp_path, argv, message):
 
 
 def test_step_timeout_zero_disables_the_watchdog():
-    module = load_script(TRAINER, "lab_mnist_cli")
-    assert module.parse_args(["--step-timeout", "0"]).step_timeout == 0
-    assert module.parse_args([]).step_timeout == 300
+    from labs.mnist import parse_args
+    assert parse_args(["--step-timeout", "0"]).step_timeout == 0
+    assert parse_args([]).step_timeout == 300
 
 
+@needs_mnist
 def test_more_ranks_than_training_samples(tmp_path):
     """--split-test 1 on 2 ranks: one training image for two processes."""
     done = lab(["--split-test", "1"], tmp_path / "run", ranks=2)
@@ -65,6 +64,7 @@ def test_more_ranks_than_training_samples(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@needs_mnist
 def test_more_ranks_than_test_samples(tmp_path):
     """--split-test 9999 on 2 ranks: one test image left for two processes."""
     done = lab(["--split-test", "9999"], tmp_path / "run", ranks=2)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def routes(tmp_path_factory):
+def routes(tmp_path_factory, mnist_dir):
     """{route: run folder} of one 2-process bit8 epoch each."""
     base = tmp_path_factory.mktemp("routes")
     folders = {}

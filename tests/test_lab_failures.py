@@ -17,11 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hvd_compress import runlog
-from hvd_compress.launch import horovodrun_command, launch_env
+from conftest import MNIST_DIR, ROOT, needs_mnist
 
-ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+from labs.kit import runlog
+from labs.kit.launch import horovodrun_command, launch_env
+
 TRAINER = str(ROOT / "labs" / "mnist.py")
 STEP_TIMEOUT = 20
 BOUND_S = 90            # launcher must be gone this long after the signal
@@ -56,6 +56,7 @@ def wait_for_steps(proc, run_dir, rows=10):
     raise AssertionError(f"no steps written within {START_TIMEOUT_S} s")
 
 
+@needs_mnist
 @pytest.mark.parametrize("how", ["kill", "stop"])
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):

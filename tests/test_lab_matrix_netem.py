@@ -1,5 +1,5 @@
-"""scripts/run_matrix.py --netem-rate: the multi-process rows run over an emulated network
-(scripts/netem.py, one namespace per rank), and every record says so."""
+"""The run matrix with --netem-rate: the multi-process rows run over an emulated network
+(labs.netem, one namespace per rank), and every record says so."""
 import json
 import os
 import subprocess
@@ -9,28 +9,28 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hvd_compress.launch import launch_env
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+from labs.kit import matrix as run_matrix
+from labs.kit.launch import launch_env
+
 MATRIX = str(ROOT / "scripts" / "run_matrix.py")
-NETEM = str(ROOT / "scripts" / "netem.py")
 
 
 def netem_unavailable():
     if os.geteuid() != 0:
         return "network emulation needs root"
-    done = subprocess.run([sys.executable, NETEM, "check"], capture_output=True, text=True,
+    done = subprocess.run(run_matrix.NETEM + ["check"], capture_output=True, text=True,
                           timeout=60)
-    return None if done.returncode == 0 else f"netem.py check failed: {done.stdout}"
+    return None if done.returncode == 0 else f"labs.netem check failed: {done.stdout}"
 
 
-def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path):
+def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_dir):
     problem = netem_unavailable()
     if problem:
         pytest.skip(problem)
     out = tmp_path / "matrix"
-    cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(MNIST_DIR),
+    cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(mnist_dir),
            "--split-test", "640", "--epochs", "1", "--lr", "0.1", "--only", "np2-bit8",
            "--netem-rate", "1gbit", "--netem-delay", "1ms", "--out", str(out), "--quiet",
            "--timeout", "300"]
@@ -38,7 +38,7 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path):
                           timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (out / "logs" / "np2-bit8.log").read_text()
-    assert "netem.py run -n 2 --rate 1gbit --delay 1ms" in log   # launched through netem,
+    assert "labs.netem run -n 2 --rate 1gbit --delay 1ms" in log   # launched through netem,
     assert "netem: 2 ranks, each with rate 1000 Mbit/s, delay 1 ms" in log   # not horovodrun
     manifest = json.loads((out / "np2-bit8" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["world_size"] == 2
@@ -61,8 +61,6 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path):
 
 
 def test_default_folder_is_kept_apart():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import run_matrix
     assert Path(run_matrix.parse_args(["--netem-rate", "1gbit"]).out).name == "matrix-netem-1gbit"
     assert Path(run_matrix.parse_args([]).out).name == "matrix"
     assert Path(run_matrix.parse_args(["--netem-rate", "1gbit", "--netem-delay", "1ms"]).out
@@ -81,5 +79,5 @@ def test_dry_run_prints_the_netem_command_and_writes_nothing(tmp_path):
                            "--netem-rate", "100mbit", "--netem-delay", "0.5ms", "--out", str(out)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert "netem.py run -n 2 --rate 100mbit --delay 0.5ms" in done.stdout
+    assert "labs.netem run -n 2 --rate 100mbit --delay 0.5ms" in done.stdout
     assert not out.exists()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hvd_compress.launch import horovodrun_command, launch_env
+from labs.kit.launch import horovodrun_command, launch_env
 from hvdrun import WORKERS, run_worker
 
 

@@ -1,16 +1,17 @@
-"""hvd_compress.runlog: atomic files, append/resume of CSV records, manifest, checkpoints."""
+"""labs.kit.runlog: atomic files, append/resume of CSV records, manifest, checkpoints."""
 import json
 import os
 import platform
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from hvd_compress import runlog
+from labs.kit import runlog
 
 
 # --- atomic writes ---------------------------------------------------------------------------
@@ -169,6 +170,15 @@ def test_environment_describes_this_machine():
         assert env["mpi"] == "none"
     assert isinstance(env["nics"], list) and isinstance(env["gpus"], list)
     json.dumps(env)                                     # fits in manifest.json
+
+
+def test_git_commit_is_that_of_the_folder_given(tmp_path):
+    """No checkout assumed: the commit of the folder the caller names, 'none' outside git."""
+    assert runlog.git_commit(tmp_path) == "none"
+    here = runlog.git_commit(Path(__file__).parent)
+    if shutil.which("git") and here != "none":
+        assert len(here.split("-")[0]) == 40
+    assert runlog.environment(tmp_path)["git_commit"] == "none"
 
 
 # --- checkpoints -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvd_compress.watchdog import EXIT_CODE, StepWatchdog
+from labs.kit.watchdog import EXIT_CODE, StepWatchdog
 
 
 def test_beats_keep_it_quiet_and_silence_trips_it():
@@ -20,7 +20,7 @@ def test_beats_keep_it_quiet_and_silence_trips_it():
 
 
 def test_stuck_process_exits_with_clear_error():
-    code = ("import time; from hvd_compress.watchdog import StepWatchdog\n"
+    code = ("import time; from labs.kit.watchdog import StepWatchdog\n"
             "with StepWatchdog(0.5, rank=3):\n    time.sleep(30)\n")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -335,7 +335,7 @@ def time_cases(hvd, torch, cases: list[Case], warmup: int, min_reps: int, max_re
 def run_worker(args) -> int:
     import torch
     import horovod.torch as hvd
-    from hvd_compress import runlog
+    from labs.kit import runlog
 
     torch.set_num_threads(args.threads)
     hvd.init()
@@ -498,7 +498,7 @@ def add_ratios(prim, schemes):
 def analyze(out_path: Path, quiet: bool = False) -> dict:
     """Summary CSV, fit JSON, ratios and plot from OUT (and OUT_schemes.csv if present)."""
     import pandas as pd
-    from hvd_compress import runlog
+    from labs.kit import runlog
 
     paths = output_paths(out_path)
     prim_raw = pd.read_csv(paths["primitives"])
@@ -628,7 +628,7 @@ def launch_command(args, n: int, out: Path) -> list[str]:
 
 
 def run_driver(args) -> int:
-    from hvd_compress import runlog
+    from labs.kit import runlog
 
     paths = output_paths(args.out)
     parts = []

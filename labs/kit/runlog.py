@@ -11,6 +11,9 @@ whole and readable by pandas:
   (and a torn last line) when a run is resumed.
 * ``StepTimer`` keeps the timing of each phase of a step to one line in the training loop.
 * ``environment`` describes the machine and software for the manifest and the report.
+
+Paths are the caller's: a run folder, a file, the folder whose git commit to record.  Nothing
+here assumes a checkout.
 """
 from __future__ import annotations
 
@@ -29,8 +32,6 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable, Optional
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The columns of the records, shared by the trainer, the run matrix, the report and the plots.
 STEP_COLUMNS = [
@@ -287,7 +288,9 @@ def mpi_version() -> str:
     return out.splitlines()[0].strip() if out else "none"
 
 
-def git_commit(repo: Path = REPO_ROOT) -> str:
+def git_commit(repo: Path) -> str:
+    """HEAD of the git checkout holding ``repo`` (any folder inside it), "-dirty" when tracked
+    files changed; "none" outside a checkout or without git."""
     commit = _run(["git", "-C", str(repo), "rev-parse", "HEAD"])
     if not commit:
         return "none"
@@ -363,8 +366,9 @@ def cuda_toolkit() -> str:
     return "none"
 
 
-def environment() -> dict:
-    """What the machine and the software are, for the manifest and the report's table."""
+def environment(code_dir: Path = Path(".")) -> dict:
+    """What the machine and the software are, for the manifest and the report's table;
+    ``git_commit`` is that of the checkout holding ``code_dir`` (default: the current folder)."""
     try:
         import torch
         torch_version, cuda = torch.__version__, torch.version.cuda or "none"
@@ -395,7 +399,7 @@ def environment() -> dict:
         "hvd_compress": package_version("hvd_compress"),
         "nics": network_interfaces(),
         "gpus": gpus(),
-        "git_commit": git_commit(),
+        "git_commit": git_commit(code_dir),
         "argv": sys.argv,
     }
 

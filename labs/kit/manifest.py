@@ -1,0 +1,82 @@
+"""manifest.json: what a run was (flags, machine, software, network) and how it ended.
+
+Rank 0 writes it when the run starts ('running'), after every epoch (epochs_completed) and
+when it ends ('complete', 'interrupted' or 'failed', with the reason).  The run matrix, the
+report and --resume read it.
+"""
+import os
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+
+from . import runlog
+from .ranks import horovod_settings
+
+
+def collective(optimizer, args, world_size):
+    """The collective that really carries the gradients (the compressor's default included)."""
+    if args.use_adasum:
+        return "adasum"
+    if args.route == "horovod":
+        if world_size == 1:
+            return "none"               # Horovod's optimizer skips the exchange at size 1
+        return "allgather" if args.compression in ("bit8", "bit16") else "allreduce"
+    return optimizer.communicator.route.value
+
+
+def emulated_network(environ=os.environ):
+    """The link labs.netem gave this rank (it sets HVDC_NETEM*), or None: loopback."""
+    if environ.get("HVDC_NETEM") != "1":
+        return None
+    rate = environ.get("HVDC_NETEM_RATE_BPS", "")
+    return {"emulated": True, "rate_bps": float(rate) if rate else None,
+            "delay_s": float(environ.get("HVDC_NETEM_DELAY_S", "0")),
+            "delay_via": environ.get("HVDC_NETEM_DELAY_VIA") or None,
+            "mtu": int(environ.get("HVDC_NETEM_MTU", "1500"))}
+
+
+def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropped):
+    """Write the manifest of a starting (or resumed: `dropped` rows) run; returns it."""
+    manifest = runlog.read_manifest(run_dir) if args.resume else None
+    resumes = (manifest or {}).get("resumes", [])
+    if args.resume:
+        resumes.append({"time": runlog.now_iso(), "from_epoch": first_epoch,
+                        "rows_dropped_rank0": dropped})
+    env = runlog.environment(Path(__file__).parent)
+    fresh = {
+        "config": config, "status": "running", "reason": None,
+        "args": dict(vars(args)), "world_size": world_size,
+        "compression": args.compression,
+        "route": "horovod" if args.use_adasum else args.route,
+        "reduction": collective(optimizer, args, world_size),
+        "horovod_env": horovod_settings(), "step_timeout_s": args.step_timeout,
+        "network": emulated_network(),
+        "error_feedback": args.error_feedback, "adasum": args.use_adasum,
+        "lr_effective": args.lr * (1 if args.use_adasum else world_size),
+        "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none",
+        "versions": {k: env[k] for k in ("python", "torch", "horovod", "mpi", "numpy",
+                                         "cuda", "hvd_compress")},
+        "cpu_model": env["cpu_model"], "hostname": env["hostname"],
+        "git_commit": env["git_commit"], "environment": env,
+        "data": data.describe(), "run_dir": str(Path(run_dir).resolve()),
+        "start_time": runlog.now_iso(), "start_unix": time.time(), "end_time": None,
+        "end_unix": None, "epochs_completed": first_epoch - 1,
+        "resumes": resumes,
+    }
+    if manifest:                       # keep when the run first started
+        fresh["start_time"] = manifest.get("start_time", fresh["start_time"])
+        fresh["start_unix"] = manifest.get("start_unix", fresh["start_unix"])
+    runlog.write_manifest(run_dir, fresh)
+    return fresh
+
+
+def finish(run_dir, status, reason):
+    """Merge the ranks' step files into steps.csv and record how the run ended."""
+    run_dir = Path(run_dir)
+    parts = sorted(run_dir.glob("steps_rank*.csv"),
+                   key=lambda p: int(p.stem.replace("steps_rank", "")))
+    if parts:
+        runlog.merge_csvs(parts, run_dir / "steps.csv")
+    runlog.update_manifest(run_dir, status=status, reason=reason,
+                           end_time=runlog.now_iso(), end_unix=time.time())

@@ -1,0 +1,421 @@
+"""Run the course's table of trainings and summarise it in summary.csv.
+
+    python -m labs.kit.matrix --epochs 3                     # Fashion-MNIST, 9 runs
+    python -m labs.kit.matrix --only 'serial,np2-*'          # a subset
+    python -m labs.kit.matrix --extras                       # + bit8 alltoall / error feedback
+    python -m labs.kit.matrix --summary-only                 # rebuild summary.csv only
+    python -m labs.kit.matrix --netem-rate 1gbit             # over an emulated 1 Gbit/s net
+    python -m labs.kit.matrix --netem-rate 1gbit --netem-delay 1ms   # ... with 1 ms latency
+
+(scripts/run_matrix.py is the same command.)  The table (labs/kit/table.py): serial (one
+process), then 2 and 4 processes x {none, fp16, bit16, bit8}, every run with the same epochs,
+seed and data.  Each run is labs/mnist.py in its own folder (<out>/<name>), launched with
+horovodrun; its console output goes to <out>/logs/<name>.log.
+
+Interrupted matrices resume: a run whose manifest says "complete" with the same settings is
+skipped, an unfinished run with a checkpoint is continued with --resume, anything else is
+moved aside (<name>.stale-<time>) and run again.  summary.csv gets one row per run.
+
+--netem-rate RATE launches every multi-process run through the emulator (python -m labs.netem:
+one network namespace per rank, each with a RATE link; needs root), into
+runs/matrix-netem-<rate> by default (runs/matrix-netem-<rate>-<delay> with --netem-delay, a
+one-way delay per link); the serial run has nothing to send and runs as usual.
+"""
+import argparse
+import fnmatch
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from labs import netem
+
+from . import runlog
+from .launch import horovodrun_command, launch_env
+from .table import course_runs
+
+TRAINER = Path(__file__).resolve().parents[1] / "mnist.py"
+NETEM = [sys.executable, "-m", "labs.netem"]       # the emulator's command line
+# Settings that must agree between a finished run and the matrix that wants to reuse it.
+SHARED_SETTINGS = ("epochs", "dataset", "split_test", "seed", "batch_size", "lr")
+
+
+def select(runs, only):
+    """Runs whose name matches one of the comma-separated patterns in ``only``."""
+    if not only:
+        return runs
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(r.name, pattern) for r in runs):
+            raise SystemExit(f"--only: {pattern!r} matches no run; runs are "
+                             f"{', '.join(r.name for r in runs)}")
+    return [r for r in runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching one run
+# ---------------------------------------------------------------------------------------------
+
+def trainer_args(args, run_dir):
+    cmd = [str(TRAINER), "--epochs", str(args.epochs), "--dataset", args.dataset,
+           "--seed", str(args.seed), "--batch-size", str(args.batch_size),
+           "--lr", str(args.lr), "--out", str(run_dir)]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    if args.split_test is not None:
+        cmd += ["--split-test", str(args.split_test)]
+    return cmd
+
+
+def launch_command(spec, args, run_dir, resume):
+    """horovodrun -np N --gloo|--mpi python labs/mnist.py ..., or with --netem-rate
+    python -m labs.netem run -n N --rate RATE -- python labs/mnist.py ...; a serial run
+    needs neither."""
+    train = [sys.executable] + trainer_args(args, run_dir) + spec.flags
+    if resume:
+        train.append("--resume")
+    if spec.ranks == 1:
+        return train
+    if args.netem_rate:
+        return NETEM + ["run", "-n", str(spec.ranks),
+                "--rate", args.netem_rate, "--delay", args.netem_delay or "0",
+                "--launcher", args.controller,
+                "--timeout", f"{args.timeout:g}", "--"] + train
+    return horovodrun_command(spec.ranks, train, controller=args.controller)
+
+
+def netem_problem():
+    """Why this machine cannot emulate a network (labs.netem check), or None if it can."""
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return "--netem-rate needs root (network namespaces and tc); run as root or drop it"
+    done = subprocess.run(NETEM + ["check"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return f"--netem-rate: this machine cannot emulate a network: {done.stdout.strip()}"
+    return None
+
+
+def child_env():
+    env = launch_env()
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_one(cmd, log_path, timeout, echo):
+    """Run ``cmd``, teeing its output to ``log_path``; SIGTERM then SIGKILL after ``timeout``.
+
+    Returns (exit code, or None on timeout; seconds).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", env=child_env(),
+                                start_new_session=True)
+
+        def pump():                     # a thread, so the main one can watch the clock
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if echo:
+                    print("    " + line, end="", flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+            code = None
+        except KeyboardInterrupt:
+            stop(proc)
+            raise
+        finally:
+            reader.join(timeout=10)
+    return code, time.monotonic() - start
+
+
+def stop(proc, grace=30):
+    """Stop the process group we started: SIGTERM lets the trainer record 'interrupted'."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ---------------------------------------------------------------------------------------------
+# Deciding what to do with an existing run folder
+# ---------------------------------------------------------------------------------------------
+
+def settings_mismatch(manifest, args):
+    """Names of the settings in which an existing run differs from this matrix."""
+    done = manifest.get("args", {})
+    wanted = {"epochs": args.epochs, "dataset": args.dataset, "split_test": args.split_test,
+              "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr}
+    mismatch = [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
+    if manifest.get("world_size", 1) > 1:
+        if network_rate(manifest) != netem_rate_bps(args):
+            mismatch.append("netem rate")
+        if (network_delay(manifest) or 0.0) != netem_delay_s(args):
+            mismatch.append("netem delay")
+    return mismatch
+
+
+def netem_rate_bps(args):
+    """The emulated link rate of this matrix in bit/s, None on loopback."""
+    return netem.parse_rate(args.netem_rate) if args.netem_rate else None
+
+
+def netem_delay_s(args):
+    """The emulated one-way delay of this matrix in seconds (0 on loopback)."""
+    if not (args.netem_rate and args.netem_delay):
+        return 0.0
+    return netem.parse_duration(args.netem_delay)
+
+
+def network_rate(manifest):
+    """The emulated link rate a run was made on (bit/s), None on loopback."""
+    return (manifest.get("network") or {}).get("rate_bps")
+
+
+def network_delay(manifest):
+    """The emulated one-way delay a run was made on (s), None on loopback."""
+    return (manifest.get("network") or {}).get("delay_s")
+
+
+def plan(spec, args, run_dir):
+    """'skip', 'resume' or 'fresh' for one run (moving a stale folder aside for 'fresh')."""
+    manifest = runlog.read_manifest(run_dir)
+    if manifest is None:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            move_aside(run_dir)
+        return "fresh"
+    mismatch = settings_mismatch(manifest, args)
+    if mismatch:
+        raise SystemExit(
+            f"{run_dir} was made with other settings ({', '.join(mismatch)} differ); "
+            f"choose another --out or delete that folder")
+    if manifest.get("status") == "complete":
+        return "skip"
+    if (run_dir / "checkpoint.pt").is_file() and manifest.get("world_size") == spec.ranks:
+        return "resume"
+    move_aside(run_dir)
+    return "fresh"
+
+
+def move_aside(run_dir):
+    target = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.rename(target)
+    print(f"    moved the unfinished folder aside: {target}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------
+
+STEP_PARTS = ["step", "forward_backward", "compress", "communicate", "decompress", "update"]
+
+
+def _seconds_between(start, end):
+    if start is None or end is None:
+        return math.nan
+    return float(end) - float(start)
+
+
+def summarize_run(name, run_dir):
+    """One summary row from a run folder (NaN where the run has no numbers yet)."""
+    manifest = runlog.read_manifest(run_dir) or {}
+    row = {"run": name, "config": manifest.get("config"),
+           "ranks": manifest.get("world_size"), "compression": manifest.get("compression"),
+           "reduction": manifest.get("reduction"),
+           "error_feedback": manifest.get("error_feedback"),
+           "controller": manifest.get("controller"),
+           "netem_rate_bps": network_rate(manifest),
+           "netem_delay_s": network_delay(manifest),
+           "dataset": (manifest.get("data") or {}).get("name"),
+           "train_samples": (manifest.get("data") or {}).get("train_samples"),
+           "status": manifest.get("status", "missing"),
+           "epochs": math.nan, "train_time_s": math.nan,
+           "wall_time_s": _seconds_between(manifest.get("start_unix"), manifest.get("end_unix")),
+           "final_test_accuracy": math.nan, "final_test_loss": math.nan,
+           "samples_per_s": math.nan, "steps_per_epoch": math.nan}
+    row.update({f"{part}_ms": math.nan for part in STEP_PARTS})
+    row["bytes_per_step"] = math.nan
+    epochs_csv, steps_csv = run_dir / "epochs.csv", run_dir / "steps.csv"
+    if epochs_csv.is_file():
+        epochs = pd.read_csv(epochs_csv)
+        if len(epochs):
+            row.update(epochs=len(epochs), train_time_s=epochs["epoch_s"].sum(),
+                       final_test_accuracy=epochs["test_accuracy"].iloc[-1],
+                       final_test_loss=epochs["test_loss"].iloc[-1],
+                       samples_per_s=epochs["train_samples_per_s"].mean(),
+                       steps_per_epoch=epochs["steps"].iloc[-1])
+    if steps_csv.is_file():
+        steps = pd.read_csv(steps_csv)
+        if len(steps):
+            for part in STEP_PARTS:
+                row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
+            row["bytes_per_step"] = steps["bytes_sent"].mean()
+    row["run_dir"] = os.path.relpath(run_dir, start=run_dir.parent)
+    return row
+
+
+def read_summary(path, error=SystemExit):
+    """A matrix's summary.csv; `error` (its message says what to do) when there is none."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no summary.csv; run the matrix first (python -m labs.kit.matrix)")
+    frame = pd.read_csv(path)
+    if frame.empty:
+        raise error(f"{path}: the summary has no runs")
+    return frame
+
+
+def write_summary(out):
+    """summary.csv over every run folder of the table present in ``out`` (not only the ones
+    this invocation ran: ``--only`` re-runs one row without dropping the others)."""
+    rows = [summarize_run(spec.name, out / spec.name) for spec in course_runs(extras=True)
+            if (out / spec.name).exists()]
+    frame = pd.DataFrame(rows)
+    runlog.atomic_write_text(out / "summary.csv", frame.to_csv(index=False))
+    return frame
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist"])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--split-test", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.01,
+                        help="base learning rate (the trainer scales it by the world size)")
+    parser.add_argument("--out", default=None,
+                        help="default runs/matrix (runs/matrix-netem-<RATE> with --netem-rate), "
+                             "in the current folder")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated run names or patterns, e.g. 'serial,np2-*'")
+    parser.add_argument("--extras", action="store_true",
+                        help="add bit8 alltoall and bit8 error-feedback rows (2 and 4 ranks)")
+    parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    parser.add_argument("--netem-rate", default=None, metavar="RATE",
+                        help="run the multi-process rows over an emulated network of RATE "
+                             "per rank (e.g. 100mbit, 1gbit) through labs.netem; needs "
+                             "root; default --out runs/matrix-netem-<RATE>")
+    parser.add_argument("--netem-delay", default=None, metavar="DELAY",
+                        help="with --netem-rate: one-way delay per link, e.g. 0.5ms "
+                             "(labs.netem --delay); default --out "
+                             "runs/matrix-netem-<RATE>-<DELAY>")
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds allowed per run before it is stopped (default 3600)")
+    parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="rebuild summary.csv from the existing run folders")
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    if args.netem_delay and not args.netem_rate:
+        parser.error("--netem-delay needs --netem-rate (e.g. --netem-rate 1gbit)")
+    if args.netem_rate:
+        try:
+            netem_rate_bps(args)
+        except netem.NetemError as err:
+            parser.error(f"--netem-rate: {err}")
+        try:
+            netem_delay_s(args)
+        except netem.NetemError as err:
+            parser.error(f"--netem-delay: {err}")
+    if args.out is None:
+        name = f"matrix-netem-{args.netem_rate.lower()}" if args.netem_rate else "matrix"
+        if args.netem_delay and netem_delay_s(args) > 0:
+            name += f"-{args.netem_delay.lower()}"
+        args.out = str(Path("runs") / name)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    runs = select(course_runs(args.extras), args.only)
+    if args.summary_only:
+        print(write_summary(out).to_string(index=False))
+        return 0
+    if args.netem_rate and not args.dry_run and any(spec.ranks > 1 for spec in runs):
+        problem = netem_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    if not args.dry_run:                      # a dry run prints and writes nothing
+        out.mkdir(parents=True, exist_ok=True)
+        runlog.atomic_write_json(out / "matrix.json", {
+            "settings": {k: v for k, v in vars(args).items() if k not in ("dry_run", "quiet")},
+            "runs": [spec.name for spec in runs], "updated": runlog.now_iso()})
+
+    failures, started = [], time.monotonic()
+    for number, spec in enumerate(runs, 1):
+        run_dir = out / spec.name
+        header = f"[{number}/{len(runs)}] {spec.name}"
+        if args.dry_run:
+            print(header + ": " + shlex.join(launch_command(spec, args, run_dir, False)))
+            continue
+        action = plan(spec, args, run_dir)
+        if action == "skip":
+            print(f"{header}: already complete, skipped", flush=True)
+            continue
+        cmd = launch_command(spec, args, run_dir, resume=action == "resume")
+        elapsed = time.monotonic() - started
+        print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
+              f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
+              f"matrix time so far {elapsed / 60:.1f} min; log {out / 'logs' / spec.name}.log)",
+              flush=True)
+        code, seconds = run_one(cmd, out / "logs" / f"{spec.name}.log", args.timeout,
+                                echo=not args.quiet)
+        manifest = runlog.read_manifest(run_dir) or {}
+        if code == 0 and manifest.get("status") == "complete":
+            row = summarize_run(spec.name, run_dir)
+            print(f"{header}: done in {seconds:.0f} s, test accuracy "
+                  f"{row['final_test_accuracy']:.4f}", flush=True)
+        else:
+            why = "timed out" if code is None else f"exit code {code}"
+            failures.append(spec.name)
+            print(f"{header}: FAILED ({why}, status {manifest.get('status')}); "
+                  f"see {out / 'logs' / spec.name}.log", flush=True)
+    if args.dry_run:
+        return 0
+    frame = write_summary(out)
+    columns = ["run", "status", "epochs", "train_time_s", "final_test_accuracy", "step_ms",
+               "communicate_ms", "bytes_per_step"]
+    print(f"\nsummary: {out / 'summary.csv'}")
+    print(frame[[c for c in columns if c in frame]].to_string(index=False))
+    if failures:
+        print(f"\n{len(failures)} run(s) failed: {', '.join(failures)}; run the same command "
+              f"again to retry them (finished runs are kept)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Plots of a run matrix, PNG files next to the report.
+
+    python -m labs.kit.plots                                   # runs/matrix -> current folder
+    python -m labs.kit.plots --summary runs/x/summary.csv --out-dir runs/x
+
+(scripts/plot_runs.py is the same command.)
+
+accuracy.png   test accuracy after each epoch, one line per configuration
+loss.png       training loss per step (rank 0, moving average), x axis in epochs so that
+               configurations with different steps per epoch line up
+step_time.png  mean step time split into forward+backward, compress, communicate,
+               decompress and update (stacked bars), and bytes sent per step
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .matrix import read_summary  # noqa: E402
+
+PARTS = [("forward_backward_ms", "forward+backward"), ("compress_ms", "compress"),
+         ("communicate_ms", "communicate"), ("decompress_ms", "decompress"),
+         ("update_ms", "update")]
+
+
+def load(summary_path):
+    summary_path = Path(summary_path)
+    summary = read_summary(summary_path)
+    runs = {}
+    for row in summary.itertuples():
+        folder = summary_path.parent / row.run_dir
+        epochs = folder / "epochs.csv"
+        steps = folder / "steps.csv"
+        if not epochs.is_file() or not steps.is_file():
+            raise SystemExit(f"{folder}: epochs.csv or steps.csv is missing")
+        runs[row.run] = (pd.read_csv(epochs), pd.read_csv(steps))
+    return summary, runs
+
+
+def style(run):
+    """Same colour for a compression, solid for 2 processes, dashed for 4."""
+    colours = {"none": "tab:blue", "fp16": "tab:green", "bit16": "tab:orange",
+               "bit8": "tab:red"}
+    parts = run.split("-")
+    colour = colours.get(parts[1] if len(parts) > 1 else "", "black")
+    if run == "serial":
+        return {"color": "black", "linestyle": ":"}
+    if len(parts) > 2:                    # extras such as bit8-alltoall, bit8-ef
+        colour = {"alltoall": "tab:purple", "ef": "tab:brown"}.get(parts[2], colour)
+    return {"color": colour, "linestyle": "-" if parts[0] == "np2" else "--"}
+
+
+def plot_accuracy(runs, path):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run, (epochs, _) in runs.items():
+        ax.plot(epochs["epoch"], 100 * epochs["test_accuracy"], marker="o", label=run,
+                **style(run))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Test accuracy per epoch")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_loss(runs, path, window=20):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run, (_, steps) in runs.items():
+        rank0 = steps[steps["rank"] == 0].sort_values("step")
+        per_epoch = rank0.groupby("epoch")["batch"].transform("max") + 1
+        x = rank0["epoch"] - 1 + (rank0["batch"] + 1) / per_epoch
+        smooth = rank0["loss"].rolling(window, min_periods=1).mean()
+        ax.plot(x, smooth, label=run, linewidth=1.2, **style(run))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"training loss (rank 0, mean of {window} steps)")
+    ax.set_title("Training loss per step")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_step_time(summary, path):
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.8),
+                                 gridspec_kw={"width_ratios": [3, 2]})
+    names = list(summary["run"])
+    bottom = [0.0] * len(names)
+    colours = ["tab:gray", "tab:orange", "tab:blue", "tab:green", "tab:purple"]
+    for (column, label), colour in zip(PARTS, colours):
+        values = summary[column].fillna(0).tolist()
+        ax.bar(names, values, bottom=bottom, label=label, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("mean time per step (ms)")
+    ax.set_title("Where a step's time goes")
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    bx.bar(names, summary["bytes_per_step"].fillna(0) / 1024, color="tab:red")
+    bx.set_ylabel("KiB sent per rank per step")
+    bx.set_title("Gradient bytes on the wire")
+    bx.tick_params(axis="x", rotation=45)
+    bx.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--summary", default="runs/matrix/summary.csv")
+    parser.add_argument("--out-dir", default=".",
+                        help="where the PNGs go: the report's folder (default: this folder)")
+    args = parser.parse_args(argv)
+    summary, runs = load(args.summary)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_accuracy(runs, out / "accuracy.png")
+    plot_loss(runs, out / "loss.png")
+    plot_step_time(summary, out / "step_time.png")
+    for name in ("accuracy.png", "loss.png", "step_time.png"):
+        print(f"wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Before a run trains: settings and checks every rank must share, or the job hangs.
+
+A rank that fails alone (a missing file, a bad flag for this launcher) would leave the others
+waiting forever in their next collective; `agree` turns one rank's error into every rank's.
+"""
+import os
+import sys
+
+import horovod.torch as hvd
+
+from . import data as lab_data
+
+# Horovod settings that make a broken job end instead of hanging; set before hvd.init() only
+# where the user (or horovodrun --gloo-timeout-seconds / --stall-check-*) has not.
+HOROVOD_DEFAULTS = {
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",          # Gloo gives up on a silent peer (stock: 30)
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",      # warn when ranks wait on a tensor others skip
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",  # ... and shut Horovod down (stock: never)
+}
+
+
+def set_horovod_defaults(environ=os.environ):
+    """HOROVOD_DEFAULTS where unset; returns the values in force (for the manifest)."""
+    for name, value in HOROVOD_DEFAULTS.items():
+        environ.setdefault(name, value)
+    return horovod_settings(environ)
+
+
+def horovod_settings(environ=os.environ):
+    return {name: environ[name] for name in HOROVOD_DEFAULTS}
+
+
+def agree(error):
+    """Every rank passes its error message (or None); if any rank has one, rank 0 prints the
+    first and every rank exits with code 2."""
+    errors = [e for e in hvd.allgather_object(error) if e]
+    if errors:
+        if hvd.rank() == 0:
+            print(f"error: {errors[0]}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def load_data(args, device):
+    """args.dataset read by every rank (md5-checked) into normalised tensors on `device`; a
+    missing or corrupt file, or fewer samples than ranks, is every rank's error."""
+    data, error = None, None
+    try:
+        data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
+        lab_data.check_world(len(data.train_y), hvd.size(), "the training set")
+        lab_data.check_world(len(data.test_y), hvd.size(), "the test set")
+    except lab_data.DataError as err:
+        error = str(err)
+    agree(error)
+    for name in ("train_x", "train_y", "test_x", "test_y"):   # the whole set fits on a GPU
+        setattr(data, name, getattr(data, name).to(device))
+    return data

@@ -1,0 +1,302 @@
+"""The run recorder: a training run's folder, records, checkpoints, --resume and watchdog.
+
+labs/mnist.py trains; the recorder keeps the books, in a few calls:
+
+    run = RunRecorder(args, config_name(args, hvd.size()))  # the run folder (rank 0 decides)
+    first_epoch = run.resume(model, optimizer)              # 1, or after --resume's checkpoint
+    with run.recording(optimizer, data):                    # manifest, CSV files, watchdog
+        for step in run.steps(epoch, batches): ...          # one timed row per training step
+        run.end_epoch(epoch, test_metrics, model, optimizer)  # epochs.csv, checkpoint
+
+A run writes only into its folder (--out, default runs/<config>-<dataset>-<time>):
+    steps_rank<r>.csv  one row per training step of rank r (written while training)
+    steps.csv          all ranks' rows, merged by rank 0 at the end
+    epochs.csv         one row per epoch: test loss/accuracy, epoch time, samples/s
+    manifest.json      arguments, world size, versions, machine, status (labs/kit/manifest.py)
+    checkpoint.pt      model + optimizer + RNG state after the last finished epoch
+    pids/rank<r>.pid   how tests and users find every process of a run
+
+A run that stops early (SIGTERM, Ctrl-C, --max-steps) is recorded as 'interrupted' and exits
+with code 3; --resume continues it from its last checkpoint, dropping the rows written after
+it, so every row appears once.  A rank that hangs is caught by the watchdog (exit code 75).
+"""
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import horovod.torch as hvd
+
+from hvd_compress.communicators import horovod_bytes_sent
+
+from . import manifest, runlog
+from .progress import Progress
+from .ranks import agree
+from .watchdog import StepWatchdog
+
+NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
+            "bytes_sent": math.nan}
+
+
+class Interrupted(Exception):
+    """The run was stopped before its last epoch (signal or --max-steps); it can be resumed."""
+
+
+class Step:
+    """One training step as the loop sees it: its batch, a timer for its phases, its loss."""
+
+    def __init__(self, index, timer):
+        self.index, self.timer, self.loss = index, timer, math.nan
+
+
+class RunRecorder:
+    def __init__(self, args, config):
+        """Rank 0 picks the run folder (refusing one that holds another run, or one that
+        --resume cannot continue); every rank writes its pid file there."""
+        self.args, self.config = args, config
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.run_dir = self._agree_on_folder()
+        runlog.atomic_write_text(self.run_dir / "pids" / f"rank{self.rank}.pid",
+                                 f"{os.getpid()}\n")
+        self.step = 0                   # training steps so far, over all epochs
+        self.first_epoch, self.dropped = 1, 0
+        self.optimizer = self.steps_log = self.epochs_log = self.watchdog = None
+        self._fixed_stats, self._train = dict(NO_STATS), None
+
+    # ---- the run folder and --resume ---------------------------------------------------------
+
+    def _agree_on_folder(self):
+        args, decision = self.args, None
+        if self.rank == 0:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            out = Path(args.out) if args.out else Path("runs") / (
+                f"{self.config}-{args.dataset}-{stamp}")
+            decision = self._refusal(out) or {"run_dir": str(out)}
+            if "run_dir" in decision:
+                out.mkdir(parents=True, exist_ok=True)
+        decision = hvd.broadcast_object(decision, root_rank=0, name="run_dir")
+        agree(decision.get("error"))
+        return Path(decision["run_dir"])
+
+    def _refusal(self, out):
+        """{'error': why} if `out` cannot be used, None if it can."""
+        if not self.args.resume:
+            if out.exists() and any(out.iterdir()):
+                return {"error": f"{out} already holds a run; pass --resume to continue it "
+                                 f"or choose another --out"}
+            return None
+        existing = runlog.read_manifest(out)
+        if existing is None:
+            return {"error": f"{out}: no manifest.json, nothing to resume"}
+        if not (out / "checkpoint.pt").is_file():
+            return {"error": f"{out}: no checkpoint.pt (the run stopped before its first "
+                             f"epoch ended); delete the folder and start again"}
+        if existing.get("world_size") != self.size:
+            return {"error": f"{out} was run with {existing.get('world_size')} processes; "
+                             f"resume it with the same number (now {self.size})"}
+        if existing.get("config") != self.config:
+            return {"error": f"{out} holds configuration {existing.get('config')}, not "
+                             f"{self.config}; use the same flags"}
+        return None
+
+    def resume(self, model, optimizer):
+        """With --resume: rank 0 reads the checkpoint (other hosts may not see the file) into
+        `model`, which reaches the other ranks by the caller's broadcast_parameters(); the
+        optimizer state and the position reach every rank here, and each rank restores its
+        own RNG state.  Rows after the checkpoint are dropped so the unfinished epoch is
+        recorded once.  Returns the first epoch to train."""
+        if not self.args.resume:
+            return self.first_epoch
+        position = None
+        if self.rank == 0:
+            state = runlog.load_checkpoint(self.run_dir / "checkpoint.pt")
+            model.load_state_dict(state["model"])
+            position = {k: state[k] for k in ("optimizer", "epoch", "step", "torch_rng")}
+        position = hvd.broadcast_object(position, root_rank=0, name="resume_position")
+        # Every rank loads the state, so broadcast_optimizer_state() later finds it everywhere
+        # (a rank with an empty state would run an initialising step alone and hang).
+        optimizer.load_state_dict(position["optimizer"])
+        torch.set_rng_state(position["torch_rng"][self.rank])
+        self.step = position["step"]
+        finished = position["epoch"]
+        self.dropped = runlog.truncate_csv(self.run_dir / f"steps_rank{self.rank}.csv",
+                                           lambda row: int(row["epoch"]) <= finished)
+        if self.rank == 0:
+            runlog.truncate_csv(self.run_dir / "epochs.csv",
+                                lambda row: int(row["epoch"]) <= finished)
+        self.first_epoch = finished + 1
+        return self.first_epoch
+
+    # ---- the whole run -----------------------------------------------------------------------
+
+    @contextmanager
+    def recording(self, optimizer, data):
+        """Around the epochs: the manifest says 'running', then how the run ended; the CSV
+        files are open; SIGTERM interrupts; the watchdog ends a job that stopped moving."""
+        self.optimizer = optimizer
+        self._fixed_stats = self._horovod_stats(optimizer)
+        if self.rank == 0:
+            started = manifest.start(self.run_dir, self.args, self.config, self.size,
+                                     optimizer, data, self.first_epoch, self.dropped)
+            print(f"run folder {self.run_dir}: {started['config']}, {self.size} process(es), "
+                  f"{self.args.dataset} {len(data.train_y)} train / {len(data.test_y)} test, "
+                  f"epochs {self.first_epoch}..{self.args.epochs}", flush=True)
+        self.steps_log = runlog.CsvLog(self.run_dir / f"steps_rank{self.rank}.csv",
+                                       runlog.STEP_COLUMNS)
+        if self.rank == 0:
+            self.epochs_log = runlog.CsvLog(self.run_dir / "epochs.csv", runlog.EPOCH_COLUMNS)
+        signal.signal(signal.SIGTERM, _interrupt)
+        status, reason = "failed", None
+        self.watchdog = self._watchdog()
+        try:
+            with self.watchdog:
+                yield self
+                hvd.barrier()           # every rank has flushed its last row
+            status = "complete"
+        except (Interrupted, KeyboardInterrupt) as stop:
+            status, reason = "interrupted", str(stop) or type(stop).__name__
+        except Exception as err:
+            reason = f"{type(err).__name__}: {err}"
+            raise
+        finally:
+            self.steps_log.close()
+            if self.rank == 0:
+                manifest.finish(self.run_dir, status, reason)
+        if status != "complete":
+            if self.rank == 0:
+                how = (f"continue it with --out {self.run_dir} --resume"
+                       if (self.run_dir / "checkpoint.pt").is_file()
+                       else f"no epoch finished, so nothing to resume: delete {self.run_dir} "
+                            f"and start again")
+                print(f"run {status}: {reason}; {how}", flush=True)
+            sys.exit(3)
+
+    def _watchdog(self):
+        """A StepWatchdog that, before it ends this process, records on rank 0 that the run
+        failed, so the manifest never claims 'running' for a dead job."""
+        timeout = self.args.step_timeout
+        watchdog = StepWatchdog(timeout or None, rank=self.rank)
+        end_process = watchdog.on_timeout
+
+        def on_timeout(idle):
+            try:
+                if self.rank == 0:
+                    manifest.finish(self.run_dir, "failed",
+                                    f"watchdog: no training step or evaluation finished for "
+                                    f"{idle:.0f} s (--step-timeout {timeout:g}); a rank is "
+                                    f"dead or wedged")
+            finally:
+                end_process(idle)
+        watchdog.on_timeout = on_timeout
+        return watchdog
+
+    # ---- one epoch ---------------------------------------------------------------------------
+
+    def steps(self, epoch, batches):
+        """A Step per batch of this rank's shard.  Each is timed, written as a row of
+        steps_rank<r>.csv with the optimizer's timings and bytes, and shown as progress;
+        --max-steps interrupts here.  After the last, the epoch's totals over all ranks."""
+        args = self.args
+        progress = Progress(args.progress and self.rank == 0, len(batches),
+                            f"epoch {epoch}/{args.epochs}")
+        timer = runlog.StepTimer()
+        loss_sum, samples, bytes_sent = 0.0, 0, 0.0
+        self._pop_stats()               # drop anything counted before this epoch
+        start = time.perf_counter()
+        for batch, index in enumerate(batches):
+            step = Step(index, timer)
+            with timer("step"):
+                yield step
+            self.step += 1
+            times, stats = timer.pop(), self._pop_stats()
+            self.steps_log.write(self._step_row(epoch, batch, len(index), step.loss, times,
+                                                stats))
+            self.watchdog.beat()        # progress: the job is alive
+            loss_sum += step.loss * len(index)
+            samples += len(index)
+            bytes_sent += stats["bytes_sent"]
+            if (batch + 1) % args.log_interval == 0 or batch + 1 == len(batches):
+                progress.update(batch + 1, step.loss, force=batch + 1 == len(batches))
+            if (args.max_steps is not None and self.step >= args.max_steps
+                    and batch + 1 < len(batches)):
+                progress.close()
+                raise Interrupted(f"--max-steps {args.max_steps} reached in epoch {epoch}")
+        progress.close()
+        epoch_s = time.perf_counter() - start
+        totals = hvd.allreduce(torch.tensor([loss_sum, samples, bytes_sent], dtype=torch.float64),
+                               op=hvd.Sum, name=f"train_totals.{epoch}")
+        self._train = {"epoch": epoch, "steps": len(batches), "train_samples": int(totals[1]),
+                       "train_loss": float(totals[0] / totals[1]), "epoch_s": epoch_s,
+                       "train_samples_per_s": float(totals[1]) / epoch_s,
+                       "bytes_sent": float(totals[2])}
+
+    def end_epoch(self, epoch, test_metrics, model, optimizer):
+        """After an epoch's test: its row of epochs.csv and its line on rank 0, the checkpoint,
+        epochs_completed in the manifest; --max-steps may end the run here."""
+        self.watchdog.beat()
+        record = dict(self._train, **test_metrics, wall_time=time.time())
+        if self.rank == 0:
+            self.epochs_log.write(record)
+            print(f"epoch {epoch}: test loss {record['test_loss']:.4f}, accuracy "
+                  f"{100 * record['test_accuracy']:.2f}%, {record['epoch_s']:.1f}s, "
+                  f"{record['train_samples_per_s']:.0f} samples/s", flush=True)
+        self._save_checkpoint(model, optimizer, epoch)
+        if self.rank == 0:
+            runlog.update_manifest(self.run_dir, epochs_completed=epoch)
+        self.watchdog.beat()
+        args = self.args
+        if args.max_steps is not None and self.step >= args.max_steps and epoch < args.epochs:
+            raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
+
+    def _save_checkpoint(self, model, optimizer, epoch):
+        """Rank 0 writes model, optimizer, position and every rank's RNG state (dropout),
+        atomically."""
+        rng_states = hvd.allgather_object(torch.get_rng_state(), name=f"rng.{epoch}")
+        if self.rank == 0:
+            runlog.save_checkpoint(self.run_dir / "checkpoint.pt", {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": epoch, "step": self.step, "world_size": self.size,
+                "torch_rng": rng_states})
+
+    # ---- what a step cost ---------------------------------------------------------------------
+
+    def _horovod_stats(self, optimizer):
+        """Horovod's own optimizer (--route horovod, --use-adasum) works in backward hooks and
+        synchronize(), out of our reach: no per-phase times (NaN), and the bytes the plugin
+        counts for it (NaN for Adasum).  Fixed per step; the plugin's own are popped."""
+        if hasattr(optimizer, "pop_stats") or self.args.use_adasum:
+            return dict(NO_STATS)
+        numels = [p.numel() for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        compression = getattr(hvd.Compression, self.args.compression)
+        return dict(NO_STATS, bytes_sent=horovod_bytes_sent(compression, numels, self.size))
+
+    def _pop_stats(self):
+        """The plugin's timings and bytes since the last call, or Horovod's fixed numbers."""
+        if hasattr(self.optimizer, "pop_stats"):
+            return self.optimizer.pop_stats()
+        return dict(self._fixed_stats)
+
+    def _step_row(self, epoch, batch, samples, loss, times, stats):
+        """One row of steps.csv; the update time is step() minus what pop_stats() accounts
+        for.  The plugin compresses full buckets from gradient hooks while backward runs: that
+        part (in_backward_s) moves from forward+backward to compress, so the columns add up."""
+        in_backward = stats.get("in_backward_s", 0.0)
+        in_step = (stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"]
+                   - in_backward)
+        return {"rank": self.rank, "epoch": epoch, "step": self.step, "batch": batch,
+                "samples": samples, "loss": loss, "step_s": times["step"],
+                "forward_backward_s": times["forward_backward"] - in_backward,
+                "compress_s": stats["compress_s"], "communicate_s": stats["communicate_s"],
+                "decompress_s": stats["decompress_s"],
+                "update_s": times["optimizer"] - in_step if math.isfinite(in_step)
+                else times["optimizer"],
+                "bytes_sent": stats["bytes_sent"], "wall_time": time.time()}
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(f"signal {signal.Signals(signum).name}")

@@ -1,0 +1,67 @@
+"""The course's table of runs, written once: the run matrix runs it, the report lists it.
+
+A run is a number of processes and a compression scheme (and, in the extra rows, a route or
+error feedback).  Its name comes from hvd_compress.registry.run_name, the plugin's vocabulary,
+and so does the name the trainer gives its own configuration (config_name): a run folder, a
+row of summary.csv and a line of the report are matched by that string.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from hvd_compress.registry import run_name
+
+# The trainer's flag for each scheme, in the order the matrix runs them.
+SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
+                "bit8": ["--bit8-allreduce"]}
+RANKS = (2, 4)
+# The report's results table groups a scheme's rows: float32 first, then float8, float16 and
+# Horovod's fp16 cast, as the course's lab report lists them.
+REPORT_SCHEMES = ("none", "bit8", "bit16", "fp16")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of the table: its name and the trainer flags that make it."""
+    ranks: int
+    scheme: str = "none"
+    route: Optional[str] = None
+    error_feedback: bool = False
+
+    @property
+    def name(self):
+        return run_name(self.ranks, self.scheme, self.route, error_feedback=self.error_feedback)
+
+    @property
+    def flags(self):
+        flags = list(SCHEME_FLAGS[self.scheme])
+        if self.route:
+            flags += ["--reduction", self.route]
+        if self.error_feedback:
+            flags.append("--error-feedback")
+        return flags
+
+
+def course_runs(extras=False):
+    """The course's table in the order the matrix runs it: serial, then 2 and 4 processes x
+    every scheme; `extras` adds bit8 by the two-phase route and bit8 with error feedback."""
+    runs = [Run(1)] + [Run(ranks, scheme) for ranks in RANKS for scheme in SCHEME_FLAGS]
+    if extras:
+        for ranks in RANKS:
+            runs += [Run(ranks, "bit8", route="alltoall"), Run(ranks, "bit8", error_feedback=True)]
+    return runs
+
+
+def _report_key(run):
+    return run.ranks > 1, REPORT_SCHEMES.index(run.scheme), run.ranks
+
+
+# The report's row order: serial, then each scheme at 2 and 4 processes (other runs follow).
+ROW_ORDER = [run.name for run in sorted(course_runs(), key=_report_key)]
+
+
+def config_name(args, world_size):
+    """The name of the trainer's configuration (its parsed flags), e.g. 'np4-bit8-alltoall-ef':
+    the table's name for the same run; Adasum and Horovod's own optimizer add a variant."""
+    variant = "adasum" if args.use_adasum else "horovod" if args.route == "horovod" else None
+    return run_name(world_size, args.compression, args.reduction,
+                    error_feedback=args.error_feedback, variant=variant)
