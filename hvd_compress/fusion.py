@@ -8,7 +8,7 @@ https://pytorch.org/docs/stable/notes/ddp.html#internal-design).
 """
 import torch
 
-__all__ = ["buckets_by_size", "flatten", "Bucket"]
+__all__ = ["buckets_by_size", "Bucket"]
 
 
 def buckets_by_size(tensors, threshold_bytes):
@@ -30,13 +30,6 @@ def buckets_by_size(tensors, threshold_bytes):
     if current:
         buckets.append(current)
     return buckets
-
-
-def flatten(tensors):
-    """One contiguous float32 vector holding all tensors' values, in order."""
-    if len(tensors) == 1:
-        return tensors[0].detach().reshape(-1).to(torch.float32)
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
 
 class Bucket:
