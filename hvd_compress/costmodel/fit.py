@@ -5,7 +5,7 @@ with the coefficients of model.py (e.g. allreduce: c_a = 2(n-1), c_b = 2(n-1)/n 
 Fitting against those coefficients, rather than a bare intercept and slope, recovers the
 *link's* alpha and beta, so one fit at n = 2 and 4 predicts n = 64.
 
-Measurement CSV (written by scripts/bench_collectives.py; extra columns are ignored):
+Measurement CSV (written by labs.netem.bench, the benchmark; extra columns are ignored):
 
     collective  one of: allreduce, allgather, alltoall, reducescatter, broadcast
     n           number of ranks (integer >= 1; n = 1 moves no data and is left out of the fit)
