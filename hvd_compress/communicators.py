@@ -192,7 +192,7 @@ class _PacketBase(_Base):
 
     def _layout(self, bucket, pieces):
         """The bucket's message, made once: one segment per piece (a, b) of the buffer, and each
-        segment's (a, b, block, codes view, scales view)."""
+        segment's (a, b, block, message slice)."""
         comp = self.compression
 
         def make():
@@ -200,9 +200,7 @@ class _PacketBase(_Base):
             message = torch.zeros(sum(sizes), dtype=torch.uint8, device=bucket.device)
             segments, offset = [], 0
             for (a, b), size in zip(pieces, sizes):
-                block = self._block(b - a)
-                codes, scales = comp.message_views(message[offset:offset + size], b - a, block)
-                segments.append((a, b, block, codes, scales))
+                segments.append((a, b, self._block(b - a), message[offset:offset + size]))
                 offset += size
             return message, sizes, segments
         return bucket.cached(("layout", self.route, tuple(pieces)), make)
@@ -210,19 +208,22 @@ class _PacketBase(_Base):
     def _encode(self, bucket, pieces, memory):
         """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
         with error feedback, compensate first and remember what the codes dropped."""
-        fmt, x = self.compression.fmt, bucket.buffer
+        comp, x = self.compression, bucket.buffer
         message, sizes, segments = self._layout(bucket, pieces)
         if memory is not None:
             memory.compensate(bucket.name, x, inplace=True)
             kept = bucket.scratch("kept", bucket.numel, torch.float32)
-        for a, b, block, codes, scales in segments:
+        for a, b, block, segment in segments:
             if b > a:
-                blocks.encode(x[a:b], fmt, codes, scales, block)
+                comp.encode_message(x[a:b], segment, block)
                 if memory is not None:
-                    blocks.decode(codes, scales, fmt, kept[a:b], block)
+                    comp.decode_message(segment, b - a, kept[a:b], block)
         if memory is not None:
             memory.remember(bucket.name, x, kept)
         return message, sizes
+
+    def _divisor(self, n):
+        return n if self.op == hvd.Average else 1
 
 
 class AllgatherCommunicator(_PacketBase):
@@ -242,8 +243,7 @@ class AllgatherCommunicator(_PacketBase):
             gathered = hvd.synchronize(exchange.handle)
         with self.stats.timing("decompress_s"):
             self.compression.decode_messages(gathered.view(n, -1), bucket.numel, bucket.buffer,
-                                             self._block(bucket.numel))
-            self._average(bucket.buffer, n)
+                                             self._block(bucket.numel), self._divisor(n))
 
 
 def _chunk_bounds(numel, n, align=1):
@@ -288,8 +288,8 @@ class AlltoallCommunicator(_PacketBase):
             received, _ = hvd.synchronize(exchange.handle)
         with self.stats.timing("decompress_s"):
             mine = bucket.buffer[a:b]
-            self.compression.decode_messages(received.view(n, -1), b - a, mine, self._block(b - a))
-            self._average(mine, n)
+            self.compression.decode_messages(received.view(n, -1), b - a, mine, self._block(b - a),
+                                             self._divisor(n))
         with self.stats.timing("compress_s"):
             reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
             self.compression.encode_message(mine, reduced, self._block(b - a))

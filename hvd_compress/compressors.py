@@ -133,28 +133,37 @@ class _BlockScaledCompressor(PacketCompressor):
     @classmethod
     def encode_message(cls, flat, message, block=SCALE_BLOCK):
         """Encode contiguous float32 `flat` into `message` (message_bytes long), one pass."""
-        if flat.numel() == 0:
+        numel = flat.numel()
+        if numel == 0:
             return message
-        codes, scales = cls._split(message, flat.numel(), block)
-        blocks.encode(flat, cls.fmt, codes, scales, block=block or max(flat.numel(), 1))
+        block = block or numel
+        if blocks.native_message_ok(message, cls.fmt):      # one call, no views made
+            blocks.native.module().encode_message(flat, message, cls.fmt.name, int(block))
+            return message
+        codes, scales = cls._split(message, numel, block)
+        blocks.encode(flat, cls.fmt, codes, scales, block=block)
         return message
 
     @classmethod
     def decode_message(cls, message, numel, out, block=SCALE_BLOCK):
         """Decode one message into float32 `out` (numel values)."""
-        if numel == 0:
-            return out
-        codes, scales = cls._split(message, numel, block)
-        return blocks.decode(codes, scales, cls.fmt, out, block=block or max(numel, 1))
+        return cls.decode_messages(message.view(1, -1), numel, out, block)
 
     @classmethod
-    def decode_messages(cls, messages, numel, out, block=SCALE_BLOCK):
-        """Decode n messages (rows of a 2-D uint8 tensor, rank order) and sum them into `out`
-        in float32, rank by rank, in one pass: bit-identical on every rank."""
+    def decode_messages(cls, messages, numel, out, block=SCALE_BLOCK, divisor=1):
+        """Decode n messages (rows of a 2-D uint8 tensor, rank order), sum them into `out` in
+        float32, rank by rank, and divide by `divisor` (n to average), in one pass:
+        bit-identical on every rank, and to summing first and dividing after."""
         if numel == 0:
             return out
+        block = block or numel
+        if blocks.native_message_ok(messages, cls.fmt):
+            blocks.native.module().decode_messages(messages, int(numel), out, cls.fmt.name,
+                                                   int(block), float(divisor))
+            return out
         codes, scales = cls._split(messages, numel, block)
-        return blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block or max(numel, 1))
+        blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block)
+        return out.div_(divisor) if divisor != 1 else out
 
     @classmethod
     def message_views(cls, message, numel, block=SCALE_BLOCK):

@@ -54,6 +54,7 @@ class Bucket:
         self._scratch = {}
         self._slices = ([] if self.buffer is None else
                         [self.buffer[o:o + k] for o, k in zip(self.offsets, self.numels)])
+        self._views = [s.view(shape) for s, shape in zip(self._slices, self.shapes)]
 
     def __len__(self):
         return len(self.names)
@@ -65,6 +66,34 @@ class Bucket:
             self.tensor = tensor
         else:
             self._slices[i].copy_(tensor.reshape(-1))
+
+    def put_all(self, members):
+        """put(i, t) for every (i, t) of `members`, as one copy op (torch._foreach_copy_): a
+        small model's step would otherwise pay one op call per gradient. A gradient that
+        already is member i's view of the buffer (see grad_view) needs no copy."""
+        if self.buffer is None:
+            for i, t in members:
+                self.put(i, t)
+            return
+        pending = [(self._views[i], t) for i, t in members if not self.holds(i, t)]
+        if pending:
+            dst, src = zip(*pending)
+            torch._foreach_copy_(list(dst), list(src))
+
+    def holds(self, i, tensor):
+        """Is `tensor` member i's view of the buffer (the gradient written in place)?"""
+        view = self._views[i]
+        return tensor.data_ptr() == view.data_ptr() and tensor.shape == view.shape and \
+            tensor.dtype == view.dtype and tensor.stride() == view.stride()
+
+    def grad_view(self, i):
+        """Member i's view of the buffer, if it can serve as the parameter's .grad (float32,
+        as the parameter), else None. PyTorch DDP does the same (gradient_as_bucket_view): the
+        reduced gradient is not copied back, and a gradient zeroed in place (zero_grad with
+        set_to_none=False) is accumulated by autograd straight into the bucket."""
+        if self.buffer is None or self.dtypes[i] != torch.float32:
+            return None
+        return self._views[i]
 
     def cached(self, key, make):
         """make(), computed once per bucket and key: layouts and views reused every step."""

@@ -79,6 +79,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _reset_step(self):
         self._passes_left = {p: self.backward_passes_per_step for _, p in self._params}
         self._missing = [len(bucket) for bucket in self._buckets]
+        self._waiting = [[] for _ in self._buckets]     # (member, gradient) not yet in the bucket
         self._arrived = set()                    # parameters already in their bucket
         self._in_flight = {}                     # bucket index -> Exchange
 
@@ -103,13 +104,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
 
     def _put(self, p, grad):
+        """Note p's gradient; when its bucket is complete, copy them all in (one op) and launch."""
         b, j = self._slot[p]
-        start = time.perf_counter()
-        self._buckets[b].put(j, grad)
-        self._communicator.stats.values["compress_s"] += time.perf_counter() - start
         self._arrived.add(p)
+        self._waiting[b].append((j, grad))
         self._missing[b] -= 1
         if self._missing[b] == 0:
+            start = time.perf_counter()
+            self._buckets[b].put_all(self._waiting[b])
+            self._communicator.stats.values["compress_s"] += time.perf_counter() - start
             self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
 
     def _progress(self):
@@ -130,6 +133,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._communicator.finish(self._in_flight[b])
             with self._communicator.stats.timing("decompress_s"):
                 for j, (name, p) in enumerate(self._members[b]):
+                    view = bucket.grad_view(j)
+                    if view is not None:         # the reduced gradient, where it already is
+                        if p.grad is not view:
+                            p.grad = view
+                        continue
                     result = bucket.result(j)
                     if result is not p.grad:
                         p.grad.copy_(result)

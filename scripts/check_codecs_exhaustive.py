@@ -200,6 +200,8 @@ def main(argv=None):
                    chunks=len(chunks), chunk_size=size, values=values, paths=args.paths,
                    fp16=not args.no_fp16, seconds=round(elapsed, 1), mismatches=chk.mismatches,
                    examples=chk.examples, ok=chk.total == 0)
+    if "native" in args.paths:   # which of its kernels ran: kernels_x86.h (F16C) or kernels.h
+        summary["native_kernel"] = "f16c" if native.module().uses_f16c() else "portable"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(summary, fh, indent=2)

@@ -1,6 +1,7 @@
 """Block-scaled codes (codecs/blocks.py): the torch path against the per-tensor codecs, and the
 native C++ kernel against the torch path, bit for bit."""
 import math
+import os
 
 import pytest
 import torch
@@ -40,6 +41,13 @@ def test_native_kernel_is_built():
     assert blocks.native_available(), (
         "the C++ kernel is not built: scripts/setup.sh builds it "
         "(python -m hvd_compress.codecs.native); the test suite runs after set-up")
+    assert native.module().uses_f16c() == (os.environ.get("HVD_COMPRESS_F16C") != "0" and _cpu_has("avx2", "f16c"))
+
+
+def _cpu_has(*flags):
+    with open("/proc/cpuinfo") as f:
+        words = set(f.read().split())
+    return all(flag in words for flag in flags)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
@@ -252,3 +260,74 @@ def test_block_scaling_is_no_worse_than_per_tensor_scaling(fmt):
     normal_tensor = x[tiny].abs() * scales1.abs() >= fmt.min_normal
     assert float(normal_block.float().mean()) > 0.7 and float(normal_tensor.float().mean()) < 0.05
     assert float((block_err / x.abs())[tiny][normal_block].max()) <= bound
+
+
+# ---- whole bucket messages (encode_message / decode_messages) and the kernels behind them ----
+
+def reference_messages(comp, rows, block, divisor):
+    """Encode each row by the torch path, sum the decodes in rank order, divide: the reference."""
+    n, numel = rows.shape
+    size = comp.message_bytes(numel, block)
+    messages = torch.zeros(n, size, dtype=torch.uint8)
+    for r in range(n):
+        codes, scales = comp.message_views(messages[r], numel, block)
+        blocks.encode_reference(rows[r].contiguous(), comp.fmt, codes, scales, block)
+    codes, scales = comp.message_views(messages, numel, block)
+    out = torch.empty(numel)
+    blocks.decode_accumulate_reference(codes, scales, comp.fmt, out, block)
+    return messages, out.div_(divisor) if divisor != 1 else out
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("numel,block", [(1, SCALE_BLOCK), (1000, SCALE_BLOCK), (21_840, SCALE_BLOCK),
+                                         (777, 5), (4097, 4097)])
+@pytest.mark.parametrize("scheme", ["bit8", "bit16"])
+def test_native_messages_equal_the_torch_path(scheme, numel, block, ranks, divisor):
+    from hvd_compress.compressors import Compression
+    comp = getattr(Compression, scheme)
+    rows = torch.stack([mixed(numel, seed=numel + 31 * r) for r in range(ranks)])
+    expected_messages, expected = reference_messages(comp, rows, block, divisor)
+    messages = torch.zeros_like(expected_messages)
+    for r in range(ranks):
+        comp.encode_message(rows[r].contiguous(), messages[r], block)
+    assert torch.equal(messages, expected_messages)
+    out = torch.full((numel,), 7.0)
+    comp.decode_messages(messages, numel, out, block, divisor)
+    assert same_bits(out, expected)
+
+
+@pytest.mark.parametrize("scheme", ["bit8", "bit16"])
+def test_native_messages_large_enough_to_stream(scheme):
+    """Past kernels_x86.h's kStreamBytes the kernel writes with non-temporal stores."""
+    from hvd_compress.compressors import Compression
+    comp = getattr(Compression, scheme)
+    numel = (8 << 20) // comp.code_bytes + 1001          # codes and values both past 8 MiB
+    rows = torch.stack([mixed(numel, seed=r) for r in range(2)])
+    expected_messages, expected = reference_messages(comp, rows, SCALE_BLOCK, 2)
+    messages = torch.zeros_like(expected_messages)
+    for r in range(2):
+        comp.encode_message(rows[r].contiguous(), messages[r])
+    assert torch.equal(messages, expected_messages)
+    out = torch.empty(numel)
+    comp.decode_messages(messages, numel, out, SCALE_BLOCK, 2)
+    assert same_bits(out, expected)
+
+
+def test_portable_kernel_equals_the_torch_path():
+    """HVD_COMPRESS_F16C=0: the portable loops of kernels.h, which CPUs without F16C run."""
+    import subprocess
+    import sys
+    script = (
+        "import sys, torch; sys.path.insert(0, 'tests')\n"
+        "from test_codecs_blocks import SCALE_BLOCK, test_native_messages_equal_the_torch_path as check\n"
+        "from hvd_compress.codecs import native\n"
+        "assert not native.module().uses_f16c()\n"
+        "for scheme in ('bit8', 'bit16'):\n"
+        "    for numel, block in ((21_840, SCALE_BLOCK), (777, 5), (1 << 21, SCALE_BLOCK)):\n"
+        "        check(scheme, numel, block, 3, 3)\n"
+        "print('portable kernel OK')\n")
+    env = dict(os.environ, HVD_COMPRESS_F16C="0")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+    assert proc.returncode == 0 and "portable kernel OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -30,7 +30,8 @@ from .formats import FP16, SCALE_BLOCK, FloatFormat
 from .scaling import FLOAT32_MAX_EXP, FLOAT32_MIN_EXP
 
 __all__ = ["SCALE_BLOCK", "num_blocks", "code_dtype", "encode", "decode", "decode_accumulate",
-           "encode_reference", "decode_accumulate_reference", "native_available", "block_scales"]
+           "encode_reference", "decode_accumulate_reference", "native_available", "block_scales",
+           "native_message_ok"]
 
 
 def num_blocks(numel: int, block: int = SCALE_BLOCK) -> int:
@@ -48,6 +49,14 @@ def code_dtype(fmt: FloatFormat) -> torch.dtype:
 def native_available() -> bool:
     """Is the C++ kernel built (scripts/setup.sh) and not switched off (HVD_COMPRESS_NATIVE=0)?"""
     return native.module() is not None
+
+
+def native_message_ok(message: torch.Tensor, fmt: FloatFormat) -> bool:
+    """Can the native kernel take this bucket message (or 2-D batch of them) whole: built, on
+    the CPU, rows contiguous and 4-byte aligned (compressors.py pads messages to 4)?"""
+    return (_use_native(message, fmt)
+            and message.stride(-1) == 1 and message.data_ptr() % 4 == 0
+            and (message.dim() == 1 or message.size(0) == 1 or message.stride(0) % 4 == 0))
 
 
 def _use_native(t: torch.Tensor, fmt: FloatFormat) -> bool:

@@ -4,9 +4,11 @@
 
 Never compiled at first import: several ranks importing at once must not race a compiler.
 `module()` loads the built library if it was built from this source for this torch, and
-returns its ops (`encode`, `decode_accumulate`, `encode_values`); otherwise None, and codecs/blocks.py runs its
+returns its ops (`encode`, `decode_accumulate`, `encode_values`, `encode_message`,
+`decode_messages`); otherwise None, and codecs/blocks.py runs its
 pure-torch path, the reference the kernel is tested against bit for bit.
-HVD_COMPRESS_NATIVE=0 switches the kernel off.
+HVD_COMPRESS_NATIVE=0 switches the kernel off; HVD_COMPRESS_F16C=0 keeps its portable loops on a
+CPU with AVX2 and F16C (kernels_x86.h otherwise).
 """
 import functools
 import glob
@@ -16,7 +18,7 @@ import os
 __all__ = ["module", "built", "build", "SOURCES", "BUILD_DIR", "FORMATS"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, "blocks.cpp"), os.path.join(HERE, "kernels.h")]   # hashed into TAG
+SOURCES = [os.path.join(HERE, f) for f in ("blocks.cpp", "kernels.h", "kernels_x86.h")]  # hashed into TAG
 BUILD_DIR = os.path.join(HERE, "build")
 NAME = "hvdc_blocks"
 FORMATS = ("e4m3fn", "float16")

@@ -7,9 +7,11 @@
 // decode_accumulate: one pass over the output; for each block, every rank's codes are
 // decoded, unscaled and summed in rank order.
 //
-// The loops are written without branches so that GCC vectorises them, and compiled twice: for
-// AVX2 where the CPU has it and for baseline x86-64, picked at load time (target_clones; no
-// -march=native: the library must run on whichever x86-64 runs the tests). Flags (native/
+// Where the CPU has AVX2 and F16C (checked once, at load), the kernels of kernels_x86.h run:
+// the hardware's float16 conversions, 8 values an instruction. Elsewhere kernels.h's loops,
+// written without branches so that GCC vectorises them, compiled twice: for AVX2 and for
+// baseline x86-64, picked at load time (target_clones; no -march=native: the library must run
+// on whichever x86-64 runs the tests). Both are bit-identical to the torch path (tests). Flags (native/
 // __init__.py): -ffp-contract=off, since a fused multiply-add would round once where the
 // reference rounds twice; -fno-trapping-math only lets GCC evaluate both sides of a select
 // (it changes no rounding). Threads come from torch's pool (at::parallel_for), so
@@ -18,9 +20,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "kernels.h"
+#include "kernels_x86.h"
 
 namespace {
 
@@ -33,20 +37,57 @@ using hvdc::FP16;
 #define HVDC_CLONES
 #endif
 
+#if defined(__x86_64__)
+// HVD_COMPRESS_F16C=0 keeps the portable kernels (how the tests check them on this CPU too).
+const bool kF16C = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                   !(std::getenv("HVD_COMPRESS_F16C") && std::string(std::getenv("HVD_COMPRESS_F16C")) == "0");
+#else
+constexpr bool kF16C = false;
+#endif
+
 // One function per format and loop, so each gets its clones.
 template <typename F>
-HVDC_CLONES void encode_range(const float* x, typename F::code_t* c, float* s, int64_t n,
-                              int64_t block, int64_t b0, int64_t b1) {
+HVDC_CLONES void encode_generic(const float* x, typename F::code_t* c, float* s, int64_t n,
+                                int64_t block, int64_t b0, int64_t b1) {
   hvdc::encode_blocks<F>(x, c, s, n, block, b0, b1);
 }
 template <typename F>
-HVDC_CLONES void decode_range(const typename F::code_t* c, int64_t cs, const float* s, int64_t ss,
-                              int64_t ranks, float* o, int64_t n, int64_t block, int64_t b0, int64_t b1) {
+HVDC_CLONES void decode_generic(const typename F::code_t* c, int64_t cs, const float* s, int64_t ss,
+                                int64_t ranks, float* o, int64_t n, int64_t block, int64_t b0, int64_t b1,
+                                float divisor) {
   hvdc::decode_blocks<F>(c, cs, s, ss, ranks, o, n, block, b0, b1);
+  if (divisor != 1.0f) {
+    const int64_t hi = b1 * block < n ? b1 * block : n;
+    for (int64_t i = b0 * block; i < hi; ++i) o[i] = o[i] / divisor;
+  }
 }
 template <typename F>
-HVDC_CLONES void values_range(const float* x, typename F::code_t* c, int64_t lo, int64_t hi) {
+HVDC_CLONES void values_generic(const float* x, typename F::code_t* c, int64_t lo, int64_t hi) {
   hvdc::encode_values<F>(x, c, lo, hi);
+}
+
+template <typename F>
+void encode_range(const float* x, typename F::code_t* c, float* s, int64_t n, int64_t block,
+                  int64_t b0, int64_t b1) {
+#if defined(__x86_64__)
+  if (kF16C) return hvdc::x86::encode_blocks<F>(x, c, s, n, block, b0, b1);
+#endif
+  encode_generic<F>(x, c, s, n, block, b0, b1);
+}
+template <typename F>
+void decode_range(const typename F::code_t* c, int64_t cs, const float* s, int64_t ss, int64_t ranks,
+                  float* o, int64_t n, int64_t block, int64_t b0, int64_t b1, float divisor) {
+#if defined(__x86_64__)
+  if (kF16C) return hvdc::x86::decode_blocks<F>(c, cs, s, ss, ranks, o, n, block, b0, b1, divisor);
+#endif
+  decode_generic<F>(c, cs, s, ss, ranks, o, n, block, b0, b1, divisor);
+}
+template <typename F>
+void values_range(const float* x, typename F::code_t* c, int64_t lo, int64_t hi) {
+#if defined(__x86_64__)
+  if (kF16C) return hvdc::x86::encode_values<F>(x, c, lo, hi);
+#endif
+  values_generic<F>(x, c, lo, hi);
 }
 
 // About 64 KiB of float32 per task, so small buckets stay on one thread.
@@ -59,18 +100,21 @@ constexpr at::ScalarType code_type() {
   return sizeof(typename F::code_t) == 1 ? at::kByte : at::kShort;
 }
 
-// Calls fn.template operator()<F>() for the format named `fmt`, after checking the codes' dtype.
+// Calls fn.template operator()<F>() for the format named `fmt`.
+template <typename Fn>
+void with_format(const std::string& fmt, Fn&& fn) {
+  if (fmt == "e4m3fn") fn.template operator()<E4M3>();
+  else if (fmt == "float16") fn.template operator()<FP16>();
+  else check(false, "format must be e4m3fn or float16");
+}
+
+// with_format, after checking that the codes' dtype is the format's.
 template <typename Fn>
 void dispatch(const std::string& fmt, const at::Tensor& codes, Fn&& fn) {
-  if (fmt == "e4m3fn") {
-    check(codes.scalar_type() == code_type<E4M3>(), "e4m3fn codes are uint8");
-    fn.template operator()<E4M3>();
-  } else if (fmt == "float16") {
-    check(codes.scalar_type() == code_type<FP16>(), "float16 codes are int16");
-    fn.template operator()<FP16>();
-  } else {
-    check(false, "format must be e4m3fn or float16");
-  }
+  with_format(fmt, [&]<typename F>() {
+    check(codes.scalar_type() == code_type<F>(), "e4m3fn codes are uint8, float16 codes int16");
+    fn.template operator()<F>();
+  });
 }
 
 void check_x(const at::Tensor& x, const at::Tensor& codes) {
@@ -106,8 +150,9 @@ void encode_values(const at::Tensor& x, at::Tensor codes, std::string fmt) {
 }
 
 void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Tensor out,
-                       std::string fmt, int64_t block) {
+                       std::string fmt, int64_t block, double divisor) {
   check(block >= 1, "block must be >= 1");
+  check(divisor > 0, "divisor must be > 0");
   check(codes.device().is_cpu() && codes.dim() == 2 && codes.stride(1) == 1,
         "codes: 2-D CPU tensor, rows contiguous");
   const int64_t ranks = codes.size(0), n = codes.size(1), nb = (n + block - 1) / block;
@@ -123,7 +168,57 @@ void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Te
     float* op = out.data_ptr<float>();
     const int64_t cs = codes.stride(0), ss = scales.stride(0);
     at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
-      decode_range<F>(cp, cs, sp, ss, ranks, op, n, block, b0, b1);
+      decode_range<F>(cp, cs, sp, ss, ranks, op, n, block, b0, b1, (float)divisor);
+    });
+  });
+}
+
+// A bucket message is [float32 scale per block | codes | pad to 4 bytes] (compressors.py).
+// These two take and give whole messages, so one call does a bucket: no views made per step.
+int64_t code_bytes_of(const std::string& fmt) { return fmt == "float16" ? 2 : 1; }
+
+void encode_message(const at::Tensor& x, at::Tensor message, std::string fmt, int64_t block) {
+  check(block >= 1, "block must be >= 1");
+  check(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 1 && x.is_contiguous(),
+        "x must be a contiguous 1-D float32 CPU tensor");
+  const int64_t n = x.numel(), nb = (n + block - 1) / block, cb = code_bytes_of(fmt);
+  check(message.device().is_cpu() && message.scalar_type() == at::kByte && message.dim() == 1 &&
+        message.is_contiguous() && message.numel() >= 4 * nb + cb * n,
+        "message: contiguous uint8, 4 bytes per block + the codes");
+  check(reinterpret_cast<uintptr_t>(message.data_ptr()) % 4 == 0, "message must be 4-byte aligned");
+  if (n == 0) return;
+  auto* base = static_cast<uint8_t*>(message.data_ptr());
+  float* sp = reinterpret_cast<float*>(base);
+  const float* xp = x.data_ptr<float>();
+  with_format(fmt, [&]<typename F>() {
+    auto* cp = reinterpret_cast<typename F::code_t*>(base + 4 * nb);
+    at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
+      encode_range<F>(xp, cp, sp, n, block, b0, b1);
+    });
+  });
+}
+
+void decode_messages(const at::Tensor& messages, int64_t n, at::Tensor out, std::string fmt,
+                     int64_t block, double divisor) {
+  check(block >= 1, "block must be >= 1");
+  check(divisor > 0, "divisor must be > 0");
+  const int64_t nb = (n + block - 1) / block, cb = code_bytes_of(fmt);
+  check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
+        messages.stride(1) == 1 && messages.size(1) >= 4 * nb + cb * n,
+        "messages: 2-D uint8, one message per row, rows contiguous");
+  const int64_t ranks = messages.size(0), row = messages.stride(0);
+  check(ranks == 1 || row % 4 == 0, "message rows must start 4 bytes apart");
+  check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
+  check(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
+        out.numel() == n, "out: contiguous float32, one per value");
+  if (ranks == 0 || n == 0) return;
+  const auto* base = static_cast<const uint8_t*>(messages.data_ptr());
+  const float* sp = reinterpret_cast<const float*>(base);
+  float* op = out.data_ptr<float>();
+  with_format(fmt, [&]<typename F>() {
+    const auto* cp = reinterpret_cast<const typename F::code_t*>(base + 4 * nb);
+    at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
+      decode_range<F>(cp, row / cb, sp, row / 4, ranks, op, n, block, b0, b1, (float)divisor);
     });
   });
 }
@@ -133,6 +228,10 @@ void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Te
 TORCH_LIBRARY(hvdc, m) {
   m.def("encode(Tensor x, Tensor(a!) codes, Tensor(b!) scales, str fmt, int block) -> ()", &encode);
   m.def("encode_values(Tensor x, Tensor(a!) codes, str fmt) -> ()", &encode_values);
-  m.def("decode_accumulate(Tensor codes, Tensor scales, Tensor(a!) out, str fmt, int block) -> ()",
-        &decode_accumulate);
+  m.def("decode_accumulate(Tensor codes, Tensor scales, Tensor(a!) out, str fmt, int block, "
+        "float divisor=1.0) -> ()", &decode_accumulate);
+  m.def("uses_f16c() -> bool", []() { return kF16C; });
+  m.def("encode_message(Tensor x, Tensor(a!) message, str fmt, int block) -> ()", &encode_message);
+  m.def("decode_messages(Tensor messages, int numel, Tensor(a!) out, str fmt, int block, "
+        "float divisor=1.0) -> ()", &decode_messages);
 }

@@ -1,0 +1,15 @@
+"""Gradients as views of their bucket (no copy back, no copy in when zeroed in place), on real
+ranks: the worker tests/workers/grad_views.py says what it checks."""
+import pytest
+
+from hvdrun import run_worker
+
+
+@pytest.mark.parametrize("controller,np", [("gloo", 2), ("mpi", 2), ("gloo", 4)])
+def test_gradients_are_bucket_views(controller, np, tmp_path):
+    names = run_worker("grad_views.py", np, controller, tmp_path)
+    for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
+        for what in ("grads_are_bucket_views", "zeroed_in_place_stay_views",
+                     "same_bits_either_zeroing", "identical_on_all_ranks"):
+            assert f"{route}.{what}" in names
+    assert "float64.grad_keeps_dtype" in names
