@@ -7,9 +7,16 @@ through the right collective for its compressor, with stock Horovod (no rebuild)
 
 How a step goes, and why:
 - Overlap, as Horovod's and DDP's do: a hook on every parameter fires when its gradient has
-  been accumulated (`Tensor.register_post_accumulate_grad_hook`); the gradient is copied into
-  its bucket, and a full bucket is compressed and its collective launched at once, while
-  backward goes on computing earlier layers. `step()` only waits for what is still in flight.
+  been accumulated (`Tensor.register_post_accumulate_grad_hook`); when a bucket's last
+  gradient is in, they are copied into it (one op) and it is compressed and its collective
+  launched at once, while backward goes on computing earlier layers. `step()` only waits for
+  what is still in flight.
+- Gradients as views of their bucket, as DDP's `gradient_as_bucket_view`
+  (https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html):
+  after `step()` a float32 parameter's `.grad` IS its slice of the bucket, so the reduced
+  gradient is never copied back; zeroed in place (`zero_grad(set_to_none=False)`), the next
+  backward accumulates straight into the bucket and nothing is copied in either. Keep no
+  reference to a `.grad` across steps: the bucket is reused.
 - Buckets are fixed at construction from the parameter order, last layer first (the order
   backward produces gradients), the same on every rank; collectives carry the bucket's name,
   which is how Horovod matches them across ranks, so arrival order never changes a result.
