@@ -132,6 +132,13 @@ def summarise(steps):
         steps=("step_ms", "size"), step_ms=("step_ms", "median"),
         step_p10_ms=("step_ms", lambda s: s.quantile(0.1)), step_p90_ms=("step_ms", lambda s: s.quantile(0.9)),
         **{c: (c, "median") for c in SPLIT}, bytes_per_step=("bytes_sent", "median")).reset_index()
+    # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
+    # of forward+backward, medians over the row's steps
+    codec = (steps.compress_ms + steps.decompress_ms).groupby(
+        [steps[k] for k in keys], sort=False).median()
+    summary["codec_pct_of_fwd_bwd"] = [
+        100 * codec.get(tuple(k), math.nan) / fb
+        for k, fb in zip(summary[keys].values, summary.forward_backward_ms)]
     for base in ("stock:none", "stock:fp16"):
         ref = summary[summary.row == base].set_index(keys[:3])["step_ms"]
         summary[f"vs_{base.replace(':', '_')}"] = [
@@ -212,7 +219,8 @@ def main(argv=None):
                 launch(args, model, link, n, csv.resolve())
     summary = replot(out)
     cols = ["model", "link", "ranks", "row", "step_ms", "vs_stock_none", "vs_stock_fp16",
-            "forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms"]
+            "forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms",
+            "codec_pct_of_fwd_bwd"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
