@@ -39,8 +39,13 @@ using hvdc::FP16;
 
 #if defined(__x86_64__)
 // HVD_COMPRESS_F16C=0 keeps the portable kernels (how the tests check them on this CPU too).
-const bool kF16C = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                   !(std::getenv("HVD_COMPRESS_F16C") && std::string(std::getenv("HVD_COMPRESS_F16C")) == "0");
+bool detect_f16c() {
+  __builtin_cpu_init();          // this runs as a static initializer, maybe before libgcc's own
+  const char* off = std::getenv("HVD_COMPRESS_F16C");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+         !(off && std::string(off) == "0");
+}
+const bool kF16C = detect_f16c();
 #else
 constexpr bool kF16C = false;
 #endif
