@@ -331,3 +331,23 @@ def test_portable_kernel_equals_the_torch_path():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
     assert proc.returncode == 0 and "portable kernel OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("bad", [3.0, 0.0, -0.0, float("nan"), float("inf"), 1e-40, 2.0 ** 127 * 1.5])
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("scheme", ["bit8", "bit16"])
+def test_corrupt_bucket_scale_raises(scheme, native_on, bad, monkeypatch):
+    """A scale that no encoder writes (not a finite power of two) raises, naming the message as
+    corrupt, instead of decoding into garbage gradients (issue 15: packets checked)."""
+    from hvd_compress.compressors import Compression
+    comp = getattr(Compression, scheme)
+    if not native_on:
+        monkeypatch.setattr(blocks, "_use_native", lambda t, f: False)
+    numel = 1000
+    messages = torch.zeros(2, comp.message_bytes(numel), dtype=torch.uint8)
+    for r in range(2):
+        comp.encode_message(mixed(numel, seed=r), messages[r])
+    comp.decode_messages(messages, numel, torch.empty(numel))          # intact: fine
+    messages[1, 4:8].view(torch.float32)[0] = bad                       # rank 1, block 1
+    with pytest.raises(RuntimeError, match="corrupt bucket message"):
+        comp.decode_messages(messages, numel, torch.empty(numel))

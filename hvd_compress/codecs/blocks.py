@@ -169,10 +169,23 @@ def decode_accumulate(codes, scales, fmt, out, block=SCALE_BLOCK):
     return decode_accumulate_reference(codes, scales, fmt, out, block)
 
 
+def check_scales(scales):
+    """Raise if any scale is not +-2**k, k in [-126, 127] (what every encoder writes): a
+    corrupt message must not decode into garbage gradients. The native kernel checks the same."""
+    a = scales.abs()
+    mantissa, _ = torch.frexp(a)
+    ok = torch.isfinite(a) & (mantissa == 0.5) & (a >= 2.0 ** FLOAT32_MIN_EXP)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[0].tolist()
+        raise RuntimeError(f"corrupt bucket message: scale {float(scales[tuple(bad)])!r} at "
+                           f"(rank, block) {tuple(bad)}; scales must be finite powers of two")
+
+
 def decode_accumulate_reference(codes, scales, fmt, out, block=SCALE_BLOCK):
     """`decode_accumulate` by torch ops alone: the reference for the native kernel."""
     if codes.shape[1] == 0:
         return out
+    check_scales(scales)
     _decode_into(codes[0].contiguous(), scales[0].contiguous(), fmt, out, block)
     if codes.shape[0] > 1:
         scratch = torch.empty_like(out)

@@ -154,6 +154,20 @@ void encode_values(const at::Tensor& x, at::Tensor codes, std::string fmt) {
   });
 }
 
+// Every scale an encoder writes is +-2**k, k in [-126, 127]; anything else (a flipped bit in
+// transit, a message from another format) would decode into garbage gradients silently.
+void check_scales(const float* sp, int64_t sstride, int64_t ranks, int64_t nb) {
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint32_t bits = hvdc::bits_of(sp[r * sstride + b]) & hvdc::kAbs;
+      if ((bits & 0x007FFFFFu) == 0 && bits >= 0x00800000u && bits < hvdc::kInf) continue;
+      TORCH_CHECK(false, "corrupt bucket message: rank ", r, "'s scale of block ", b, " is ",
+                  sp[r * sstride + b], " (bits 0x", std::hex, bits, std::dec,
+                  "); scales must be finite powers of two");
+    }
+  }
+}
+
 void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Tensor out,
                        std::string fmt, int64_t block, double divisor) {
   check(block >= 1, "block must be >= 1");
@@ -167,6 +181,7 @@ void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Te
   check(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
         out.numel() == n, "out: contiguous float32, one per value");
   if (ranks == 0 || n == 0) return;
+  check_scales(scales.data_ptr<float>(), scales.stride(0), ranks, nb);
   dispatch(fmt, codes, [&]<typename F>() {
     const auto* cp = reinterpret_cast<const typename F::code_t*>(codes.data_ptr());
     const float* sp = scales.data_ptr<float>();
@@ -219,6 +234,7 @@ void decode_messages(const at::Tensor& messages, int64_t n, at::Tensor out, std:
   if (ranks == 0 || n == 0) return;
   const auto* base = static_cast<const uint8_t*>(messages.data_ptr());
   const float* sp = reinterpret_cast<const float*>(base);
+  check_scales(sp, row / 4, ranks, nb);
   float* op = out.data_ptr<float>();
   with_format(fmt, [&]<typename F>() {
     const auto* cp = reinterpret_cast<const typename F::code_t*>(base + 4 * nb);
