@@ -35,9 +35,15 @@ import numpy as np
 import torch
 
 from hvd_compress.codecs import (E4M3, E5M2, FP16, SCALE_BLOCK, blocks, formats, fp8_numpy, fp8_torch,
-                                 fp16_numpy, fp16_torch, scaling)
+                                 fp16_numpy, fp16_torch, native, scaling)
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
+
+
+def _kernel_name():
+    if not blocks.native_available():
+        return "ABSENT"
+    return "built (F16C: kernels_x86.h)" if native.module().uses_f16c() else "built (portable: kernels.h)"
 
 
 def gradient_like(n: int, seed: int = 0) -> torch.Tensor:
@@ -103,7 +109,7 @@ def main(argv=None):
     print(f"n={n} ({4 * n / 2**20:.0f} MiB float32), format={fmt.name}, scale=2**{int(np.log2(s))}, "
           f"torch threads={torch.get_num_threads()}, reps={reps}, "
           f"blocks: numpy {formats.BLOCK}, torch {formats.TORCH_BLOCK}, "
-          f"native kernel {'built' if blocks.native_available() else 'ABSENT'}, "
+          f"native kernel {_kernel_name()}, "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
 
     # preallocated buffers
