@@ -323,6 +323,11 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
         if route is not None and Route.parse(route) != Route.parse(reduction):
             raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
         route = reduction
+    from .powersgd import PowerSGD, PowerSGDCommunicator
+    if isinstance(compression, PowerSGD):        # low rank: two dependent allreduces per matrix
+        if route is not None and Route.parse(route) != Route.ALLREDUCE:
+            raise ValueError(f"PowerSGD travels by allreduce, not {route!r}")
+        return PowerSGDCommunicator(compression, op=op)
     name = compressor_name(compression)
     packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
     if name in SCHEMES:
