@@ -328,6 +328,11 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
         if route is not None and Route.parse(route) != Route.ALLREDUCE:
             raise ValueError(f"PowerSGD travels by allreduce, not {route!r}")
         return PowerSGDCommunicator(compression, op=op)
+    from .topk import TopK, TopKCommunicator
+    if isinstance(compression, TopK):            # sparse pairs: summed after an allgather
+        if route is not None and Route.parse(route) != Route.ALLGATHER:
+            raise ValueError(f"top-k travels by allgather, not {route!r}")
+        return TopKCommunicator(compression, op=op)
     name = compressor_name(compression)
     packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
     if name in SCHEMES:

@@ -1,0 +1,165 @@
+"""Top-K sparsification: each rank sends only the k = ceil(ratio * numel) largest |g| of a
+gradient, as (index, value) pairs; what it did not send waits in its residual (error feedback,
+as Deep Gradient Compression does: Lin et al., ICLR 2018, https://arxiv.org/abs/1712.01887).
+
+Per tensor and step, on every rank:
+
+    g += e                          error feedback (on by default)
+    S = the k largest |g|           ties at the k-th magnitude: lowest indices first; NaN counts
+                                    as the largest (a diverging run stays visible)
+    message = [int32 indices of S, ascending | float32 g[S]]      8k bytes
+    allgather the messages (every rank's k is the same: it depends on numel only)
+    result = sum over ranks, in rank order, of the scattered values, / n (average)
+    e = g with S zeroed             exactly what was not sent
+
+Sparse results cannot be summed by allreduce (each rank picks other indices), hence the
+allgather: (n-1) 8k bytes per rank and tensor, against 2(n-1)/n 4 numel for float32 allreduce,
+so at ratio 0.01 about 1/50 of the bytes on 2 ranks and 3/100 on 4.
+"""
+import math
+import time
+
+import torch
+import horovod.torch as hvd
+
+from .fusion import Bucket
+from .memory import ResidualMemory
+from .registry import Route
+from .roles import Communicator
+
+__all__ = ["TopK", "TopKCommunicator", "select", "topk_bytes", "scatter_sum"]
+
+
+class TopK:
+    """The method and its ratio, as a value `Compression.topk(ratio)` returns."""
+    name = "topk"
+
+    def __init__(self, ratio=0.01, error_feedback=True):
+        if not 0 < float(ratio) <= 1:
+            raise ValueError(f"top-k ratio must be in (0, 1], got {ratio!r}")
+        self.ratio, self.error_feedback = float(ratio), bool(error_feedback)
+
+    def k(self, numel):
+        """How many values of a tensor of `numel` are sent: ceil(ratio * numel), at least 1."""
+        return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def __repr__(self):
+        return f"TopK(ratio={self.ratio})"
+
+    def __eq__(self, other):
+        return isinstance(other, TopK) and (self.ratio, self.error_feedback) == (other.ratio, other.error_feedback)
+
+    def __hash__(self):
+        return hash((TopK, self.ratio, self.error_feedback))
+
+
+def topk_bytes(numels, ratio, world):
+    """Bytes one rank sends per step: (n-1) x 8k per tensor (int32 index + float32 value)."""
+    method = TopK(ratio)
+    return 0 if world == 1 else sum((world - 1) * 8 * method.k(n) for n in numels)
+
+
+def select(flat, k):
+    """Ascending indices of the k largest |flat| (NaN largest; ties at the k-th magnitude broken
+    by lowest index), as int64. Linear time: the k-th magnitude, then everything above it and
+    the first of those equal to it."""
+    if k == 0:
+        return torch.empty(0, dtype=torch.int64)
+    mag = flat.abs().nan_to_num(nan=math.inf)
+    kth = torch.kthvalue(mag, flat.numel() - k + 1).values
+    above = (mag > kth).nonzero().view(-1)
+    tied = (mag == kth).nonzero().view(-1)[:k - above.numel()]
+    return torch.cat([above, tied]).sort().values
+
+
+def scatter_sum(indices, values, numel):
+    """sum over rows r, in order, of a dense vector holding values[r] at indices[r]."""
+    out = torch.zeros(numel, dtype=torch.float32)
+    for idx, val in zip(indices, values):
+        out.index_add_(0, idx.long(), val)
+    return out
+
+
+class _Step:
+    __slots__ = ("bucket", "handle", "launched", "k")
+
+    def __init__(self, bucket, handle, k):
+        self.bucket, self.handle, self.k, self.launched = bucket, handle, k, time.perf_counter()
+
+
+class TopKCommunicator(Communicator):
+    """Every gradient's top-k pairs by one allgather, summed sparsely in rank order."""
+    route = Route.ALLGATHER
+    fuses = False                   # k is per tensor
+    fusion_threshold_bytes = 0
+    scale_block = None
+
+    def __init__(self, method, op=hvd.Average):
+        from .communicators import Stats
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"top-k supports op=hvd.Average or hvd.Sum, got {op!r}")
+        self.compression, self.op, self.stats = method, op, Stats()
+        self.memory = ResidualMemory() if method.error_feedback else None
+
+    def describe(self):
+        return f"topk{self.compression.ratio:g}/allgather"
+
+    @property
+    def reduction(self):
+        return self.route.value
+
+    def pop_stats(self):
+        return self.stats.pop()
+
+    def plan(self, names, tensors, prefix=""):
+        return Bucket.plan(names, tensors, 0, flat=False, prefix=prefix)
+
+    def start(self, bucket, memory=None):
+        memory = memory if memory is not None else self.memory
+        with self.stats.timing("compress_s"):
+            flat = bucket.tensor.detach().to(torch.float32).reshape(-1)
+            if memory is not None:
+                flat = memory.compensate(bucket.name, flat)
+            k = self.compression.k(flat.numel())
+            idx = select(flat, k)
+            message = torch.empty(2 * k, dtype=torch.int32)
+            message[:k] = idx.to(torch.int32)
+            message[k:].view(torch.float32).copy_(flat[idx])
+            if memory is not None:
+                kept = torch.zeros_like(flat)
+                kept[idx] = flat[idx]
+                memory.remember(bucket.name, flat, kept)
+        handle = hvd.allgather_async(message, name=f"hvdc.{self.describe()}.{bucket.name}")
+        self.stats.values["bytes_sent"] += (hvd.size() - 1) * 8 * k
+        return _Step(bucket, handle, k)
+
+    def progress(self, step):
+        """One phase: nothing to move on."""
+
+    def finish(self, step):
+        bucket, n, k = step.bucket, hvd.size(), step.k
+        with self.stats.timing("communicate_s"):
+            rows = hvd.synchronize(step.handle).view(n, 2 * k)
+        with self.stats.timing("decompress_s"):
+            grad = bucket.tensor
+            out = scatter_sum(rows[:, :k], rows[:, k:].contiguous().view(torch.float32), grad.numel())
+            if self.op == hvd.Average and n > 1:
+                out.div_(n)
+            bucket.tensor = out.view(grad.shape).to(grad.dtype)
+
+    def reduce(self, tensors, names, memory=None):
+        """Exchange `tensors` now; the reduced tensors in the same order."""
+        steps = []
+        for group, bucket in self.plan(names, tensors):
+            bucket.put(0, tensors[group[0]])
+            steps.append(self.start(bucket, memory))
+        for step in steps:
+            self.finish(step)
+        return [step.bucket.tensor for step in steps]
+
+    def state_dict(self):
+        return {"residuals": self.memory.state_dict() if self.memory is not None else {}}
+
+    def load_state_dict(self, state):
+        if self.memory is not None:
+            self.memory.load_state_dict(state["residuals"])
