@@ -47,7 +47,8 @@ class Stats:
     """Seconds spent compressing, waiting for communication, decompressing; bytes sent; how
     long collectives were in flight while backward still ran (overlap_s); and how much of the
     work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
-    decompress_s), since the last pop."""
+    decompress_s), since the last pop. The two-phase route's middle step (decode, sum and
+    re-encode a chunk, one native call) counts as decompress_s."""
     FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
               "in_backward_s")
 
@@ -191,35 +192,27 @@ class _PacketBase(_Base):
         return self.scale_block or max(numel, 1)
 
     def _layout(self, bucket, pieces):
-        """The bucket's message, made once: one segment per piece (a, b) of the buffer, and each
-        segment's (a, b, block, message slice)."""
+        """The bucket's message, made once: one message per piece (a, b) of the buffer (the
+        pieces cover it in order), their sizes, and the pieces' bounds."""
         comp = self.compression
 
         def make():
             sizes = [comp.message_bytes(b - a, self._block(b - a)) for a, b in pieces]
             message = torch.zeros(sum(sizes), dtype=torch.uint8, device=bucket.device)
-            segments, offset = [], 0
-            for (a, b), size in zip(pieces, sizes):
-                segments.append((a, b, self._block(b - a), message[offset:offset + size]))
-                offset += size
-            return message, sizes, segments
+            return message, sizes, [a for a, _ in pieces] + [pieces[-1][1]]
         return bucket.cached(("layout", self.route, tuple(pieces)), make)
 
     def _encode(self, bucket, pieces, memory):
         """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
         with error feedback, compensate first and remember what the codes dropped."""
         comp, x = self.compression, bucket.buffer
-        message, sizes, segments = self._layout(bucket, pieces)
+        message, sizes, bounds = self._layout(bucket, pieces)
         if memory is not None:
             memory.compensate(bucket.name, x, inplace=True)
-            kept = bucket.scratch("kept", bucket.numel, torch.float32)
-        for a, b, block, segment in segments:
-            if b > a:
-                comp.encode_message(x[a:b], segment, block)
-                if memory is not None:
-                    comp.decode_message(segment, b - a, kept[a:b], block)
+        comp.encode_chunks(x, message, bounds, self.scale_block)
         if memory is not None:
-            memory.remember(bucket.name, x, kept)
+            kept = bucket.scratch("kept", bucket.numel, torch.float32)
+            memory.remember(bucket.name, x, comp.decode_chunks(message, bounds, kept, self.scale_block))
         return message, sizes
 
     def _divisor(self, n):
@@ -286,13 +279,10 @@ class AlltoallCommunicator(_PacketBase):
         a, b = chunks[me]
         with self.stats.timing("communicate_s"):
             received, _ = hvd.synchronize(exchange.handle)
-        with self.stats.timing("decompress_s"):
-            mine = bucket.buffer[a:b]
-            self.compression.decode_messages(received.view(n, -1), b - a, mine, self._block(b - a),
-                                             self._divisor(n))
-        with self.stats.timing("compress_s"):
+        with self.stats.timing("decompress_s"):   # and re-encode: one pass, in one call
             reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
-            self.compression.encode_message(mine, reduced, self._block(b - a))
+            self.compression.reduce_encode(received.view(n, -1), b - a, reduced, self._block(b - a),
+                                           self._divisor(n))
         exchange.handle = hvd.allgather_async(reduced, name=self._tag(bucket.name + ".gather"))
         exchange.phase = 2
         self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
@@ -303,11 +293,8 @@ class AlltoallCommunicator(_PacketBase):
         with self.stats.timing("communicate_s"):
             gathered = hvd.synchronize(exchange.handle)
         with self.stats.timing("decompress_s"):
-            offset = 0
-            for (a, b), size in zip(chunks, sizes):
-                self.compression.decode_message(gathered[offset:offset + size], b - a,
-                                                bucket.buffer[a:b], self._block(b - a))
-                offset += size
+            _, _, bounds = self._layout(bucket, chunks)
+            self.compression.decode_chunks(gathered, bounds, bucket.buffer, self.scale_block)
 
 
 _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCommunicator,

@@ -165,6 +165,52 @@ class _BlockScaledCompressor(PacketCompressor):
         blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block)
         return out.div_(divisor) if divisor != 1 else out
 
+    # ---- runs of messages: the chunks of a bucket, one message each, one after another -----
+    @classmethod
+    def chunks_bytes(cls, bounds, block=SCALE_BLOCK):
+        """Bytes of the messages of chunks [bounds[k], bounds[k+1]) (block None: one per chunk)."""
+        return sum(cls.message_bytes(b - a, block or max(b - a, 1)) for a, b in zip(bounds, bounds[1:]))
+
+    @classmethod
+    def encode_chunks(cls, flat, message, bounds, block=SCALE_BLOCK):
+        """Encode chunk k = flat[bounds[k]:bounds[k+1]] into the k-th message of `message`;
+        block None: one scale per chunk. One call for the whole bucket."""
+        if blocks.native_message_ok(message, cls.fmt):
+            blocks.native.module().encode_chunks(flat, message, list(bounds), cls.fmt.name, int(block or 0))
+            return message
+        offset = 0
+        for a, b in zip(bounds, bounds[1:]):
+            size = cls.message_bytes(b - a, block or max(b - a, 1))
+            cls.encode_message(flat[a:b], message[offset:offset + size], block or max(b - a, 1))
+            offset += size
+        return message
+
+    @classmethod
+    def decode_chunks(cls, message, bounds, out, block=SCALE_BLOCK):
+        """The inverse of encode_chunks: chunk k's values into out[bounds[k]:bounds[k+1]]."""
+        if blocks.native_message_ok(message, cls.fmt):
+            blocks.native.module().decode_chunks(message, list(bounds), out, cls.fmt.name, int(block or 0))
+            return out
+        offset = 0
+        for a, b in zip(bounds, bounds[1:]):
+            size = cls.message_bytes(b - a, block or max(b - a, 1))
+            cls.decode_message(message[offset:offset + size], b - a, out[a:b], block or max(b - a, 1))
+            offset += size
+        return out
+
+    @classmethod
+    def reduce_encode(cls, messages, numel, message, block=SCALE_BLOCK, divisor=1):
+        """n ranks' messages of one chunk (rows) decoded, summed in rank order, divided by
+        `divisor` and encoded again into `message`: the two-phase route's middle, one call."""
+        block = block or max(numel, 1)
+        if blocks.native_message_ok(messages, cls.fmt) and blocks.native_message_ok(message, cls.fmt):
+            blocks.native.module().reduce_encode(messages, int(numel), message, cls.fmt.name,
+                                                 int(block), float(divisor))
+            return message
+        total = torch.empty(numel, dtype=torch.float32, device=messages.device)
+        cls.decode_messages(messages, numel, total, block, divisor)
+        return cls.encode_message(total, message, block)
+
     @classmethod
     def message_views(cls, message, numel, block=SCALE_BLOCK):
         """(codes, scales) of a message (or of each row of a 2-D batch of messages), as views:

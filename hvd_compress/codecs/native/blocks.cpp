@@ -22,6 +22,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 #include "kernels_x86.h"
@@ -194,27 +195,74 @@ void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Te
 }
 
 // A bucket message is [float32 scale per block | codes | pad to 4 bytes] (compressors.py).
-// These two take and give whole messages, so one call does a bucket: no views made per step.
+// These ops take and give whole messages (or runs of them), so one call does a bucket or all
+// of its chunks: no views made per step, and no Python between the pieces.
 int64_t code_bytes_of(const std::string& fmt) { return fmt == "float16" ? 2 : 1; }
+int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+int64_t message_size(int64_t n, int64_t block, int64_t cb) {
+  return 4 * blocks_of(n, block) + ((cb * n + 3) & ~(int64_t)3);
+}
+
+template <typename F>
+void encode_raw(const float* xp, int64_t n, uint8_t* msg, int64_t block) {
+  if (n == 0) return;
+  const int64_t nb = blocks_of(n, block);
+  float* sp = reinterpret_cast<float*>(msg);
+  auto* cp = reinterpret_cast<typename F::code_t*>(msg + 4 * nb);
+  at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
+    encode_range<F>(xp, cp, sp, n, block, b0, b1);
+  });
+}
+
+// rows of `ranks` messages, `row` bytes apart, each of n values: decoded, summed in rank order,
+// divided by `divisor`, into op
+template <typename F>
+void decode_raw(const uint8_t* msgs, int64_t row, int64_t ranks, int64_t n, float* op,
+                int64_t block, float divisor) {
+  if (ranks == 0 || n == 0) return;
+  const int64_t nb = blocks_of(n, block), cb = sizeof(typename F::code_t);
+  const float* sp = reinterpret_cast<const float*>(msgs);
+  check_scales(sp, row / 4, ranks, nb);
+  const auto* cp = reinterpret_cast<const typename F::code_t*>(msgs + 4 * nb);
+  at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
+    decode_range<F>(cp, row / cb, sp, row / 4, ranks, op, n, block, b0, b1, divisor);
+  });
+}
+
+void check_float_vector(const at::Tensor& t, const char* what) {
+  check(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.is_contiguous(), what);
+}
+
+void check_bytes(const at::Tensor& m, int64_t need, const char* what) {
+  check(m.device().is_cpu() && m.scalar_type() == at::kByte && m.dim() == 1 && m.is_contiguous() &&
+        m.numel() >= need && reinterpret_cast<uintptr_t>(m.data_ptr()) % 4 == 0, what);
+}
+
+// Chunks [bounds[k], bounds[k+1]) of a bucket, each its own message, one after another.
+// block 0: one block per chunk (one scale per chunk, the per-tensor packets' rule).
+void check_bounds(at::IntArrayRef bounds, int64_t numel, int64_t block) {
+  check(block >= 0, "block must be >= 0 (0: one block per chunk)");
+  check(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == numel, "bounds must run 0..numel");
+  for (size_t k = 1; k < bounds.size(); ++k) check(bounds[k - 1] <= bounds[k], "bounds must not decrease");
+}
+int64_t chunk_block(int64_t n, int64_t block) { return block ? block : (n > 0 ? n : 1); }
+int64_t chunks_size(at::IntArrayRef bounds, int64_t block, int64_t cb) {
+  int64_t total = 0;
+  for (size_t k = 1; k < bounds.size(); ++k) {
+    const int64_t n = bounds[k] - bounds[k - 1];
+    total += message_size(n, chunk_block(n, block), cb);
+  }
+  return total;
+}
 
 void encode_message(const at::Tensor& x, at::Tensor message, std::string fmt, int64_t block) {
   check(block >= 1, "block must be >= 1");
-  check(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 1 && x.is_contiguous(),
-        "x must be a contiguous 1-D float32 CPU tensor");
-  const int64_t n = x.numel(), nb = (n + block - 1) / block, cb = code_bytes_of(fmt);
-  check(message.device().is_cpu() && message.scalar_type() == at::kByte && message.dim() == 1 &&
-        message.is_contiguous() && message.numel() >= 4 * nb + cb * n,
-        "message: contiguous uint8, 4 bytes per block + the codes");
-  check(reinterpret_cast<uintptr_t>(message.data_ptr()) % 4 == 0, "message must be 4-byte aligned");
-  if (n == 0) return;
-  auto* base = static_cast<uint8_t*>(message.data_ptr());
-  float* sp = reinterpret_cast<float*>(base);
-  const float* xp = x.data_ptr<float>();
+  check_float_vector(x, "x must be a contiguous 1-D float32 CPU tensor");
+  const int64_t n = x.numel(), cb = code_bytes_of(fmt);
+  check_bytes(message, 4 * blocks_of(n, block) + cb * n,
+              "message: contiguous 4-byte aligned uint8, 4 bytes per block + the codes");
   with_format(fmt, [&]<typename F>() {
-    auto* cp = reinterpret_cast<typename F::code_t*>(base + 4 * nb);
-    at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
-      encode_range<F>(xp, cp, sp, n, block, b0, b1);
-    });
+    encode_raw<F>(x.data_ptr<float>(), n, static_cast<uint8_t*>(message.data_ptr()), block);
   });
 }
 
@@ -222,25 +270,78 @@ void decode_messages(const at::Tensor& messages, int64_t n, at::Tensor out, std:
                      int64_t block, double divisor) {
   check(block >= 1, "block must be >= 1");
   check(divisor > 0, "divisor must be > 0");
-  const int64_t nb = (n + block - 1) / block, cb = code_bytes_of(fmt);
+  const int64_t cb = code_bytes_of(fmt);
   check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
-        messages.stride(1) == 1 && messages.size(1) >= 4 * nb + cb * n,
+        messages.stride(1) == 1 && messages.size(1) >= 4 * blocks_of(n, block) + cb * n,
         "messages: 2-D uint8, one message per row, rows contiguous");
   const int64_t ranks = messages.size(0), row = messages.stride(0);
   check(ranks == 1 || row % 4 == 0, "message rows must start 4 bytes apart");
   check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
-  check(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
-        out.numel() == n, "out: contiguous float32, one per value");
-  if (ranks == 0 || n == 0) return;
-  const auto* base = static_cast<const uint8_t*>(messages.data_ptr());
-  const float* sp = reinterpret_cast<const float*>(base);
-  check_scales(sp, row / 4, ranks, nb);
-  float* op = out.data_ptr<float>();
+  check_float_vector(out, "out: contiguous float32");
+  check(out.numel() == n, "out: one float32 per value");
   with_format(fmt, [&]<typename F>() {
-    const auto* cp = reinterpret_cast<const typename F::code_t*>(base + 4 * nb);
-    at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
-      decode_range<F>(cp, row / cb, sp, row / 4, ranks, op, n, block, b0, b1, (float)divisor);
-    });
+    decode_raw<F>(static_cast<const uint8_t*>(messages.data_ptr()), row, ranks, n,
+                  out.data_ptr<float>(), block, (float)divisor);
+  });
+}
+
+void encode_chunks(const at::Tensor& x, at::Tensor message, at::IntArrayRef bounds, std::string fmt,
+                   int64_t block) {
+  check_float_vector(x, "x must be a contiguous 1-D float32 CPU tensor");
+  check_bounds(bounds, x.numel(), block);
+  const int64_t cb = code_bytes_of(fmt);
+  check_bytes(message, chunks_size(bounds, block, cb), "message: contiguous 4-byte aligned uint8, "
+              "one message per chunk");
+  auto* base = static_cast<uint8_t*>(message.data_ptr());
+  with_format(fmt, [&]<typename F>() {
+    for (size_t k = 1; k < bounds.size(); ++k) {
+      const int64_t n = bounds[k] - bounds[k - 1], blk = chunk_block(n, block);
+      encode_raw<F>(x.data_ptr<float>() + bounds[k - 1], n, base, blk);
+      base += message_size(n, blk, cb);
+    }
+  });
+}
+
+void decode_chunks(const at::Tensor& message, at::IntArrayRef bounds, at::Tensor out, std::string fmt,
+                   int64_t block) {
+  check_float_vector(out, "out: contiguous float32");
+  check_bounds(bounds, out.numel(), block);
+  const int64_t cb = code_bytes_of(fmt);
+  check_bytes(message, chunks_size(bounds, block, cb), "message: contiguous 4-byte aligned uint8, "
+              "one message per chunk");
+  const auto* base = static_cast<const uint8_t*>(message.data_ptr());
+  with_format(fmt, [&]<typename F>() {
+    for (size_t k = 1; k < bounds.size(); ++k) {
+      const int64_t n = bounds[k] - bounds[k - 1], blk = chunk_block(n, block);
+      const int64_t size = message_size(n, blk, cb);
+      decode_raw<F>(base, size, 1, n, out.data_ptr<float>() + bounds[k - 1], blk, 1.0f);
+      base += size;
+    }
+  });
+}
+
+// The two-phase route's middle: n ranks' messages of one chunk decoded, summed, divided, and
+// encoded again into `message`, in one call (the float32 sum lives only in a scratch).
+void reduce_encode(const at::Tensor& messages, int64_t n, at::Tensor message, std::string fmt,
+                   int64_t block, double divisor) {
+  check(block >= 1, "block must be >= 1");
+  check(divisor > 0, "divisor must be > 0");
+  const int64_t cb = code_bytes_of(fmt);
+  check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
+        messages.stride(1) == 1 && messages.size(1) >= 4 * blocks_of(n, block) + cb * n,
+        "messages: 2-D uint8, one message per row, rows contiguous");
+  const int64_t ranks = messages.size(0), row = messages.stride(0);
+  check(ranks == 1 || row % 4 == 0, "message rows must start 4 bytes apart");
+  check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
+  check_bytes(message, 4 * blocks_of(n, block) + cb * n,
+              "message: contiguous 4-byte aligned uint8, 4 bytes per block + the codes");
+  // reused from call to call: a fresh buffer of a large chunk costs page faults every step
+  static thread_local std::vector<float> sum;
+  if ((int64_t)sum.size() < n) sum.resize(n);
+  with_format(fmt, [&]<typename F>() {
+    decode_raw<F>(static_cast<const uint8_t*>(messages.data_ptr()), row, ranks, n, sum.data(),
+                  block, (float)divisor);
+    encode_raw<F>(sum.data(), n, static_cast<uint8_t*>(message.data_ptr()), block);
   });
 }
 
@@ -255,4 +356,10 @@ TORCH_LIBRARY(hvdc, m) {
   m.def("encode_message(Tensor x, Tensor(a!) message, str fmt, int block) -> ()", &encode_message);
   m.def("decode_messages(Tensor messages, int numel, Tensor(a!) out, str fmt, int block, "
         "float divisor=1.0) -> ()", &decode_messages);
+  m.def("encode_chunks(Tensor x, Tensor(a!) message, int[] bounds, str fmt, int block) -> ()",
+        &encode_chunks);
+  m.def("decode_chunks(Tensor message, int[] bounds, Tensor(a!) out, str fmt, int block) -> ()",
+        &decode_chunks);
+  m.def("reduce_encode(Tensor messages, int numel, Tensor(a!) message, str fmt, int block, "
+        "float divisor=1.0) -> ()", &reduce_encode);
 }
