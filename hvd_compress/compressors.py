@@ -275,3 +275,17 @@ class Compression:
     fp16 = FP16Compressor       # Horovod's: cast to float16, float16 allreduce
     bit16 = Bit16Compressor     # scaled float16 codes, reduced in float32
     bit8 = Bit8Compressor       # scaled E4M3 codes, reduced in float32
+
+    # Methods that are not a codec of values but a communicator of their own (imported when
+    # called: Horovod's patched source imports this module while horovod.torch loads).
+    @staticmethod
+    def topk(ratio=0.01, error_feedback=True):
+        """The k = ceil(ratio numel) largest |g| of each gradient, by allgather (topk.py)."""
+        from .topk import TopK
+        return TopK(ratio, error_feedback)
+
+    @staticmethod
+    def powersgd(rank=2, error_feedback=True):
+        """Rank-`rank` approximation of each matrix by two float32 allreduces (powersgd.py)."""
+        from .powersgd import PowerSGD
+        return PowerSGD(rank, error_feedback)

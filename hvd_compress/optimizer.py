@@ -49,11 +49,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._communicator = make_communicator(compression, route, op, fusion_threshold_bytes,
                                                scale_block)
-        if error_feedback and self._communicator.fuses is False:
+        # top-k and PowerSGD keep their own residuals (on by default: TopK/PowerSGD's
+        # error_feedback), so only the packet routes take the optimizer's memory
+        own_memory = hasattr(self._communicator, "memory")
+        if error_feedback and self._communicator.fuses is False and not own_memory:
             raise ValueError("error_feedback needs an 8/16-bit packet compressor "
                              "(Compression.bit8 or .bit16), not "
                              f"{compressor_name(compression)}")
-        self._memory = ResidualMemory() if error_feedback else None
+        self._memory = ResidualMemory() if error_feedback and not own_memory else None
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.sparse_as_dense = sparse_as_dense
@@ -242,7 +245,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          sparse_as_dense=False, scale_block=SCALE_BLOCK, *, reduction=None):
     """Wrap `optimizer` so that `step()` first averages (or sums) gradients across ranks.
 
-    compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8.
+    compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 |
+        .topk(ratio) | .powersgd(rank) (these two carry their own error feedback, on by default).
     route: None (the scheme's default, registry.SCHEMES: allreduce for none/fp16, allgather for
         bit8, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for bit8/bit16.
         `reduction=` is its old name, still accepted (deprecated).

@@ -69,7 +69,7 @@ checks.check("state_dict.resume_gives_same_bits", all(torch.equal(x, y) for x, y
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
 opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                              named_parameters=model.named_parameters(), compression=PowerSGD(rank=2))
+                              named_parameters=model.named_parameters(), compression=hc.Compression.powersgd(2))
 gen = torch.Generator().manual_seed(rank)
 x, y = torch.randn(32, 10, generator=gen), torch.randn(32, 3, generator=gen)
 losses = []

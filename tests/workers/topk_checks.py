@@ -57,7 +57,7 @@ for ratio in (0.01, 0.1, 1.0):
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
 opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                              named_parameters=model.named_parameters(), compression=TopK(0.1))
+                              named_parameters=model.named_parameters(), compression=hc.Compression.topk(0.1))
 gen = torch.Generator().manual_seed(rank)
 x, y = torch.randn(32, 10, generator=gen), torch.randn(32, 3, generator=gen)
 losses = []
