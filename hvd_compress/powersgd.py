@@ -25,10 +25,8 @@ import zlib
 import torch
 import horovod.torch as hvd
 
-from .fusion import Bucket
-from .memory import ResidualMemory
 from .registry import Route
-from .roles import Communicator
+from .tensorwise import Step, TensorwiseCommunicator
 
 __all__ = ["PowerSGD", "PowerSGDCommunicator", "powersgd_bytes", "approximate"]
 
@@ -98,47 +96,17 @@ def approximate(matrices, q):
     return p @ q.t(), q
 
 
-class _Step:
-    """One tensor's exchange in flight."""
-    __slots__ = ("bucket", "handle", "phase", "launched", "matrix", "p", "q")
-
-    def __init__(self, bucket, handle, phase, matrix=None, p=None):
-        import time
-        self.bucket, self.handle, self.phase, self.matrix, self.p = bucket, handle, phase, matrix, p
-        self.q = None
-        self.launched = time.perf_counter()
-
-
-class PowerSGDCommunicator(Communicator):
+class PowerSGDCommunicator(TensorwiseCommunicator):
     """Every matrix by PowerSGD's two allreduces, every vector by one plain allreduce."""
     route = Route.ALLREDUCE
-    fuses = False                   # per-tensor matrices, no flat bucket
-    fusion_threshold_bytes = 0
-    scale_block = None
+    ops = (hvd.Average,)            # the method averages: P and Q are means
 
     def __init__(self, method, op=hvd.Average):
-        from .communicators import Stats
-        if op != hvd.Average:
-            raise ValueError("PowerSGD averages gradients (op=hvd.Average); "
-                             f"got {op!r}")
-        self.compression = method
-        self.op = op
-        self.stats = Stats()
-        self.memory = ResidualMemory() if method.error_feedback else None
+        super().__init__(method, op)
         self.qs = {}                 # tensor name -> warm-started Q (m x r)
 
     def describe(self):
         return f"powersgd{self.compression.rank}/allreduce"
-
-    @property
-    def reduction(self):
-        return self.route.value
-
-    def pop_stats(self):
-        return self.stats.pop()
-
-    def plan(self, names, tensors, prefix=""):
-        return Bucket.plan(names, tensors, 0, flat=False, prefix=prefix)
 
     def _tag(self, name, phase):
         return f"hvdc.{self.describe()}.{name}.{phase}"
@@ -148,15 +116,16 @@ class PowerSGDCommunicator(Communicator):
         self.stats.values["bytes_sent"] += 2 * (n - 1) * tensor.numel() * 4 // n if n > 1 else 0
 
     def start(self, bucket, memory=None):
-        memory = memory if memory is not None else self.memory
+        """Vectors: launch their allreduce (phase 0). Matrices: compensate, P = M Q, launch P's."""
+        memory = self._memory(memory)
         grad = bucket.tensor
         nm = matrix_shape(grad.shape)
         with self.stats.timing("compress_s"):
             if nm is None or 0 in nm:
                 flat = grad.detach().to(torch.float32).reshape(-1).clone()
                 self._count(flat)
-                return _Step(bucket, hvd.allreduce_async_(flat, name=self._tag(bucket.name, "v"),
-                                                          op=hvd.Average), 0, matrix=flat)
+                handle = hvd.allreduce_async_(flat, name=self._tag(bucket.name, "v"), op=hvd.Average)
+                return Step(bucket, handle, memory, phase=0)
             n, m = nm
             r = min(self.compression.rank, n, m)
             matrix = grad.detach().to(torch.float32).reshape(n, m)
@@ -168,7 +137,7 @@ class PowerSGDCommunicator(Communicator):
             p = matrix @ q
         self._count(p)
         handle = hvd.allreduce_async_(p, name=self._tag(bucket.name, "p"), op=hvd.Average)
-        return _Step(bucket, handle, 1, matrix=matrix, p=p)
+        return Step(bucket, handle, memory, phase=1, ctx=[matrix, None])
 
     def progress(self, step, wait=False):
         """P reduced (or wait=True): orthogonalise, Q = M^T P, launch Q's allreduce."""
@@ -177,14 +146,14 @@ class PowerSGDCommunicator(Communicator):
         with self.stats.timing("communicate_s"):
             p = hvd.synchronize(step.handle)
         with self.stats.timing("compress_s"):
-            step.p = orthonormal(p)
-            q = step.matrix.t() @ step.p
+            matrix = step.ctx[0]
+            step.ctx[1] = p = orthonormal(p)
+            q = matrix.t() @ p
         self._count(q)
         step.handle = hvd.allreduce_async_(q, name=self._tag(step.bucket.name, "q"), op=hvd.Average)
-        step.phase, step.q = 2, q
+        step.phase = 2
 
-    def finish(self, step, memory=None):
-        memory = memory if memory is not None else self.memory
+    def finish(self, step):
         bucket = step.bucket
         self.progress(step, wait=True)
         with self.stats.timing("communicate_s"):
@@ -194,31 +163,17 @@ class PowerSGDCommunicator(Communicator):
             if step.phase == 0:
                 bucket.tensor = reduced.view(grad.shape).to(grad.dtype)
                 return
+            matrix, p = step.ctx
             self.qs[bucket.name] = reduced           # warm start: identical on every rank
-            approx = step.p @ reduced.t()
-            if memory is not None:
-                memory.remember(bucket.name, step.matrix, approx)
+            approx = p @ reduced.t()
+            if step.memory is not None:
+                step.memory.remember(bucket.name, matrix, approx)
             bucket.tensor = approx.view(grad.shape).to(grad.dtype)
-
-    def reduce(self, tensors, names, memory=None):
-        """Exchange `tensors` now; the reduced tensors in the same order."""
-        planned = self.plan(names, tensors)
-        steps = []
-        for (group, bucket) in planned:
-            bucket.put(0, tensors[group[0]])
-            steps.append(self.start(bucket, memory))
-        results = []
-        for step in steps:
-            self.finish(step, memory)
-            results.append(step.bucket.tensor)
-        return results
 
     def state_dict(self):
         """Q per tensor and the error-feedback residuals: what a checkpoint must keep."""
-        return {"qs": {k: v.clone() for k, v in self.qs.items()},
-                "residuals": self.memory.state_dict() if self.memory is not None else {}}
+        return dict(super().state_dict(), qs={k: v.clone() for k, v in self.qs.items()})
 
     def load_state_dict(self, state):
+        super().load_state_dict(state)
         self.qs = {k: v.clone() for k, v in state["qs"].items()}
-        if self.memory is not None:
-            self.memory.load_state_dict(state["residuals"])

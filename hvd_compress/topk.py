@@ -17,15 +17,12 @@ allgather: (n-1) 8k bytes per rank and tensor, against 2(n-1)/n 4 numel for floa
 so at ratio 0.01 about 1/50 of the bytes on 2 ranks and 3/100 on 4.
 """
 import math
-import time
 
 import torch
 import horovod.torch as hvd
 
-from .fusion import Bucket
-from .memory import ResidualMemory
 from .registry import Route
-from .roles import Communicator
+from .tensorwise import Step, TensorwiseCommunicator
 
 __all__ = ["TopK", "TopKCommunicator", "select", "topk_bytes", "scatter_sum"]
 
@@ -80,42 +77,15 @@ def scatter_sum(indices, values, numel):
     return out
 
 
-class _Step:
-    __slots__ = ("bucket", "handle", "launched", "k")
-
-    def __init__(self, bucket, handle, k):
-        self.bucket, self.handle, self.k, self.launched = bucket, handle, k, time.perf_counter()
-
-
-class TopKCommunicator(Communicator):
+class TopKCommunicator(TensorwiseCommunicator):
     """Every gradient's top-k pairs by one allgather, summed sparsely in rank order."""
     route = Route.ALLGATHER
-    fuses = False                   # k is per tensor
-    fusion_threshold_bytes = 0
-    scale_block = None
-
-    def __init__(self, method, op=hvd.Average):
-        from .communicators import Stats
-        if op not in (hvd.Average, hvd.Sum):
-            raise ValueError(f"top-k supports op=hvd.Average or hvd.Sum, got {op!r}")
-        self.compression, self.op, self.stats = method, op, Stats()
-        self.memory = ResidualMemory() if method.error_feedback else None
 
     def describe(self):
         return f"topk{self.compression.ratio:g}/allgather"
 
-    @property
-    def reduction(self):
-        return self.route.value
-
-    def pop_stats(self):
-        return self.stats.pop()
-
-    def plan(self, names, tensors, prefix=""):
-        return Bucket.plan(names, tensors, 0, flat=False, prefix=prefix)
-
     def start(self, bucket, memory=None):
-        memory = memory if memory is not None else self.memory
+        memory = self._memory(memory)
         with self.stats.timing("compress_s"):
             flat = bucket.tensor.detach().to(torch.float32).reshape(-1)
             if memory is not None:
@@ -131,13 +101,10 @@ class TopKCommunicator(Communicator):
                 memory.remember(bucket.name, flat, kept)
         handle = hvd.allgather_async(message, name=f"hvdc.{self.describe()}.{bucket.name}")
         self.stats.values["bytes_sent"] += (hvd.size() - 1) * 8 * k
-        return _Step(bucket, handle, k)
-
-    def progress(self, step):
-        """One phase: nothing to move on."""
+        return Step(bucket, handle, memory, ctx=k)
 
     def finish(self, step):
-        bucket, n, k = step.bucket, hvd.size(), step.k
+        bucket, n, k = step.bucket, hvd.size(), step.ctx
         with self.stats.timing("communicate_s"):
             rows = hvd.synchronize(step.handle).view(n, 2 * k)
         with self.stats.timing("decompress_s"):
@@ -146,20 +113,3 @@ class TopKCommunicator(Communicator):
             if self.op == hvd.Average and n > 1:
                 out.div_(n)
             bucket.tensor = out.view(grad.shape).to(grad.dtype)
-
-    def reduce(self, tensors, names, memory=None):
-        """Exchange `tensors` now; the reduced tensors in the same order."""
-        steps = []
-        for group, bucket in self.plan(names, tensors):
-            bucket.put(0, tensors[group[0]])
-            steps.append(self.start(bucket, memory))
-        for step in steps:
-            self.finish(step)
-        return [step.bucket.tensor for step in steps]
-
-    def state_dict(self):
-        return {"residuals": self.memory.state_dict() if self.memory is not None else {}}
-
-    def load_state_dict(self, state):
-        if self.memory is not None:
-            self.memory.load_state_dict(state["residuals"])
