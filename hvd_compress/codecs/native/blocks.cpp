@@ -255,6 +255,17 @@ int64_t chunks_size(at::IntArrayRef bounds, int64_t block, int64_t cb) {
   return total;
 }
 
+// n ranks' messages of n values each, one per row of a 2-D uint8 tensor
+void check_messages(const at::Tensor& messages, int64_t n, int64_t block, int64_t cb, double divisor) {
+  check(block >= 1, "block must be >= 1");
+  check(divisor > 0, "divisor must be > 0");
+  check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
+        messages.stride(1) == 1 && messages.size(1) >= 4 * blocks_of(n, block) + cb * n,
+        "messages: 2-D uint8, one message per row, rows contiguous");
+  check(messages.size(0) == 1 || messages.stride(0) % 4 == 0, "message rows must start 4 bytes apart");
+  check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
+}
+
 void encode_message(const at::Tensor& x, at::Tensor message, std::string fmt, int64_t block) {
   check(block >= 1, "block must be >= 1");
   check_float_vector(x, "x must be a contiguous 1-D float32 CPU tensor");
@@ -268,15 +279,9 @@ void encode_message(const at::Tensor& x, at::Tensor message, std::string fmt, in
 
 void decode_messages(const at::Tensor& messages, int64_t n, at::Tensor out, std::string fmt,
                      int64_t block, double divisor) {
-  check(block >= 1, "block must be >= 1");
-  check(divisor > 0, "divisor must be > 0");
   const int64_t cb = code_bytes_of(fmt);
-  check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
-        messages.stride(1) == 1 && messages.size(1) >= 4 * blocks_of(n, block) + cb * n,
-        "messages: 2-D uint8, one message per row, rows contiguous");
+  check_messages(messages, n, block, cb, divisor);
   const int64_t ranks = messages.size(0), row = messages.stride(0);
-  check(ranks == 1 || row % 4 == 0, "message rows must start 4 bytes apart");
-  check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
   check_float_vector(out, "out: contiguous float32");
   check(out.numel() == n, "out: one float32 per value");
   with_format(fmt, [&]<typename F>() {
@@ -324,15 +329,9 @@ void decode_chunks(const at::Tensor& message, at::IntArrayRef bounds, at::Tensor
 // encoded again into `message`, in one call (the float32 sum lives only in a scratch).
 void reduce_encode(const at::Tensor& messages, int64_t n, at::Tensor message, std::string fmt,
                    int64_t block, double divisor) {
-  check(block >= 1, "block must be >= 1");
-  check(divisor > 0, "divisor must be > 0");
   const int64_t cb = code_bytes_of(fmt);
-  check(messages.device().is_cpu() && messages.scalar_type() == at::kByte && messages.dim() == 2 &&
-        messages.stride(1) == 1 && messages.size(1) >= 4 * blocks_of(n, block) + cb * n,
-        "messages: 2-D uint8, one message per row, rows contiguous");
+  check_messages(messages, n, block, cb, divisor);
   const int64_t ranks = messages.size(0), row = messages.stride(0);
-  check(ranks == 1 || row % 4 == 0, "message rows must start 4 bytes apart");
-  check(reinterpret_cast<uintptr_t>(messages.data_ptr()) % 4 == 0, "messages must be 4-byte aligned");
   check_bytes(message, 4 * blocks_of(n, block) + cb * n,
               "message: contiguous 4-byte aligned uint8, 4 bytes per block + the codes");
   // reused from call to call: a fresh buffer of a large chunk costs page faults every step
