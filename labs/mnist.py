@@ -94,9 +94,10 @@ def parse_args(argv=None):
                         help="show a progress bar on rank 0 (default: on)")
     parser.add_argument("--num-threads", type=int, default=1, metavar="N",
                         help="torch CPU threads per rank (default: 1, like Horovod's example)")
-    parser.add_argument("--step-timeout", type=float, default=300, metavar="SECONDS",
+    parser.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
                         help="end the job if no training step or evaluation finishes for this "
-                             "long: another rank is dead or wedged (default: 300; 0 disables)")
+                             "long: another rank is dead or wedged (default: adaptive, 10x the "
+                             "slowest seen, at least 20 s; 0 disables)")
     args = parser.parse_args(argv)
     check_args(parser, args)
     return args
@@ -123,7 +124,8 @@ def check_args(parser, args):
         parser.error(f"--lr must be a positive number, got {args.lr}")
     if not (0 <= args.momentum < 1):
         parser.error(f"--momentum must be in [0, 1), got {args.momentum}")
-    if not (args.step_timeout >= 0 and math.isfinite(args.step_timeout)):
+    timeout = args.step_timeout
+    if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
     args.compression = ("fp16" if args.fp16_allreduce else "bit16" if args.bit16_allreduce
                         else "bit8" if args.bit8_allreduce else "none")

@@ -3,9 +3,10 @@ no process left behind and the records written so far intact.
 
 Each case starts a 5-epoch run, waits until both ranks are writing steps, then sends rank 1
 SIGKILL (dead) or SIGSTOP (wedged: alive, silent).  A wedged rank under MPI would hang the
-job for good without the lab's step watchdog (--step-timeout).  The measured seconds from
-the signal to the launcher's exit are printed (pytest -s), not asserted beyond a generous
-bound: machines are noisy.
+job for good without the lab's step watchdog.  With the lab's defaults (the watchdog's
+adaptive limit) a wedged rank must end the job within 60 s of the stall under both
+controllers, with an error that names rank 1 (issue 15).  The measured seconds from the
+signal to the launcher's exit are printed (pytest -s).
 """
 import os
 import signal
@@ -23,8 +24,9 @@ from labs.kit import runlog
 from labs.kit.launch import horovodrun_command, launch_env
 
 TRAINER = str(ROOT / "labs" / "mnist.py")
-STEP_TIMEOUT = 20
+STEP_TIMEOUT = 20        # the dead-rank cases fix it; the wedged ones run the lab's default
 BOUND_S = 90            # launcher must be gone this long after the signal
+WEDGED_BOUND_S = 60     # issue 15: a wedged rank ends the job within 60 s, lab defaults
 START_TIMEOUT_S = 240   # slow shared machine: importing torch + Horovod on 2 ranks
 
 
@@ -63,8 +65,8 @@ def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
     run_dir = tmp_path / "run"
     cmd = horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
                                  "--split-test", "8000", "--epochs", "5", "--lr", "0.1",
-                                 "--bit8-allreduce", "--no-progress",
-                                 "--step-timeout", str(STEP_TIMEOUT), "--out", str(run_dir)],
+                                 "--bit8-allreduce", "--no-progress", "--out", str(run_dir)]
+                             + (["--step-timeout", str(STEP_TIMEOUT)] if how == "kill" else []),
                              controller)
     proc = subprocess.Popen(cmd, env=launch_env(), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -87,8 +89,10 @@ def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
                  "exited on signal", "terminated", "Connection closed by peer",
                  "HorovodInternalError"]
         assert any(clue in output for clue in clues), output[-3000:]
-        if how == "stop" and controller == "mpi":
+        if how == "stop":
+            assert seconds < WEDGED_BOUND_S, f"{seconds:.0f} s from the stall to the end"
             assert "no training step finished" in output, output[-3000:]
+            assert "Stalled: rank 1" in output, output[-3000:]
         # nothing of the run is left alive
         deadline = time.monotonic() + 15
         while any(alive(p) for p in pids) and time.monotonic() < deadline:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from labs.kit.watchdog import EXIT_CODE, StepWatchdog
+from labs.kit.watchdog import EXIT_CODE, StepWatchdog, suspects
 
 
 def test_beats_keep_it_quiet_and_silence_trips_it():
@@ -32,3 +32,70 @@ def test_stuck_process_exits_with_clear_error():
 def test_invalid_timeout_is_refused():
     with pytest.raises(ValueError):
         StepWatchdog(0)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_adaptive_limit_follows_the_slowest_of_each_kind():
+    clock = FakeClock()
+    dog = StepWatchdog(None, clock=clock, floor_s=20, factor=10, startup_s=300)
+    assert dog.limit() == 300                     # nothing seen yet: start-up
+    clock.now = 50.0
+    dog.beat()                                    # the first step is start-up, not a sample
+    assert dog.limit() == 300
+    for t in (50.1, 50.2, 53.2, 53.3):            # steps of 0.1 s and one of 3 s
+        clock.now = t
+        dog.beat()
+    assert dog.limit() == pytest.approx(30)       # 10 x 3 s
+    dog.begin("evaluation")
+    assert dog.limit() == 300                     # the first evaluation: start-up limit
+    clock.now = 60.0
+    dog.end("evaluation")                         # took 6.7 s
+    assert dog.kind == "step" and dog.limit() == pytest.approx(30)
+    with dog.phase("evaluation"):
+        assert dog.limit() == pytest.approx(67)
+    fast = StepWatchdog(None, clock=clock, floor_s=20)
+    for t in (61, 61.01, 61.02):
+        clock.now = t
+        fast.beat()
+    assert fast.limit() == 20                     # the floor
+    assert StepWatchdog(7.5, clock=clock).limit() == 7.5   # --step-timeout fixes it
+
+
+def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):
+    import json
+    now = 1000.0
+    for r, (age, steps) in enumerate([(0.5, 40), (30.0, 39), (0.7, 40)]):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps({"rank": r, "steps": steps, "time": now - age}))
+    text = suspects(tmp_path, 3, exclude=0, now=now)
+    assert text.startswith("Stalled: rank 1 (silent 30 s, 39 steps done)") and "rank 2" not in text
+    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "steps": 39, "time": now - 1}))
+    assert "deadlock" in suspects(tmp_path, 3, now=now) and "rank 1 (39 steps)" in suspects(tmp_path, 3, now=now)
+    assert suspects(tmp_path, 4, now=now).startswith("Stalled: rank 3")      # never wrote one
+    for r in range(3):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps({"rank": r, "steps": 40, "time": now}))
+    assert suspects(tmp_path, 3, now=now) == ""
+
+
+def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
+    code = ("import json, time; from labs.kit.watchdog import StepWatchdog\n"
+            f"open('{tmp_path}/rank1.json', 'w').write(json.dumps(dict(rank=1, steps=3, time=time.time() - 60)))\n"
+            f"with StepWatchdog(1.0, rank=0, size=2, heartbeat_dir='{tmp_path}', period_s=0.2):\n"
+            "    time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_CODE
+    assert "Stalled: rank 1 (silent 6" in proc.stderr, proc.stderr
+    assert (tmp_path / "rank0.json").is_file()
+
+
+def test_disabled_watchdog_never_fires():
+    fired = threading.Event()
+    with StepWatchdog(0.1, enabled=False, on_timeout=lambda idle: fired.set()):
+        time.sleep(0.5)
+    assert not fired.is_set()

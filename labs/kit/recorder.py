@@ -36,7 +36,7 @@ from hvd_compress.communicators import horovod_bytes_sent
 from . import manifest, runlog
 from .progress import Progress
 from .ranks import agree
-from .watchdog import StepWatchdog
+from .watchdog import StepWatchdog, suspects
 
 NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
             "bytes_sent": math.nan}
@@ -176,19 +176,24 @@ class RunRecorder:
             sys.exit(3)
 
     def _watchdog(self):
-        """A StepWatchdog that, before it ends this process, records on rank 0 that the run
-        failed, so the manifest never claims 'running' for a dead job."""
+        """A StepWatchdog (adaptive unless --step-timeout fixes it; 0: off) that writes this
+        rank's heartbeat into the run folder, so the rank that stops is named, and that, before
+        it ends this process, records on rank 0 that the run failed, so the manifest never
+        claims 'running' for a dead job."""
         timeout = self.args.step_timeout
-        watchdog = StepWatchdog(timeout or None, rank=self.rank)
+        watchdog = StepWatchdog(timeout or None, rank=self.rank, size=self.size,
+                                heartbeat_dir=self.run_dir / "heartbeats", enabled=timeout != 0)
         end_process = watchdog.on_timeout
 
         def on_timeout(idle):
             try:
                 if self.rank == 0:
+                    limit = "--step-timeout" if timeout else "adaptive limit"
                     manifest.finish(self.run_dir, "failed",
                                     f"watchdog: no training step or evaluation finished for "
-                                    f"{idle:.0f} s (--step-timeout {timeout:g}); a rank is "
-                                    f"dead or wedged")
+                                    f"{idle:.0f} s ({limit} {watchdog.limit():.0f} s); "
+                                    + (suspects(watchdog.heartbeat_dir, self.size, exclude=0)
+                                       or "a rank is dead or wedged"))
             finally:
                 end_process(idle)
         watchdog.on_timeout = on_timeout
@@ -226,6 +231,7 @@ class RunRecorder:
                 progress.close()
                 raise Interrupted(f"--max-steps {args.max_steps} reached in epoch {epoch}")
         progress.close()
+        self.watchdog.begin("evaluation")   # the epoch's totals and test pass come next
         epoch_s = time.perf_counter() - start
         totals = hvd.allreduce(torch.tensor([loss_sum, samples, bytes_sent], dtype=torch.float64),
                                op=hvd.Sum, name=f"train_totals.{epoch}")
@@ -237,17 +243,17 @@ class RunRecorder:
     def end_epoch(self, epoch, test_metrics, model, optimizer):
         """After an epoch's test: its row of epochs.csv and its line on rank 0, the checkpoint,
         epochs_completed in the manifest; --max-steps may end the run here."""
-        self.watchdog.beat()
+        self.watchdog.end("evaluation")
         record = dict(self._train, **test_metrics, wall_time=time.time())
         if self.rank == 0:
             self.epochs_log.write(record)
             print(f"epoch {epoch}: test loss {record['test_loss']:.4f}, accuracy "
                   f"{100 * record['test_accuracy']:.2f}%, {record['epoch_s']:.1f}s, "
                   f"{record['train_samples_per_s']:.0f} samples/s", flush=True)
-        self._save_checkpoint(model, optimizer, epoch)
-        if self.rank == 0:
-            runlog.update_manifest(self.run_dir, epochs_completed=epoch)
-        self.watchdog.beat()
+        with self.watchdog.phase("checkpoint"):
+            self._save_checkpoint(model, optimizer, epoch)
+            if self.rank == 0:
+                runlog.update_manifest(self.run_dir, epochs_completed=epoch)
         args = self.args
         if args.max_steps is not None and self.step >= args.max_steps and epoch < args.epochs:
             raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")

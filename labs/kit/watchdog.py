@@ -1,4 +1,5 @@
-"""A step watchdog: a training job whose ranks stop making progress ends, with a clear error.
+"""A step watchdog: a training job whose ranks stop making progress ends, with an error that
+names the rank that stopped.
 
 Horovod ends a job quickly when a rank dies, and Gloo gives up on a silent peer after its
 receive timeout, but under MPI a rank that stops answering without dying (SIGSTOP, a wedged
@@ -6,57 +7,178 @@ process, a swapped-out host) leaves every other rank blocked in a collective for
 collective cannot be interrupted from Python, so a thread watches the time since the last
 finished step and, past the limit, reports and ends this process; the launcher (mpirun or
 horovodrun) then tears the job down. Nothing is lost that a checkpoint did not already hold.
+
+The limit adapts to the run unless fixed (--step-timeout): for each kind of work (a training
+step, an evaluation, a checkpoint) it is FACTOR times the slowest one of that kind seen so far,
+at least FLOOR_S; the first of a kind (the first step pays for start-up and Horovod's first
+negotiation) may take STARTUP_S. A wedged rank is caught within FLOOR_S of its last step on a
+run whose steps are fast, while a run whose steps or evaluations are slow (4 ranks on 2 cores,
+a large model) gets a limit that grows with them.
+
+Which rank stopped: every rank's watchdog thread writes a heartbeat file each PERIOD_S (its
+steps so far and the time). A stopped or dead process writes none; ranks merely blocked in a
+collective still do. So the rank whose watchdog fires names the ranks whose heartbeat went
+stale, or, if none did (a deadlock rather than a stop), the ranks furthest behind in steps.
 """
+import json
 import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["StepWatchdog", "EXIT_CODE"]
+__all__ = ["StepWatchdog", "EXIT_CODE", "FLOOR_S", "FACTOR", "STARTUP_S", "PERIOD_S", "suspects"]
 
 EXIT_CODE = 75          # EX_TEMPFAIL: the job may succeed when rerun (with --resume)
+FLOOR_S = 20.0          # below Gloo's 30 s receive timeout, so the watchdog speaks first
+FACTOR = 10.0           # a healthy step 10x slower than the slowest seen is not a healthy step
+STARTUP_S = 300.0       # the first step / evaluation / checkpoint of a run
+PERIOD_S = 1.0          # how often the thread wakes, writes its heartbeat and checks
+STALE_S = 5 * PERIOD_S  # a heartbeat this old: that process is not running
 
 
 class StepWatchdog:
-    """Call `beat()` after every step; if none comes for `timeout_s`, report and exit."""
+    """Call `beat()` after every step and wrap other long work in `phase(kind)`; past the
+    limit without either, report and exit. timeout_s: a fixed limit, or None to adapt."""
 
-    def __init__(self, timeout_s, rank=0, what="training step", on_timeout=None):
-        if timeout_s is not None and timeout_s <= 0:
+    def __init__(self, timeout_s=None, rank=0, size=1, heartbeat_dir=None, what="training step",
+                 on_timeout=None, floor_s=FLOOR_S, factor=FACTOR, startup_s=STARTUP_S,
+                 period_s=PERIOD_S, clock=time.monotonic, enabled=True):
+        if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"watchdog timeout must be > 0 seconds, got {timeout_s}")
-        self.timeout_s = timeout_s
-        self.rank = rank
+        self.timeout_s, self.rank, self.size = timeout_s, rank, size
+        self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
         self.what = what
         self.on_timeout = on_timeout or self._exit
-        self._last = time.monotonic()
+        self.floor_s, self.factor, self.startup_s, self.period_s = floor_s, factor, startup_s, period_s
+        self.clock = clock
+        self.enabled = enabled
+        self.kind = "step"
+        self.slowest = {}                # kind -> longest seen, seconds
+        self.steps = 0
+        self._last = clock()
         self._stop = threading.Event()
         self._thread = None
 
     def __enter__(self):
-        if self.timeout_s is not None:
-            self._thread = threading.Thread(target=self._watch, name="hvdc-watchdog", daemon=True)
-            self._thread.start()
+        if not self.enabled:
+            return self
+        if self.heartbeat_dir is not None:
+            self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+            self._heartbeat()
+        self._thread = threading.Thread(target=self._watch, name="hvdc-watchdog", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         return False
 
+    # ---- what the training loop calls ----------------------------------------------------
     def beat(self):
-        self._last = time.monotonic()
+        """A training step finished. The first one is start-up (imports, Horovod's first
+        negotiation), not a sample of how long steps take."""
+        if self.steps == 0 and "step" not in self.slowest:
+            self._last = self.clock()
+            self.slowest["startup"] = 0.0
+        else:
+            self._done("step")
+        self.steps += 1
 
+    @contextmanager
+    def phase(self, kind):
+        """Other long work (evaluation, checkpoint): limited by the slowest of its own kind."""
+        self._done(self.kind)
+        self.kind = kind
+        try:
+            yield
+        finally:
+            self._done(kind)
+            self.kind = "step"
+
+    def begin(self, kind):
+        """Like entering phase(kind), for work whose end is another call's (end(kind))."""
+        self._done(self.kind)
+        self.kind = kind
+
+    def end(self, kind):
+        self._done(kind)
+        self.kind = "step"
+
+    def limit(self):
+        """Seconds the current work may take: fixed, or FACTOR x the slowest of its kind."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        seen = self.slowest.get(self.kind) if "startup" in self.slowest else None
+        return self.startup_s if seen is None else max(self.floor_s, self.factor * seen)
+
+    def _done(self, kind):
+        now = self.clock()
+        took = now - self._last
+        self.slowest[kind] = max(self.slowest.get(kind, 0.0), took)
+        self._last = now
+
+    # ---- the thread ------------------------------------------------------------------------
     def _watch(self):
-        period = min(1.0, self.timeout_s / 4)
+        period = min(self.period_s, (self.timeout_s or self.period_s) / 4)
         while not self._stop.wait(period):
-            idle = time.monotonic() - self._last
-            if idle > self.timeout_s:
+            self._heartbeat()
+            idle = self.clock() - self._last
+            if idle > self.limit():
                 self.on_timeout(idle)
                 return
 
+    def _heartbeat(self):
+        if self.heartbeat_dir is None:
+            return
+        path = self.heartbeat_dir / f"rank{self.rank}.json"
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"rank": self.rank, "steps": self.steps, "time": time.time()}))
+            os.replace(tmp, path)
+        except OSError:
+            pass                         # a full disk must not kill a healthy run here
+
     def _exit(self, idle):
+        culprit = suspects(self.heartbeat_dir, self.size, exclude=self.rank) if self.heartbeat_dir else ""
         sys.stderr.write(
-            f"\nhvd-compress: rank {self.rank}: no {self.what} finished for {idle:.0f} s "
-            f"(limit {self.timeout_s:.0f} s). Another rank is probably dead or wedged (stopped, "
-            f"deadlocked, out of memory). Ending this job with exit code {EXIT_CODE}; rerun with "
-            f"--resume to continue from the last checkpoint.\n")
+            f"\nhvd-compress: rank {self.rank}: no {self.what} finished for {idle:.0f} s (limit "
+            f"{self.limit():.0f} s, {self._how()}; doing: {self.kind}). {culprit or 'Another rank is probably dead or wedged (stopped, deadlocked, out of memory).'} "
+            f"Ending this job with exit code {EXIT_CODE}; rerun with --resume to continue from "
+            f"the last checkpoint.\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE)
+
+    def _how(self):
+        if self.timeout_s is not None:
+            return "--step-timeout"
+        seen = self.slowest.get(self.kind)
+        return ("first of its kind" if seen is None else
+                f"{self.factor:g} x the slowest {self.kind} so far, {seen:.1f} s, at least {self.floor_s:g} s")
+
+
+def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S):
+    """A sentence naming the ranks that stopped: heartbeat stale or missing (process stopped or
+    dead), else the ranks furthest behind in steps; '' if nothing can be said."""
+    now = time.time() if now is None else now
+    beats = {}
+    for r in range(size):
+        try:
+            beats[r] = json.loads((Path(heartbeat_dir) / f"rank{r}.json").read_text())
+        except (OSError, ValueError):
+            beats[r] = None
+    silent = [r for r, b in beats.items() if r != exclude and (b is None or now - b["time"] > stale_s)]
+    if silent:
+        detail = ", ".join(f"rank {r}" + ("" if beats[r] is None else
+                                          f" (silent {now - beats[r]['time']:.0f} s, "
+                                          f"{beats[r]['steps']} steps done)") for r in silent)
+        return (f"Stalled: {detail}: its process is not running (stopped, swapped out or dead), "
+                f"while the others wait for it in a collective.")
+    steps = {r: b["steps"] for r, b in beats.items() if b is not None}
+    if steps and len(set(steps.values())) > 1:
+        behind = min(steps.values())
+        late = [r for r, s in steps.items() if s == behind]
+        return (f"Every rank is running but not progressing (a deadlock?); behind the others: "
+                + ", ".join(f"rank {r} ({behind} steps)" for r in late) + ".")
+    return ""
