@@ -101,7 +101,11 @@ class _BlockScaledCompressor(PacketCompressor):
     def decompress(cls, packet, ctx):
         """Decode a packet back to a tensor of the original shape and dtype."""
         shape, dtype = ctx
-        return cls.decode_packet(packet).view(shape).to(dtype)
+        values = cls.decode_packet(packet)
+        if values.numel() != shape.numel():
+            raise ValueError(f"corrupt packet: {values.numel()} values for a tensor of shape "
+                             f"{tuple(shape)} ({shape.numel()} values)")
+        return values.view(shape).to(dtype)
 
     @classmethod
     def decode_packet(cls, packet, out=None):

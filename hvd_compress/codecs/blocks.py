@@ -169,10 +169,11 @@ def decode_accumulate(codes, scales, fmt, out, block=SCALE_BLOCK):
     return decode_accumulate_reference(codes, scales, fmt, out, block)
 
 
-def check_scales(scales):
-    """Raise if any scale is not +-2**k, k in [-126, 127] (what every encoder writes): a
-    corrupt message must not decode into garbage gradients. The native kernel checks the same."""
-    a = scales.abs()
+def check_scales(scales, fmt):
+    """Raise if any scale is not 2**k, k in [-126, 127], or its negative for a format without
+    Inf (what every encoder writes): a corrupt message must not decode into garbage
+    gradients. The native kernel checks the same."""
+    a = scales.abs() if not fmt.has_inf else scales
     mantissa, _ = torch.frexp(a)
     ok = torch.isfinite(a) & (mantissa == 0.5) & (a >= 2.0 ** FLOAT32_MIN_EXP)
     if not bool(ok.all()):
@@ -185,7 +186,7 @@ def decode_accumulate_reference(codes, scales, fmt, out, block=SCALE_BLOCK):
     """`decode_accumulate` by torch ops alone: the reference for the native kernel."""
     if codes.shape[1] == 0:
         return out
-    check_scales(scales)
+    check_scales(scales, fmt)
     _decode_into(codes[0].contiguous(), scales[0].contiguous(), fmt, out, block)
     if codes.shape[0] > 1:
         scratch = torch.empty_like(out)

@@ -157,14 +157,18 @@ void encode_values(const at::Tensor& x, at::Tensor codes, std::string fmt) {
 
 // Every scale an encoder writes is +-2**k, k in [-126, 127]; anything else (a flipped bit in
 // transit, a message from another format) would decode into garbage gradients silently.
+// A negative scale (the block's max code means +-Inf) only exists for formats without Inf.
+template <typename F>
 void check_scales(const float* sp, int64_t sstride, int64_t ranks, int64_t nb) {
+  const uint32_t mask = F::has_inf ? 0xFFFFFFFFu : hvdc::kAbs;
   for (int64_t r = 0; r < ranks; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const uint32_t bits = hvdc::bits_of(sp[r * sstride + b]) & hvdc::kAbs;
+      const uint32_t bits = hvdc::bits_of(sp[r * sstride + b]) & mask;
       if ((bits & 0x007FFFFFu) == 0 && bits >= 0x00800000u && bits < hvdc::kInf) continue;
       TORCH_CHECK(false, "corrupt bucket message: rank ", r, "'s scale of block ", b, " is ",
                   sp[r * sstride + b], " (bits 0x", std::hex, bits, std::dec,
-                  "); scales must be finite powers of two");
+                  "); scales must be finite powers of two",
+                  F::has_inf ? ", positive for this format" : "");
     }
   }
 }
@@ -182,8 +186,8 @@ void decode_accumulate(const at::Tensor& codes, const at::Tensor& scales, at::Te
   check(out.device().is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
         out.numel() == n, "out: contiguous float32, one per value");
   if (ranks == 0 || n == 0) return;
-  check_scales(scales.data_ptr<float>(), scales.stride(0), ranks, nb);
   dispatch(fmt, codes, [&]<typename F>() {
+    check_scales<F>(scales.data_ptr<float>(), scales.stride(0), ranks, nb);
     const auto* cp = reinterpret_cast<const typename F::code_t*>(codes.data_ptr());
     const float* sp = scales.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -222,7 +226,7 @@ void decode_raw(const uint8_t* msgs, int64_t row, int64_t ranks, int64_t n, floa
   if (ranks == 0 || n == 0) return;
   const int64_t nb = blocks_of(n, block), cb = sizeof(typename F::code_t);
   const float* sp = reinterpret_cast<const float*>(msgs);
-  check_scales(sp, row / 4, ranks, nb);
+  check_scales<F>(sp, row / 4, ranks, nb);
   const auto* cp = reinterpret_cast<const typename F::code_t*>(msgs + 4 * nb);
   at::parallel_for(0, nb, grain(block), [&](int64_t b0, int64_t b1) {
     decode_range<F>(cp, row / cb, sp, row / 4, ranks, op, n, block, b0, b1, divisor);
