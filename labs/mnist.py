@@ -94,6 +94,10 @@ def parse_args(argv=None):
                         help="show a progress bar on rank 0 (default: on)")
     parser.add_argument("--num-threads", type=int, default=1, metavar="N",
                         help="torch CPU threads per rank (default: 1, like Horovod's example)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="horovod",
+                        help="horovod: Horovod's example network (21,840 parameters, default); "
+                             "basic: pytorch/examples' mnist network (1.2 M parameters), the one "
+                             "the course starts from and the one compression pays on")
     parser.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
                         help="end the job if no training step or evaluation finishes for this "
                              "long: another rank is dead or wedged (default: adaptive, 10x the "
@@ -168,6 +172,28 @@ class Net(nn.Module):
         return F.log_softmax(x, dim=1)
 
 
+class BasicNet(nn.Module):
+    """pytorch/examples' mnist/main.py network: 1,199,882 parameters, 4.8 MB of gradients a
+    step, 55x the small network's (most of them in fc1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = F.relu(self.fc1(torch.flatten(self.dropout1(x), 1)))
+        return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
+
+
+MODELS = {"horovod": Net, "basic": BasicNet}
+
+
 def make_optimizer(model, args, world_size):
     """SGD, wrapped so that step() first averages the gradients over the ranks."""
     lr_scaler = 1 if args.use_adasum else world_size   # Adasum needs no lr scaling
@@ -234,7 +260,7 @@ def main(argv=None):
     data = load_data(args, device)      # every rank reads the files once, md5-checked
 
     run = RunRecorder(args, config_name(args, hvd.size()))
-    model = Net().to(device)
+    model = MODELS[args.model]().to(device)
     optimizer = make_optimizer(model, args, hvd.size())
     first_epoch = run.resume(model, optimizer)
     # Horovod: start every rank from rank 0's weights and optimizer state.

@@ -30,24 +30,9 @@ SPLIT = ["forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms"
 
 # ---- inside one Horovod job -------------------------------------------------------------------
 def make_model(name):
-    import torch.nn as nn
-    import torch.nn.functional as F
-    if name == "lab":
-        from labs.mnist import Net
-        return Net()
-
-    class BasicNet(nn.Module):       # pytorch/examples mnist/main.py's Net
-        def __init__(self):
-            super().__init__()
-            self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
-            self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
-            self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
-
-        def forward(self, x):
-            x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
-            x = F.relu(self.fc1(self.dropout1(x).flatten(1)))
-            return F.log_softmax(self.fc2(self.dropout2(x)), dim=1)
-    return BasicNet()
+    """The lab's two networks (labs/mnist.py --model): Horovod's example, pytorch/examples'."""
+    from labs.mnist import MODELS
+    return MODELS["horovod" if name == "lab" else name]()
 
 
 def make_optimizer(row, model):

@@ -72,3 +72,17 @@ def test_more_ranks_than_test_samples(tmp_path):
     assert done.returncode != 0
     assert "the test set has 1 samples but there are 2 ranks" in out, out[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_model_basic_is_the_pytorch_examples_network():
+    import torch
+    from labs.kit.table import config_name
+    from labs.mnist import MODELS, parse_args
+    basic = MODELS["basic"]()
+    assert sum(p.numel() for p in basic.parameters()) == 1_199_882
+    assert sum(p.numel() for p in MODELS["horovod"]().parameters()) == 21_840
+    out = basic(torch.zeros(3, 1, 28, 28))
+    assert out.shape == (3, 10) and torch.allclose(out.exp().sum(1), torch.ones(3))
+    assert parse_args([]).model == "horovod"
+    assert config_name(parse_args(["--model", "basic", "--bit8-allreduce"]), 2) == "np2-bit8-basic"
+    assert config_name(parse_args(["--bit8-allreduce"]), 2) == "np2-bit8"

@@ -63,5 +63,7 @@ def config_name(args, world_size):
     """The name of the trainer's configuration (its parsed flags), e.g. 'np4-bit8-alltoall-ef':
     the table's name for the same run; Adasum and Horovod's own optimizer add a variant."""
     variant = "adasum" if args.use_adasum else "horovod" if args.route == "horovod" else None
-    return run_name(world_size, args.compression, args.reduction,
+    name = run_name(world_size, args.compression, args.reduction,
                     error_feedback=args.error_feedback, variant=variant)
+    model = getattr(args, "model", "horovod")
+    return name if model == "horovod" else f"{name}-{model}"
