@@ -116,3 +116,38 @@ def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
         steps = pd.read_csv(run_dir / f"steps_rank{r}.csv")
         assert len(steps) >= 10 and steps["loss"].notna().all()
         assert list(steps.columns) == runlog.STEP_COLUMNS
+
+
+@needs_mnist
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a disk that fills up) needs root")
+def test_disk_full_keeps_the_checkpoint_and_resumes(tmp_path):
+    """--out on a 360 KiB tmpfs: epoch 1's checkpoint fits, epoch 2's does not (issue 15: disk
+    trouble). The run ends with a clear error and exit 3, epoch 1's checkpoint intact; copied
+    to a roomy disk, --resume finishes the run with every step recorded once."""
+    import shutil
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=360k", "tmpfs", str(disk)], check=True)
+    flags = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--split-test", "8000",
+             "--epochs", "3", "--lr", "0.1", "--no-progress"]
+    try:
+        full = subprocess.run(flags + ["--out", str(disk / "run")], env=launch_env(), cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
+        assert "No space left on device" in full.stdout and "--resume" in full.stdout, full.stdout[-2000:]
+        manifest = runlog.read_manifest(disk / "run")
+        assert manifest["status"] == "failed" and "cannot write the run's records" in manifest["reason"]
+        assert manifest["epochs_completed"] == 1
+        assert runlog.load_checkpoint(disk / "run" / "checkpoint.pt")["epoch"] == 1
+        assert not list((disk / "run").glob(".checkpoint.pt.*"))       # no torn temp file left
+        shutil.copytree(disk / "run", tmp_path / "roomy")
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    resumed = subprocess.run(flags + ["--out", str(tmp_path / "roomy"), "--resume"], env=launch_env(),
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert runlog.read_manifest(tmp_path / "roomy")["status"] == "complete"
+    steps = pd.read_csv(tmp_path / "roomy" / "steps_rank0.csv")
+    assert not steps.duplicated(["epoch", "batch"]).any()
+    assert sorted(steps.epoch.unique()) == [1, 2, 3] and len(steps) == 3 * 125
+    assert list(pd.read_csv(tmp_path / "roomy" / "epochs.csv").epoch) == [1, 2, 3]

@@ -159,13 +159,21 @@ class RunRecorder:
             status = "complete"
         except (Interrupted, KeyboardInterrupt) as stop:
             status, reason = "interrupted", str(stop) or type(stop).__name__
+        except OSError as err:          # the disk (full, gone, read-only): records stop here
+            reason = (f"cannot write the run's records: {err}; what was written before is "
+                      f"intact, the last checkpoint included (a checkpoint is replaced only "
+                      f"once its successor is fully written)")
         except Exception as err:
             reason = f"{type(err).__name__}: {err}"
             raise
         finally:
-            self.steps_log.close()
-            if self.rank == 0:
-                manifest.finish(self.run_dir, status, reason)
+            try:
+                self.steps_log.close()
+                if self.rank == 0:
+                    manifest.finish(self.run_dir, status, reason)
+            except OSError as err:      # a full disk may refuse the manifest too: say so
+                print(f"rank {self.rank}: could not record how the run ended in "
+                      f"{self.run_dir}: {err}", file=sys.stderr, flush=True)
         if status != "complete":
             if self.rank == 0:
                 how = (f"continue it with --out {self.run_dir} --resume"
