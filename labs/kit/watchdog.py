@@ -31,7 +31,7 @@ from pathlib import Path
 __all__ = ["StepWatchdog", "EXIT_CODE", "FLOOR_S", "FACTOR", "STARTUP_S", "PERIOD_S", "suspects"]
 
 EXIT_CODE = 75          # EX_TEMPFAIL: the job may succeed when rerun (with --resume)
-FLOOR_S = 20.0          # below Gloo's 30 s receive timeout, so the watchdog speaks first
+FLOOR_S = 20.0          # below Gloo's receive timeout (lab: 60 s, Horovod: 30 s): the watchdog speaks first
 FACTOR = 10.0           # a healthy step 10x slower than the slowest seen is not a healthy step
 STARTUP_S = 300.0       # the first step / evaluation / checkpoint of a run
 PERIOD_S = 1.0          # how often the thread wakes, writes its heartbeat and checks
