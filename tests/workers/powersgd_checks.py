@@ -22,11 +22,6 @@ def grads(step, r):
     return [torch.randn(s, generator=gen) for s in SHAPES]
 
 
-def same_everywhere(tensors):
-    everywhere = hvd.allgather_object([t.clone() for t in tensors])
-    return all(torch.equal(a, b) for other in everywhere for a, b in zip(other, everywhere[0]))
-
-
 for rk in (1, 2, 8):
     comm = PowerSGDCommunicator(PowerSGD(rank=rk))
     residual = {(r, n): torch.zeros(matrix_shape(s)) for r in range(world)
@@ -51,7 +46,7 @@ for rk in (1, 2, 8):
                     close &= torch.allclose(approx, sum(comp) / world, rtol=1e-4, atol=1e-5)
             close &= torch.allclose(out[i], ref, rtol=1e-4, atol=1e-5)
         checks.check(f"rank{rk}.step{step}.equals_reference", close)
-        checks.check(f"rank{rk}.step{step}.identical_on_all_ranks", same_everywhere(out))
+        checks.check(f"rank{rk}.step{step}.identical_on_all_ranks", checks.same_everywhere(out))
         stats = comm.pop_stats()
         checks.check(f"rank{rk}.step{step}.bytes_equal_formula",
                      stats["bytes_sent"] == powersgd_bytes(SHAPES, rk, world),
@@ -66,19 +61,5 @@ out_a, out_b = a.reduce(grads(1, rank), NAMES), b.reduce(grads(1, rank), NAMES)
 checks.check("state_dict.resume_gives_same_bits", all(torch.equal(x, y) for x, y in zip(out_a, out_b)))
 
 # the optimizer with PowerSGD: trains, same parameters on every rank
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                              named_parameters=model.named_parameters(), compression=hc.Compression.powersgd(2))
-gen = torch.Generator().manual_seed(rank)
-x, y = torch.randn(32, 10, generator=gen), torch.randn(32, 3, generator=gen)
-losses = []
-for _ in range(20):
-    opt.zero_grad()
-    loss = (model(x) - y).square().mean()
-    loss.backward()
-    opt.step()
-    losses.append(float(loss))
-checks.check("optimizer.identical_on_all_ranks", same_everywhere([p.detach() for p in model.parameters()]))
-checks.check("optimizer.loss_falls", losses[-1] < losses[0], f"{losses[0]} -> {losses[-1]}")
+checks.trains("optimizer", hc.Compression.powersgd(2), steps=20)
 checks.done()
