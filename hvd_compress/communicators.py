@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .codecs import SCALE_BLOCK, blocks
+from .codecs import SCALE_BLOCK
 from .compressors import Compression, compressor_name
 from .fusion import Bucket
 from .registry import SCHEMES, Route, resolve_route
@@ -289,7 +289,7 @@ class AlltoallCommunicator(_PacketBase):
 
     def finish(self, exchange):
         self.progress(exchange, wait=True)
-        bucket, (chunks, sizes) = exchange.bucket, exchange.ctx
+        bucket, (chunks, _) = exchange.bucket, exchange.ctx
         with self.stats.timing("communicate_s"):
             gathered = hvd.synchronize(exchange.handle)
         with self.stats.timing("decompress_s"):

@@ -15,7 +15,6 @@ per-step and per-epoch CSV files, manifest.json and a checkpoint per epoch; --re
 watchdog that ends a job whose ranks stopped.  See docs/lab.md.
 """
 import argparse
-import math
 import time
 
 import torch
@@ -28,6 +27,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
+from labs.kit.flags import check_args, scale_block
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
 from labs.kit.table import config_name
@@ -104,51 +104,8 @@ def parse_args(argv=None):
                              "slowest seen, at least 20 s; 0 disables)")
     args = parser.parse_args(argv)
     check_args(parser, args)
-    return args
-
-
-def scale_block(text):
-    """--scale-block: a positive number of values, or 'tensor' (None: one scale per tensor)."""
-    if text == "tensor":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of values or 'tensor', "
-                                         f"got {text!r}")
-    return int(text)
-
-
-def check_args(parser, args):
-    """Values and combinations argparse cannot check; adds args.compression and args.cuda."""
-    for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
-                 "max_steps", "split_test"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
-    if not (args.lr > 0 and math.isfinite(args.lr)):
-        parser.error(f"--lr must be a positive number, got {args.lr}")
-    if not (0 <= args.momentum < 1):
-        parser.error(f"--momentum must be in [0, 1), got {args.momentum}")
-    timeout = args.step_timeout
-    if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
-        parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
-    args.compression = ("fp16" if args.fp16_allreduce else "bit16" if args.bit16_allreduce
-                        else "bit8" if args.bit8_allreduce else "none")
-    packets = args.compression in ("bit8", "bit16")
-    if args.use_adasum and packets:
-        parser.error("--use-adasum cannot be combined with --bit8-allreduce/--bit16-allreduce "
-                     "(Adasum needs full gradients; use it alone or with --fp16-allreduce)")
-    if args.use_adasum and args.error_feedback:
-        parser.error("--error-feedback is not available with --use-adasum")
-    if args.reduction and not packets:
-        parser.error("--reduction only applies to --bit8-allreduce or --bit16-allreduce")
-    if args.error_feedback and not packets:
-        parser.error("--error-feedback needs --bit8-allreduce or --bit16-allreduce")
-    if args.route == "horovod" and (args.reduction == "alltoall" or args.error_feedback):
-        parser.error("--route horovod is Horovod's own optimizer with the course's allgather "
-                     "route: --reduction alltoall and --error-feedback need --route plugin")
-    if args.resume and not args.out:
-        parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
     args.cuda = not args.no_cuda and torch.cuda.is_available()
+    return args
 
 
 class Net(nn.Module):

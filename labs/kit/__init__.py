@@ -2,6 +2,7 @@
 
     data      MNIST / Fashion-MNIST IDX files: find, md5-check, read, shard across ranks
     table     the course's table of runs and their names (hvd_compress.registry's vocabulary)
+    flags     the trainer's flag checks that argparse cannot make
     ranks     before training: Horovod's fail-fast settings, errors every rank agrees on
     recorder  a run's folder, records, checkpoints, --resume and watchdog, behind a few calls
     runlog    the files a run writes: atomic JSON/CSV, manifest, checkpoints, environment

@@ -179,6 +179,6 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S):
     if steps and len(set(steps.values())) > 1:
         behind = min(steps.values())
         late = [r for r, s in steps.items() if s == behind]
-        return (f"Every rank is running but not progressing (a deadlock?); behind the others: "
+        return ("Every rank is running but not progressing (a deadlock?); behind the others: "
                 + ", ".join(f"rank {r} ({behind} steps)" for r in late) + ".")
     return ""

@@ -294,38 +294,48 @@ void decode_messages(const at::Tensor& messages, int64_t n, at::Tensor out, std:
   });
 }
 
-void encode_chunks(const at::Tensor& x, at::Tensor message, at::IntArrayRef bounds, std::string fmt,
-                   int64_t block) {
-  check_float_vector(x, "x must be a contiguous 1-D float32 CPU tensor");
-  check_bounds(bounds, x.numel(), block);
+// The float32 side (values to encode, or the output) and the run of chunk messages agree;
+// returns the format's bytes per code.
+int64_t check_chunks(const at::Tensor& values, at::IntArrayRef bounds, const at::Tensor& message,
+                     int64_t block, const std::string& fmt) {
+  check_float_vector(values, "values: a contiguous 1-D float32 CPU tensor");
+  check_bounds(bounds, values.numel(), block);
   const int64_t cb = code_bytes_of(fmt);
   check_bytes(message, chunks_size(bounds, block, cb), "message: contiguous 4-byte aligned uint8, "
               "one message per chunk");
+  return cb;
+}
+
+// Calls fn(first value, values, block, message offset) for each chunk, in order.
+template <typename Fn>
+void for_each_chunk(at::IntArrayRef bounds, int64_t block, int64_t cb, Fn&& fn) {
+  int64_t offset = 0;
+  for (size_t k = 1; k < bounds.size(); ++k) {
+    const int64_t n = bounds[k] - bounds[k - 1], blk = chunk_block(n, block);
+    fn(bounds[k - 1], n, blk, offset);
+    offset += message_size(n, blk, cb);
+  }
+}
+
+void encode_chunks(const at::Tensor& x, at::Tensor message, at::IntArrayRef bounds, std::string fmt,
+                   int64_t block) {
+  const int64_t cb = check_chunks(x, bounds, message, block, fmt);
   auto* base = static_cast<uint8_t*>(message.data_ptr());
   with_format(fmt, [&]<typename F>() {
-    for (size_t k = 1; k < bounds.size(); ++k) {
-      const int64_t n = bounds[k] - bounds[k - 1], blk = chunk_block(n, block);
-      encode_raw<F>(x.data_ptr<float>() + bounds[k - 1], n, base, blk);
-      base += message_size(n, blk, cb);
-    }
+    for_each_chunk(bounds, block, cb, [&](int64_t lo, int64_t n, int64_t blk, int64_t offset) {
+      encode_raw<F>(x.data_ptr<float>() + lo, n, base + offset, blk);
+    });
   });
 }
 
 void decode_chunks(const at::Tensor& message, at::IntArrayRef bounds, at::Tensor out, std::string fmt,
                    int64_t block) {
-  check_float_vector(out, "out: contiguous float32");
-  check_bounds(bounds, out.numel(), block);
-  const int64_t cb = code_bytes_of(fmt);
-  check_bytes(message, chunks_size(bounds, block, cb), "message: contiguous 4-byte aligned uint8, "
-              "one message per chunk");
+  const int64_t cb = check_chunks(out, bounds, message, block, fmt);
   const auto* base = static_cast<const uint8_t*>(message.data_ptr());
   with_format(fmt, [&]<typename F>() {
-    for (size_t k = 1; k < bounds.size(); ++k) {
-      const int64_t n = bounds[k] - bounds[k - 1], blk = chunk_block(n, block);
-      const int64_t size = message_size(n, blk, cb);
-      decode_raw<F>(base, size, 1, n, out.data_ptr<float>() + bounds[k - 1], blk, 1.0f);
-      base += size;
-    }
+    for_each_chunk(bounds, block, cb, [&](int64_t lo, int64_t n, int64_t blk, int64_t offset) {
+      decode_raw<F>(base + offset, message_size(n, blk, cb), 1, n, out.data_ptr<float>() + lo, blk, 1.0f);
+    });
   });
 }
 
