@@ -35,27 +35,14 @@ import torch
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
 from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
+from .quantizers import Int8Compressor, OneBitCompressor
 from .registry import HEADER_BYTES
-from .roles import PacketCompressor
+from .roles import PacketCompressor, flat_float32 as _flat_float32, pad4 as _pad4
 
-__all__ = ["Bit8Compressor", "Bit16Compressor", "Compression", "HEADER_BYTES",
+__all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor", "Compression", "HEADER_BYTES",
            "packet_bytes", "compressor_name", "read_header"]
 
 FLAG_INF_AT_MAX = 1
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def _flat_float32(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's values in logical (row-major) order as contiguous float32, no copy if possible."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_sparse:
-        raise TypeError("sparse tensors cannot be compressed to 8/16-bit codes; "
-                        "densify them (sparse_as_dense) or exchange them uncompressed")
-    if tensor.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"8/16-bit gradient compression needs a floating-point tensor, "
-                        f"got {tensor.dtype}")
-    return tensor.detach().reshape(-1).to(torch.float32).contiguous()
 
 
 def read_header(packet: torch.Tensor):
@@ -70,10 +57,6 @@ def read_header(packet: torch.Tensor):
         raise ValueError(f"corrupt packet header: scale {scale!r} (must be a finite power of two), "
                          f"flags {flags:#x} (known: {FLAG_INF_AT_MAX:#x})")
     return scale, flags
-
-
-def _pad4(nbytes: int) -> int:
-    return (nbytes + 3) & ~3
 
 
 class _BlockScaledCompressor(PacketCompressor):
@@ -273,12 +256,16 @@ def compressor_name(compressor) -> str:
     return known.get(compressor, getattr(compressor, "name", getattr(compressor, "__name__", str(compressor))))
 
 
+
+
 class Compression:
-    """Gradient compression choices, as `hvd.Compression` with two more."""
+    """Gradient compression choices, as `hvd.Compression` with more."""
     none = NoneCompressor       # Horovod's: no compression, float32 allreduce
     fp16 = FP16Compressor       # Horovod's: cast to float16, float16 allreduce
     bit16 = Bit16Compressor     # scaled float16 codes, reduced in float32
     bit8 = Bit8Compressor       # scaled E4M3 codes, reduced in float32
+    int8 = Int8Compressor       # int8 codes, a scale per block, stochastic rounding
+    onebit = OneBitCompressor   # sign bits and a mean magnitude per block, error feedback
 
     # Methods that are not a codec of values but a communicator of their own (imported when
     # called: Horovod's patched source imports this module while horovod.torch loads).

@@ -50,11 +50,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._communicator = make_communicator(compression, route, op, fusion_threshold_bytes,
                                                scale_block)
         # top-k and PowerSGD keep their own residuals (on by default: TopK/PowerSGD's
-        # error_feedback), so only the packet routes take the optimizer's memory
+        # error_feedback), so only the packet routes take the optimizer's memory; None is
+        # the method's own default (on for onebit, off for the others)
         own_memory = hasattr(self._communicator, "memory")
+        if error_feedback is None:
+            error_feedback = bool(getattr(compression, "error_feedback", False)) and not own_memory
         if error_feedback and self._communicator.fuses is False and not own_memory:
-            raise ValueError("error_feedback needs an 8/16-bit packet compressor "
-                             "(Compression.bit8 or .bit16), not "
+            raise ValueError("error_feedback needs a packet compressor "
+                             "(Compression.bit8, .bit16, .int8 or .onebit), not "
                              f"{compressor_name(compression)}")
         self._memory = ResidualMemory() if error_feedback and not own_memory else None
         self.backward_passes_per_step = backward_passes_per_step
@@ -197,6 +200,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def communicator(self):
         return self._communicator
 
+    def compression_state_dict(self):
+        """This rank's own compression state: error-feedback residuals, PowerSGD's Q. It differs
+        from rank to rank, so a checkpoint keeps one per rank (labs/kit/recorder.py does)."""
+        state = {"residuals": self._memory.state_dict() if self._memory is not None else {}}
+        if hasattr(self._communicator, "state_dict"):
+            state["communicator"] = self._communicator.state_dict()
+        return state
+
+    def load_compression_state_dict(self, state):
+        if self._memory is not None:
+            self._memory.load_state_dict(state["residuals"])
+        if "communicator" in state:
+            self._communicator.load_state_dict(state["communicator"])
+
 
 def _ordered_named_params(param_groups, named_parameters):
     """(name, parameter) for every parameter that needs a gradient, in param-group order,
@@ -241,16 +258,18 @@ def _short(value, limit=200):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, route=None,
-                         error_feedback=False, fusion_threshold_bytes=None,
+                         error_feedback=None, fusion_threshold_bytes=None,
                          sparse_as_dense=False, scale_block=SCALE_BLOCK, *, reduction=None):
     """Wrap `optimizer` so that `step()` first averages (or sums) gradients across ranks.
 
-    compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 |
-        .topk(ratio) | .powersgd(rank) (these two carry their own error feedback, on by default).
+    compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 | .int8 |
+        .onebit | .topk(ratio) | .powersgd(rank) (these two carry their own error feedback, on
+        by default).
     route: None (the scheme's default, registry.SCHEMES: allreduce for none/fp16, allgather for
-        bit8, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for bit8/bit16.
-        `reduction=` is its old name, still accepted (deprecated).
-    error_feedback: carry each rank's quantisation error to the next step (bit8/bit16).
+        bit8, int8 and onebit, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for
+        bit8/bit16/int8. `reduction=` is its old name, still accepted (deprecated).
+    error_feedback: carry each rank's quantisation error to the next step (the packet
+        compressors); None: the method's default, on for onebit only.
     fusion_threshold_bytes: bucket size in float32 bytes for the packet routes (0: no fusion;
         default communicators.DEFAULT_FUSION_BYTES).
     scale_block: values per power-of-two scale in a bucket (default codecs.SCALE_BLOCK); None:

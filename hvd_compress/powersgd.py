@@ -25,6 +25,7 @@ import zlib
 import torch
 import horovod.torch as hvd
 
+from .costmodel.methods import bytes_per_step
 from .registry import Route
 from .tensorwise import Step, TensorwiseCommunicator
 
@@ -61,15 +62,9 @@ def matrix_shape(shape):
 
 def powersgd_bytes(shapes, rank, world):
     """Bytes one rank sends per step (ring allreduce: 2(N-1)/N of each tensor): (n + m) r float32
-    per matrix, every value of every vector. The communicator counts the same."""
-    if world == 1:
-        return 0
-    total = 0
-    for shape in shapes:
-        nm = matrix_shape(shape)
-        values = torch.Size(shape).numel() if nm is None else (nm[0] + nm[1]) * min(rank, *nm)
-        total += 2 * (world - 1) * 4 * values // world
-    return total
+    per matrix, every value of every vector; the cost model's formula (costmodel/methods.py),
+    which the communicator's own count must equal."""
+    return bytes_per_step("powersgd", [tuple(s) for s in shapes], world, rank)
 
 
 def initial_q(name, m, r, seed):

@@ -15,7 +15,7 @@ matched by string. No torch or Horovod here: the cost model and the report impor
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Route", "Scheme", "SCHEMES", "HEADER_BYTES", "scheme", "resolve_route", "label",
+__all__ = ["Route", "Scheme", "SCHEMES", "COURSE_SCHEMES", "METHODS", "HEADER_BYTES", "scheme", "resolve_route", "label",
            "parse_label", "run_name"]
 
 # A per-tensor packet (Bit8Compressor / Bit16Compressor, the course route) starts with 8 bytes:
@@ -62,7 +62,21 @@ SCHEMES = {s.name: s for s in (
     Scheme("bit16", 16, (Route.ALLTOALL, Route.ALLGATHER), "scaled float16, reduced in float32"),
     # bit8's default is the course's design (allgather); the two-phase route scales with n.
     Scheme("bit8", 8, (Route.ALLGATHER, Route.ALLTOALL), "scaled OCP E4M3, reduced in float32"),
+    # The other methods the course names (issue 13); bits: what one value costs on the wire,
+    # before block scales (int8, onebit) or per kept value (topk: int32 index + float32 value).
+    Scheme("int8", 8, (Route.ALLGATHER, Route.ALLTOALL),
+           "int8, amax/127 scale per block, stochastic rounding, reduced in float32"),
+    Scheme("onebit", 1, (Route.ALLGATHER,),
+           "sign bits, mean |x| per block, error feedback on by default"),
+    Scheme("topk", 64, (Route.ALLGATHER,),
+           "the ratio x numel largest |g| as index + value pairs, error feedback"),
+    Scheme("powersgd", 32, (Route.ALLREDUCE,),
+           "rank-r factors P, Q of each matrix by float32 allreduce, error feedback"),
 )}
+
+# The course's table (none, Horovod's fp16, the lab's bit16 and bit8) and the other methods.
+COURSE_SCHEMES = ("none", "fp16", "bit16", "bit8")
+METHODS = ("int8", "onebit", "topk", "powersgd")
 
 
 def scheme(name: str) -> Scheme:

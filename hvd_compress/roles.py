@@ -9,9 +9,12 @@ One step serves every route (communicators.py): compensate -> compress -> rememb
 collective -> decompress. Which Communicator carries a scheme is decided in one place,
 `communicators.make_communicator`, from the names in registry.py.
 """
+import torch
 from horovod.torch.compression import Compressor
 
-__all__ = ["Compressor", "PacketCompressor", "Memory", "Communicator"]
+__all__ = ["Compressor", "PacketCompressor", "Memory", "Communicator", "flat_float32", "pad4"]
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class PacketCompressor(Compressor):
@@ -27,6 +30,23 @@ class PacketCompressor(Compressor):
     """
     bits = None          # bits per value on the wire
     fmt = None           # the codec's number format (codecs.E4M3, codecs.FP16)
+
+
+def flat_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values in logical (row-major) order as contiguous float32, no copy if possible."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise TypeError("sparse tensors cannot be compressed to 8/16-bit codes; "
+                        "densify them (sparse_as_dense) or exchange them uncompressed")
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"8/16-bit gradient compression needs a floating-point tensor, "
+                        f"got {tensor.dtype}")
+    return tensor.detach().reshape(-1).to(torch.float32).contiguous()
+
+
+def pad4(nbytes: int) -> int:
+    return (nbytes + 3) & ~3
 
 
 class Memory:

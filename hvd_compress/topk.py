@@ -21,6 +21,7 @@ import math
 import torch
 import horovod.torch as hvd
 
+from .costmodel.methods import bytes_per_step, topk_k
 from .registry import Route
 from .tensorwise import Step, TensorwiseCommunicator
 
@@ -38,7 +39,7 @@ class TopK:
 
     def k(self, numel):
         """How many values of a tensor of `numel` are sent: ceil(ratio * numel), at least 1."""
-        return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+        return topk_k(numel, self.ratio)
 
     def __repr__(self):
         return f"TopK(ratio={self.ratio})"
@@ -51,9 +52,9 @@ class TopK:
 
 
 def topk_bytes(numels, ratio, world):
-    """Bytes one rank sends per step: (n-1) x 8k per tensor (int32 index + float32 value)."""
-    method = TopK(ratio)
-    return 0 if world == 1 else sum((world - 1) * 8 * method.k(n) for n in numels)
+    """Bytes one rank sends per step: (n-1) x 8k per tensor (int32 index + float32 value);
+    the cost model's formula (costmodel/methods.py)."""
+    return bytes_per_step("topk", [(n,) for n in numels], world, TopK(ratio).ratio)
 
 
 def select(flat, k):

@@ -27,7 +27,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
-from labs.kit.flags import check_args, scale_block
+from labs.kit.flags import check_args, compression_of, scale_block
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
 from labs.kit.table import config_name
@@ -62,6 +62,17 @@ def parse_args(argv=None):
                              help="16-bit float gradients (hvd_compress Bit16Compressor)")
     compression.add_argument("--bit8-allreduce", action="store_true", default=False,
                              help="8-bit float gradients (hvd_compress Bit8Compressor)")
+    # --- the other methods the course names (hvd_compress: quantizers.py, topk.py, powersgd.py)
+    compression.add_argument("--int8-allreduce", action="store_true", default=False,
+                             help="8-bit integer gradients, a scale per block, stochastic rounding")
+    compression.add_argument("--onebit-allreduce", action="store_true", default=False,
+                             help="1-bit signs and a magnitude per block, with error feedback")
+    compression.add_argument("--topk-allreduce", type=float, default=None, metavar="RATIO",
+                             help="send the RATIO x numel largest gradient values of each tensor "
+                                  "(e.g. 0.01), with error feedback")
+    compression.add_argument("--powersgd-allreduce", type=int, default=None, metavar="RANK",
+                             help="rank-RANK PowerSGD approximation of each matrix (e.g. 2), "
+                                  "with error feedback")
     # --- the course's additions ---
     parser.add_argument("--route", choices=["plugin", "horovod"], default="plugin",
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "
@@ -74,8 +85,9 @@ def parse_args(argv=None):
                         help="bit8/bit16: values per power-of-two scale in a bucket (default "
                              f"{SCALE_BLOCK}); 'tensor': one scale per tensor, no "
                              "fusion, the course's packets (what --route horovod sends)")
-    parser.add_argument("--error-feedback", action="store_true", default=False,
-                        help="keep each rank's compression error and add it to the next step")
+    parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep each rank's compression error and add it to the next step "
+                             "(default: the method's own: on for 1-bit, top-k and PowerSGD)")
     parser.add_argument("--dataset", choices=sorted(lab_data.DATASETS), default="mnist",
                         help="mnist (needs --data-dir or torchvision online) or fashion-mnist "
                              "(Debian's dataset-fashion-mnist)")
@@ -162,7 +174,7 @@ def make_optimizer(model, args, world_size):
                                         compression=getattr(hvd.Compression, args.compression),
                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                   compression=getattr(hc.Compression, args.compression),
+                                   compression=compression_of(args),
                                    op=hvd.Average, route=args.reduction,
                                    scale_block=args.scale_block,
                                    error_feedback=args.error_feedback)

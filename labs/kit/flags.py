@@ -3,7 +3,14 @@ ranges and combinations, each refused with a message that says what to do instea
 import argparse
 import math
 
-__all__ = ["scale_block", "check_args"]
+__all__ = ["FLAGS", "TENSORWISE", "scale_block", "check_args", "compression_of"]
+
+# Each compression scheme (hvd_compress.registry) and the trainer's flag that picks it.
+FLAGS = {"fp16": "fp16_allreduce", "bit16": "bit16_allreduce", "bit8": "bit8_allreduce",
+         "int8": "int8_allreduce", "onebit": "onebit_allreduce", "topk": "topk_allreduce",
+         "powersgd": "powersgd_allreduce"}
+# Methods that take a parameter and keep their own error feedback.
+TENSORWISE = ("topk", "powersgd")
 
 
 def scale_block(text):
@@ -30,20 +37,45 @@ def check_args(parser, args):
     timeout = args.step_timeout
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
-    args.compression = ("fp16" if args.fp16_allreduce else "bit16" if args.bit16_allreduce
-                        else "bit8" if args.bit8_allreduce else "none")
-    packets = args.compression in ("bit8", "bit16")
-    if args.use_adasum and packets:
-        parser.error("--use-adasum cannot be combined with --bit8-allreduce/--bit16-allreduce "
+    args.compression = next((name for name, flag in FLAGS.items()
+                             if getattr(args, flag) not in (None, False)), "none")
+    if args.topk_allreduce is not None and not 0 < args.topk_allreduce <= 1:
+        parser.error(f"--topk-allreduce RATIO must be in (0, 1], got {args.topk_allreduce}")
+    if args.powersgd_allreduce is not None and args.powersgd_allreduce < 1:
+        parser.error(f"--powersgd-allreduce RANK must be at least 1, got {args.powersgd_allreduce}")
+    packets = args.compression in ("bit8", "bit16", "int8", "onebit")
+    if args.use_adasum and args.compression not in ("none", "fp16"):
+        parser.error(f"--use-adasum cannot be combined with --{FLAGS[args.compression].replace('_', '-')} "
                      "(Adasum needs full gradients; use it alone or with --fp16-allreduce)")
     if args.use_adasum and args.error_feedback:
         parser.error("--error-feedback is not available with --use-adasum")
-    if args.reduction and not packets:
-        parser.error("--reduction only applies to --bit8-allreduce or --bit16-allreduce")
-    if args.error_feedback and not packets:
-        parser.error("--error-feedback needs --bit8-allreduce or --bit16-allreduce")
+    routes = {"bit8": ("allgather", "alltoall"), "bit16": ("allgather", "alltoall"),
+              "int8": ("allgather", "alltoall"), "onebit": ("allgather",)}
+    if args.reduction and args.reduction not in routes.get(args.compression, ()):
+        parser.error(f"--reduction {args.reduction} does not apply to {args.compression}: it "
+                     "takes --bit8/--bit16/--int8-allreduce (allgather or alltoall) or "
+                     "--onebit-allreduce (allgather)")
+    if args.error_feedback is not None and not (packets or args.compression in TENSORWISE):
+        parser.error("--error-feedback needs a compressed exchange (--bit8, --bit16, --int8, "
+                     "--onebit, --topk or --powersgd-allreduce)")
+    if args.route == "horovod" and args.compression not in ("none", "fp16", "bit8", "bit16"):
+        parser.error("--route horovod is Horovod's own optimizer with the course's patch: it "
+                     "knows --fp16, --bit16 and --bit8-allreduce; the other methods need "
+                     "--route plugin")
     if args.route == "horovod" and (args.reduction == "alltoall" or args.error_feedback):
         parser.error("--route horovod is Horovod's own optimizer with the course's allgather "
                      "route: --reduction alltoall and --error-feedback need --route plugin")
     if args.resume and not args.out:
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
+
+
+def compression_of(args):
+    """The hvd_compress compression the parsed flags ask for (top-k and PowerSGD with their
+    ratio or rank, and error feedback unless --no-error-feedback)."""
+    import hvd_compress as hc
+    feedback = args.error_feedback is not False
+    if args.compression == "topk":
+        return hc.Compression.topk(args.topk_allreduce, error_feedback=feedback)
+    if args.compression == "powersgd":
+        return hc.Compression.powersgd(args.powersgd_allreduce, error_feedback=feedback)
+    return getattr(hc.Compression, args.compression)

@@ -25,6 +25,13 @@ def collective(optimizer, args, world_size):
     return optimizer.communicator.route.value
 
 
+def error_feedback_on(optimizer):
+    """Does this run carry residuals (asked for, or the method's default)?"""
+    comm = getattr(optimizer, "communicator", None)
+    return comm is not None and (getattr(optimizer, "_memory", None) is not None
+                                 or getattr(comm, "memory", None) is not None)
+
+
 def emulated_network(environ=os.environ):
     """The link labs.netem gave this rank (it sets HVDC_NETEM*), or None: loopback."""
     if environ.get("HVDC_NETEM") != "1":
@@ -52,7 +59,12 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "reduction": collective(optimizer, args, world_size),
         "horovod_env": horovod_settings(), "step_timeout_s": args.step_timeout,
         "network": emulated_network(),
-        "error_feedback": args.error_feedback, "adasum": args.use_adasum,
+        "error_feedback": error_feedback_on(optimizer), "adasum": args.use_adasum,
+        "method_parameter": args.topk_allreduce if args.compression == "topk" else
+        args.powersgd_allreduce if args.compression == "powersgd" else None,
+        # in the order the optimizer holds them; the cost model plans buckets from these
+        "parameter_shapes": [list(p.shape) for group in optimizer.param_groups
+                             for p in group["params"] if p.requires_grad],
         "lr_effective": args.lr * (1 if args.use_adasum else world_size),
         "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none",
         "versions": {k: env[k] for k in ("python", "torch", "horovod", "mpi", "numpy",

@@ -3,6 +3,7 @@
     python -m labs.kit.matrix --epochs 3                     # Fashion-MNIST, 9 runs
     python -m labs.kit.matrix --only 'serial,np2-*'          # a subset
     python -m labs.kit.matrix --extras                       # + bit8 alltoall / error feedback
+    python -m labs.kit.matrix --methods                      # + int8, onebit, topk, powersgd
     python -m labs.kit.matrix --summary-only                 # rebuild summary.csv only
     python -m labs.kit.matrix --netem-rate 1gbit             # over an emulated 1 Gbit/s net
     python -m labs.kit.matrix --netem-rate 1gbit --netem-delay 1ms   # ... with 1 ms latency
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hvd_compress.costmodel import methods
 from labs import netem
 
 from . import runlog
@@ -270,8 +272,24 @@ def summarize_run(name, run_dir):
             for part in STEP_PARTS:
                 row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             row["bytes_per_step"] = steps["bytes_sent"].mean()
+    row["method_parameter"] = manifest.get("method_parameter")
+    row["bytes_formula"] = formula_bytes(manifest)
     row["run_dir"] = os.path.relpath(run_dir, start=run_dir.parent)
     return row
+
+
+def formula_bytes(manifest):
+    """The cost model's bytes per step for the run (hvd_compress.costmodel.methods), to set
+    beside the bytes its communicator counted; NaN where the manifest cannot say."""
+    shapes, ranks = manifest.get("parameter_shapes"), manifest.get("world_size")
+    if not shapes or not ranks or manifest.get("route") != "plugin" or manifest.get("adasum"):
+        return math.nan
+    try:
+        return methods.bytes_per_step(manifest["compression"], [tuple(s) for s in shapes], ranks,
+                                      manifest.get("method_parameter"), manifest.get("reduction"),
+                                      (manifest.get("args") or {}).get("scale_block") or 0)
+    except (KeyError, ValueError, ZeroDivisionError):
+        return math.nan
 
 
 def read_summary(path, error=SystemExit):
@@ -288,8 +306,8 @@ def read_summary(path, error=SystemExit):
 def write_summary(out):
     """summary.csv over every run folder of the table present in ``out`` (not only the ones
     this invocation ran: ``--only`` re-runs one row without dropping the others)."""
-    rows = [summarize_run(spec.name, out / spec.name) for spec in course_runs(extras=True)
-            if (out / spec.name).exists()]
+    rows = [summarize_run(spec.name, out / spec.name)
+            for spec in course_runs(extras=True, methods=True) if (out / spec.name).exists()]
     frame = pd.DataFrame(rows)
     runlog.atomic_write_text(out / "summary.csv", frame.to_csv(index=False))
     return frame
@@ -317,6 +335,10 @@ def parse_args(argv=None):
                         help="comma-separated run names or patterns, e.g. 'serial,np2-*'")
     parser.add_argument("--extras", action="store_true",
                         help="add bit8 alltoall and bit8 error-feedback rows (2 and 4 ranks)")
+    parser.add_argument("--methods", action="store_true",
+                        help="add the other methods (int8, onebit, topk 0.01, powersgd rank 2) "
+                             "at 2 and 4 processes; the report compares them in a table of "
+                             "their own")
     parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
     parser.add_argument("--netem-rate", default=None, metavar="RATE",
                         help="run the multi-process rows over an emulated network of RATE "
@@ -359,7 +381,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out).resolve()
-    runs = select(course_runs(args.extras), args.only)
+    runs = select(course_runs(args.extras, args.methods), args.only)
     if args.summary_only:
         print(write_summary(out).to_string(index=False))
         return 0

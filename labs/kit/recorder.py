@@ -116,11 +116,15 @@ class RunRecorder:
             state = runlog.load_checkpoint(self.run_dir / "checkpoint.pt")
             model.load_state_dict(state["model"])
             position = {k: state[k] for k in ("optimizer", "epoch", "step", "torch_rng")}
+            position["compression_state"] = state.get("compression_state")
         position = hvd.broadcast_object(position, root_rank=0, name="resume_position")
         # Every rank loads the state, so broadcast_optimizer_state() later finds it everywhere
         # (a rank with an empty state would run an initialising step alone and hang).
         optimizer.load_state_dict(position["optimizer"])
         torch.set_rng_state(position["torch_rng"][self.rank])
+        compression_state = (position["compression_state"] or [None] * self.size)[self.rank]
+        if compression_state is not None and hasattr(optimizer, "load_compression_state_dict"):
+            optimizer.load_compression_state_dict(compression_state)
         self.step = position["step"]
         finished = position["epoch"]
         self.dropped = runlog.truncate_csv(self.run_dir / f"steps_rank{self.rank}.csv",
@@ -270,11 +274,14 @@ class RunRecorder:
         """Rank 0 writes model, optimizer, position and every rank's RNG state (dropout),
         atomically."""
         rng_states = hvd.allgather_object(torch.get_rng_state(), name=f"rng.{epoch}")
+        # Each rank's own residuals (and PowerSGD's Q): error feedback differs by rank.
+        own = optimizer.compression_state_dict() if hasattr(optimizer, "compression_state_dict") else None
+        compression_states = hvd.allgather_object(own, name=f"compression_state.{epoch}")
         if self.rank == 0:
             runlog.save_checkpoint(self.run_dir / "checkpoint.pt", {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "epoch": epoch, "step": self.step, "world_size": self.size,
-                "torch_rng": rng_states})
+                "torch_rng": rng_states, "compression_state": compression_states})
 
     # ---- what a step cost ---------------------------------------------------------------------
 

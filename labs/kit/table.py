@@ -13,6 +13,9 @@ from hvd_compress.registry import run_name
 # The trainer's flag for each scheme, in the order the matrix runs them.
 SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
                 "bit8": ["--bit8-allreduce"]}
+# The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
+METHOD_FLAGS = {"int8": ["--int8-allreduce"], "onebit": ["--onebit-allreduce"],
+                "topk": ["--topk-allreduce", "0.01"], "powersgd": ["--powersgd-allreduce", "2"]}
 RANKS = (2, 4)
 # The report's results table groups a scheme's rows: float32 first, then float8, float16 and
 # Horovod's fp16 cast, as the course's lab report lists them.
@@ -33,7 +36,7 @@ class Run:
 
     @property
     def flags(self):
-        flags = list(SCHEME_FLAGS[self.scheme])
+        flags = list({**SCHEME_FLAGS, **METHOD_FLAGS}[self.scheme])
         if self.route:
             flags += ["--reduction", self.route]
         if self.error_feedback:
@@ -41,13 +44,16 @@ class Run:
         return flags
 
 
-def course_runs(extras=False):
+def course_runs(extras=False, methods=False):
     """The course's table in the order the matrix runs it: serial, then 2 and 4 processes x
-    every scheme; `extras` adds bit8 by the two-phase route and bit8 with error feedback."""
+    every scheme; `extras` adds bit8 by the two-phase route and bit8 with error feedback,
+    `methods` the other methods (int8, onebit, topk, powersgd) at 2 and 4 processes."""
     runs = [Run(1)] + [Run(ranks, scheme) for ranks in RANKS for scheme in SCHEME_FLAGS]
     if extras:
         for ranks in RANKS:
             runs += [Run(ranks, "bit8", route="alltoall"), Run(ranks, "bit8", error_feedback=True)]
+    if methods:
+        runs += [Run(ranks, method) for ranks in RANKS for method in METHOD_FLAGS]
     return runs
 
 
@@ -63,7 +69,12 @@ def config_name(args, world_size):
     """The name of the trainer's configuration (its parsed flags), e.g. 'np4-bit8-alltoall-ef':
     the table's name for the same run; Adasum and Horovod's own optimizer add a variant."""
     variant = "adasum" if args.use_adasum else "horovod" if args.route == "horovod" else None
+    # A method's parameter is named where it is not the matrix's default (top-k 0.01, rank 2).
+    if args.compression == "topk" and args.topk_allreduce != 0.01:
+        variant = f"ratio{args.topk_allreduce:g}"
+    if args.compression == "powersgd" and args.powersgd_allreduce != 2:
+        variant = f"rank{args.powersgd_allreduce}"
     name = run_name(world_size, args.compression, args.reduction,
-                    error_feedback=args.error_feedback, variant=variant)
+                    error_feedback=bool(args.error_feedback), variant=variant)
     model = getattr(args, "model", "horovod")
     return name if model == "horovod" else f"{name}-{model}"

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvd_compress.costmodel import units
-from hvd_compress.registry import SCHEMES, Route, label, parse_label
+from hvd_compress.registry import COURSE_SCHEMES, SCHEMES, Route, label, parse_label
 
 from . import plots
 
@@ -60,11 +60,12 @@ PRIMITIVES = ("allreduce", "allgather", "alltoall", "reducescatter")
 DEFAULT_PRIMITIVES = ("allreduce", "allgather", "alltoall")
 # Gradient exchanges: (compression, reduction).  "hvd_fp16" is Horovod's plain allreduce of
 # an fp16 tensor (the cast is done before the clock starts): the floor for fp16 traffic.
-# Every other scheme and route is the plugin's (hvd_compress.registry): one list of names.
+# Every other scheme and route is the plugin's (hvd_compress.registry): one list of names,
+# the course's value codecs (the other methods are compared in the lab's matrix, --methods).
 HVD_FP16 = "hvd_fp16"
 DEFAULT_SCHEMES = (f"{HVD_FP16}:allreduce",) + tuple(
-    label(name, route) for name, s in SCHEMES.items() for route in s.routes)
-BITS = {HVD_FP16: 16, **{name: s.bits for name, s in SCHEMES.items()}}
+    label(name, route) for name in COURSE_SCHEMES for route in SCHEMES[name].routes)
+BITS = {HVD_FP16: 16, **{name: SCHEMES[name].bits for name in COURSE_SCHEMES}}
 # Largest relative error (||out - exact|| / ||exact||) a scheme may have before the benchmark
 # refuses to time it: a sanity bound that catches garbage, not an accuracy claim.
 MAX_REL_ERR = {32: 1e-5, 16: 1e-2, 8: 0.25}
@@ -127,6 +128,9 @@ def parse_schemes(items: list[str]) -> list[tuple[str, str]]:
                     raise ValueError(f"{HVD_FP16} is Horovod's allreduce only")
             else:
                 compression, route = parse_label(item)
+                if compression not in COURSE_SCHEMES:
+                    raise ValueError(f"this benchmark times {', '.join(COURSE_SCHEMES)}; compare "
+                                     "the other methods with python -m labs.kit.matrix --methods")
         except ValueError as exc:
             raise ValueError(f"bad scheme {item!r}: write COMPRESSION:ROUTE with compression "
                              f"in {sorted(BITS)} ({exc})") from None

@@ -1,0 +1,132 @@
+"""Bytes and time per training step of every compression method, for a model given by shapes.
+
+What one rank sends per step, counted exactly as the communicators count it (tests compare
+the two), from the gradients' shapes alone (no torch here):
+
+    method    collective           per unit (n ranks)                       unit
+    none      ring allreduce       2(n-1)/n * 4 numel                        tensor
+    fp16      ring allreduce       2(n-1)/n * 2 numel                        tensor
+    bit8      allgather            (n-1) * (4 ceil(numel/B) + pad4(numel))   bucket
+    bit16     allgather | 2-phase  2 bytes a value instead of 1              bucket
+    int8      allgather | 2-phase  as bit8                                   bucket
+    onebit    allgather            (n-1) * (4 ceil(numel/B) + pad4(ceil(numel/8)))   bucket
+    topk      allgather            (n-1) * 8 k,  k = max(1, ceil(ratio numel))       tensor
+    powersgd  ring allreduce       2(n-1)/n * 4 (rows + cols) r per matrix,  4 numel per vector
+
+B is the scale block (256 values); pad4 rounds up to a multiple of 4 bytes; the two-phase
+route sends 2(n-1)/n of the bucket's messages on average over ranks. Buckets: the tensors in
+backward order (last layer first), fused up to 1 MiB of float32 (fusion.buckets_by_size).
+The time of a step's exchange is the alpha-beta model's (model.py): alpha per message of
+each collective, beta per byte sent.
+"""
+from __future__ import annotations
+
+import math
+
+from .model import Cost, allgather, alltoall, ring_allreduce
+
+__all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "buckets", "message_bytes", "topk_k",
+           "powersgd_values", "bytes_per_step", "step_cost"]
+
+SCALE_BLOCK = 256                     # codecs.SCALE_BLOCK (a test checks they agree)
+FUSION_BYTES = 1 << 20                # communicators.DEFAULT_FUSION_BYTES
+METHOD_DEFAULTS = {"topk": 0.01, "powersgd": 2}
+# Bytes per value of each packet scheme's codes (onebit: packed, see message_bytes).
+CODE_BYTES = {"bit8": 1, "int8": 1, "bit16": 2}
+# The lab's two networks (labs/mnist.py), parameter shapes in order; a test checks them.
+MODEL_SHAPES = {
+    "horovod": [(10, 1, 5, 5), (10,), (20, 10, 5, 5), (20,), (50, 320), (50,), (10, 50), (10,)],
+    "basic": [(32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 9216), (128,), (10, 128), (10,)],
+}
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+def buckets(numels, threshold_bytes=FUSION_BYTES):
+    """Value counts of the buckets of tensors with these `numels` (in parameter order): taken
+    in backward order, fused while they fit in `threshold_bytes` of float32."""
+    out, current, size = [], 0, 0
+    for n in reversed(list(numels)):
+        if size and (threshold_bytes == 0 or size + 4 * n > threshold_bytes):
+            out.append(current)
+            current, size = 0, 0
+        current += n
+        size += 4 * n
+    if size:
+        out.append(current)
+    return out
+
+
+def message_bytes(method, count, block=SCALE_BLOCK) -> int:
+    """Bytes of one bucket message of `count` values: block scales, codes, padding to 4."""
+    codes = -(-count // 8) if method == "onebit" else CODE_BYTES[method] * count
+    return 4 * -(-count // block) + (codes + 3) // 4 * 4
+
+
+def topk_k(count, ratio) -> int:
+    """Values top-k sends of a tensor of `count`: ceil(ratio count), at least 1, at most all."""
+    return min(count, max(1, math.ceil(ratio * count))) if count else 0
+
+
+def powersgd_values(shape, rank) -> int:
+    """Values PowerSGD allreduces for one gradient: (rows + cols) r for a matrix (first
+    dimension x the rest, r = min(rank, rows, cols)), every value of a vector."""
+    if len(shape) < 2:
+        return numel(shape)
+    rows = shape[0]
+    cols = numel(shape) // rows if rows else 0
+    return (rows + cols) * min(rank, rows, cols)
+
+
+def _chunks(count, n, block):
+    units = -(-count // block) if count else 0
+    base, extra = divmod(units, n)
+    bounds, start = [], 0
+    for k in range(n):
+        stop = start + base + (1 if k < extra else 0)
+        bounds.append(min(stop * block, count) - min(start * block, count))
+        start = stop
+    return bounds
+
+
+def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) -> float:
+    """Bytes one rank sends per step (the mean over ranks for the two-phase route, whose
+    ranks send a little more or less by chunk)."""
+    if n == 1:
+        return 0
+    counts = [numel(s) for s in shapes]
+    if method in ("none", "fp16"):
+        item = 4 if method == "none" else 2
+        return sum(2 * (n - 1) * c * item // n for c in counts)
+    if method == "topk":
+        ratio = METHOD_DEFAULTS["topk"] if parameter is None else parameter
+        return sum((n - 1) * 8 * topk_k(c, ratio) for c in counts)
+    if method == "powersgd":
+        rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
+        return sum(2 * (n - 1) * 4 * powersgd_values(s, rank) // n for s in shapes)
+    if route == "alltoall" or (route is None and method == "bit16"):
+        total = sum(message_bytes(method, c, block) for b in buckets(counts)
+                    for c in _chunks(b, n, block))
+        return 2 * (n - 1) * total / n
+    return sum((n - 1) * message_bytes(method, b, block) for b in buckets(counts))
+
+
+def step_cost(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) -> Cost:
+    """The alpha-beta coefficients of one step's exchange: a collective per unit of the table
+    above (Horovod fuses allreduces further, so for none/fp16 the alpha term is an upper
+    bound), and its bytes exactly as bytes_per_step."""
+    counts = [numel(s) for s in shapes]
+    nbytes = bytes_per_step(method, shapes, n, parameter, route, block)
+    if method in ("none", "fp16", "powersgd"):
+        units = len(shapes) * (2 if method == "powersgd" else 1)     # PowerSGD: P, then Q
+        shape = ring_allreduce(n, 1.0)
+    elif method == "topk":
+        units, shape = len(shapes), allgather(n, 1.0)
+    elif route == "alltoall" or (route is None and method == "bit16"):
+        units = len(buckets(counts))
+        shape = alltoall(n, float(n)) + allgather(n, 1.0)
+    else:
+        units, shape = len(buckets(counts)), allgather(n, 1.0)
+    return Cost(units * shape.messages, float(nbytes), 0.0)

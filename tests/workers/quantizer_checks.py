@@ -1,0 +1,116 @@
+"""int8 and onebit on real ranks (hvd_compress/quantizers.py): through several steps, every rank
+holds the same bits, equal BIT FOR BIT to a one-process reference that replays every rank's
+encoding (int8: with that rank's own rounding stream) and the route's reduction; bytes counted
+equal the cost model's formula; the optimizer trains with each, onebit with error feedback."""
+import torch
+import horovod.torch as hvd
+
+import hvd_compress as hc
+from hvd_compress.codecs import SCALE_BLOCK
+from hvd_compress.communicators import _chunk_bounds, make_communicator
+from hvd_compress.costmodel.methods import bytes_per_step
+from hvd_compress.memory import ResidualMemory
+from hvd_compress.quantizers import Int8Compressor
+import checks
+
+hvd.init()
+rank, world = hvd.rank(), hvd.size()
+checks.start(rank)
+SEED = 7
+NUMELS = (1000, 5, 777)          # not multiples of 8 or of the block; 5: one short block
+
+
+def grads(step, r, numel):
+    return torch.randn(numel, generator=torch.Generator().manual_seed(1000 * step + 10 * r + numel)) * 1e-3
+
+
+class Streams:
+    """Every rank's int8 rounding stream, as that rank's Int8Compressor holds it."""
+
+    def __init__(self):
+        self.gens = {r: torch.Generator().manual_seed(SEED * 1_000_003 + r) for r in range(world)}
+
+    def use(self, r):
+        Int8Compressor._generators = {"cpu": self.gens[r]}
+
+
+def reference(comp, route, xs, streams):
+    """The reduced tensor and each rank's message, replayed in this one process."""
+    numel = xs[0].numel()
+    if route == "allgather":
+        msgs = []
+        for r in range(world):
+            streams.use(r)
+            msgs.append(comp.encode_message(xs[r].clone(), torch.zeros(comp.message_bytes(numel), dtype=torch.uint8)))
+        out = torch.empty(numel)
+        comp.decode_messages(torch.stack(msgs), numel, out, SCALE_BLOCK, world)
+        return out, msgs
+    chunks = _chunk_bounds(numel, world, SCALE_BLOCK)
+    bounds = [a for a, _ in chunks] + [chunks[-1][1]]
+    sizes = [comp.message_bytes(b - a) for a, b in chunks]
+    offsets = [sum(sizes[:k]) for k in range(world + 1)]
+    msgs = []
+    for r in range(world):
+        streams.use(r)
+        msgs.append(comp.encode_chunks(xs[r].clone(), torch.zeros(sum(sizes), dtype=torch.uint8), bounds))
+    reduced = []
+    for k, (a, b) in enumerate(chunks):
+        streams.use(k)
+        rows = torch.stack([m[offsets[k]:offsets[k + 1]] for m in msgs])
+        reduced.append(comp.reduce_encode(rows, b - a, torch.zeros(sizes[k], dtype=torch.uint8), SCALE_BLOCK, world))
+    out = torch.empty(numel)
+    comp.decode_chunks(torch.cat(reduced), bounds, out)
+    return out, msgs
+
+
+def own_decoded(comp, route, msg, numel):
+    out = torch.empty(numel)
+    if route == "allgather":
+        return comp.decode_message(msg, numel, out)
+    chunks = _chunk_bounds(numel, world, SCALE_BLOCK)
+    return comp.decode_chunks(msg, [a for a, _ in chunks] + [chunks[-1][1]], out)
+
+
+for comp, route, feedback in ((hc.Compression.int8, "allgather", False),
+                              (hc.Compression.int8, "alltoall", False),
+                              (hc.Compression.onebit, "allgather", True)):
+    tag = f"{comp.name}.{route}"
+    comm = make_communicator(comp, route)          # (its warm-up encodes: before the reseed)
+    Int8Compressor.reseed(SEED)
+    streams = Streams()
+    memory = ResidualMemory() if feedback else None
+    residual = {(r, n): torch.zeros(n) for r in range(world) for n in NUMELS}
+    for step in range(3):
+        for numel in NUMELS:
+            name = f"t{numel}"
+            mine = Int8Compressor._generators
+            out = comm.reduce([grads(step, rank, numel)], [name], memory)[0]
+            sent = comm.pop_stats()["bytes_sent"]
+            xs = [grads(step, r, numel) + residual[(r, numel)] for r in range(world)]
+            ref, msgs = reference(comp, route, xs, streams)
+            Int8Compressor._generators = mine          # this rank's own stream goes on
+            if feedback:
+                for r in range(world):
+                    residual[(r, numel)] = xs[r] - own_decoded(comp, route, msgs[r], numel)
+            where = f"{tag}.step{step}.n{numel}"
+            checks.check(f"{where}.equals_reference_bit_for_bit", torch.equal(out, ref),
+                         f"max diff {(out - ref).abs().max()}")
+            checks.check(f"{where}.identical_on_all_ranks", checks.same_everywhere([out]))
+            if route == "allgather":
+                formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
+                checks.check(f"{where}.bytes_equal_formula", sent == formula, f"{sent} != {formula}")
+            else:                                   # per rank it depends on the chunk: the mean
+                total = hvd.allreduce(torch.tensor(float(sent)), op=hvd.Sum, name=f"{where}.sent")
+                formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
+                checks.check(f"{where}.bytes_equal_formula", float(total) / world == formula,
+                             f"{float(total) / world} != {formula}")
+    if feedback:
+        checks.check(f"{tag}.residual_is_x_minus_decoded",
+                     all(torch.equal(memory.residuals[f"t{n}"], residual[(rank, n)]) for n in NUMELS))
+
+opt = hc.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1),
+                              compression=hc.Compression.onebit)
+checks.check("onebit.error_feedback_on_by_default", opt._memory is not None)
+checks.trains("int8", hc.Compression.int8, steps=30)
+checks.trains("onebit", hc.Compression.onebit, steps=30)
+checks.done()
