@@ -81,16 +81,6 @@ class _BlockScaledCompressor(PacketCompressor):
         return packet, (tensor.shape, tensor.dtype)
 
     @classmethod
-    def decompress(cls, packet, ctx):
-        """Decode a packet back to a tensor of the original shape and dtype."""
-        shape, dtype = ctx
-        values = cls.decode_packet(packet)
-        if values.numel() != shape.numel():
-            raise ValueError(f"corrupt packet: {values.numel()} values for a tensor of shape "
-                             f"{tuple(shape)} ({shape.numel()} values)")
-        return values.view(shape).to(dtype)
-
-    @classmethod
     def decode_packet(cls, packet, out=None):
         """The packet's values as flat float32 (scale undone, Inf restored)."""
         scale, flags = read_header(packet)

@@ -55,15 +55,6 @@ class _MessageCompressor(PacketCompressor):
         return packet, (tensor.shape, tensor.dtype)
 
     @classmethod
-    def decompress(cls, packet, ctx):
-        shape, dtype = ctx
-        values = cls.decode_packet(packet)
-        if values.numel() != shape.numel():
-            raise ValueError(f"corrupt packet: {values.numel()} values for a tensor of shape "
-                             f"{tuple(shape)} ({shape.numel()} values)")
-        return values.view(shape).to(dtype)
-
-    @classmethod
     def decode_packet(cls, packet, out=None):
         if packet.dtype != torch.uint8 or packet.dim() != 1 or packet.numel() < HEADER_BYTES:
             raise ValueError(f"not a {cls.name} packet: expected a 1-D uint8 tensor of >= "

@@ -31,6 +31,17 @@ class PacketCompressor(Compressor):
     bits = None          # bits per value on the wire
     fmt = None           # the codec's number format (codecs.E4M3, codecs.FP16)
 
+    @classmethod
+    def decompress(cls, packet, ctx):
+        """Decode a packet back to a tensor of the original shape and dtype (ctx), checking
+        that the packet holds as many values as the tensor."""
+        shape, dtype = ctx
+        values = cls.decode_packet(packet)
+        if values.numel() != shape.numel():
+            raise ValueError(f"corrupt packet: {values.numel()} values for a tensor of shape "
+                             f"{tuple(shape)} ({shape.numel()} values)")
+        return values.view(shape).to(dtype)
+
 
 def flat_float32(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's values in logical (row-major) order as contiguous float32, no copy if possible."""

@@ -111,7 +111,6 @@ def launch(args, model, link, n, csv):
 
 
 def summarise(steps):
-    import pandas as pd
     keys = ["model", "link", "ranks", "row"]
     summary = steps.groupby(keys, sort=False).agg(
         steps=("step_ms", "size"), step_ms=("step_ms", "median"),

@@ -1,6 +1,5 @@
 """Block-scaled codes (codecs/blocks.py): the torch path against the per-tensor codecs, and the
 native C++ kernel against the torch path, bit for bit."""
-import math
 import os
 
 import pytest

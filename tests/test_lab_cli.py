@@ -38,6 +38,14 @@ def lab(argv, out, ranks=1):
     # larger than the data: the MNIST test set has 10,000 images, one must be left to test on
     (["--split-test", "10000"], "--split-test must be between 1 and 9999"),
     (["--split-test", "60000"], "--split-test must be between 1 and 9999"),
+    (["--topk-allreduce", "0"], "--topk-allreduce RATIO must be in (0, 1]"),
+    (["--topk-allreduce", "1.5"], "--topk-allreduce RATIO must be in (0, 1]"),
+    (["--powersgd-allreduce", "0"], "--powersgd-allreduce RANK must be at least 1"),
+    (["--int8-allreduce", "--onebit-allreduce"], "not allowed with argument"),
+    (["--onebit-allreduce", "--reduction", "alltoall"], "--reduction alltoall does not apply to onebit"),
+    (["--topk-allreduce", "0.01", "--reduction", "allgather"], "does not apply to topk"),
+    (["--error-feedback"], "--error-feedback needs a compressed exchange"),
+    (["--int8-allreduce", "--route", "horovod"], "the other methods need --route plugin"),
 ])
 def test_bad_values_are_clear_errors(tmp_path, argv, message):
     done = lab(argv, tmp_path / "run")
@@ -86,3 +94,15 @@ def test_model_basic_is_the_pytorch_examples_network():
     assert parse_args([]).model == "horovod"
     assert config_name(parse_args(["--model", "basic", "--bit8-allreduce"]), 2) == "np2-bit8-basic"
     assert config_name(parse_args(["--bit8-allreduce"]), 2) == "np2-bit8"
+
+
+def test_method_flags_name_their_runs():
+    from labs.kit.table import config_name
+    from labs.mnist import parse_args
+    names = {tuple(a): config_name(parse_args(a), 2) for a in (
+        ["--int8-allreduce"], ["--onebit-allreduce"], ["--topk-allreduce", "0.01"],
+        ["--topk-allreduce", "0.1"], ["--powersgd-allreduce", "2"], ["--powersgd-allreduce", "4"],
+        ["--int8-allreduce", "--reduction", "alltoall"])}
+    assert list(names.values()) == ["np2-int8", "np2-onebit", "np2-topk", "np2-topk-ratio0.1",
+                                    "np2-powersgd", "np2-powersgd-rank4", "np2-int8-alltoall"]
+    assert parse_args(["--onebit-allreduce"]).error_feedback is None     # the method's default

@@ -9,14 +9,12 @@ the two trainings are bit-identical by construction: the test asserts equality, 
 per-tensor interface block by block in tests/workers/exchange_checks.py.)
 """
 import json
-import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from test_lab import COMMON, PYTHON, TRAINER, train
+from test_lab import COMMON, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import torch
 
 import hvd_compress as hc
 from hvdrun import run_worker
-from hvd_compress.codecs import E4M3, onebit
+from hvd_compress.codecs import onebit
 from hvd_compress.costmodel import methods
 from hvd_compress.memory import ResidualMemory
 from hvd_compress.quantizers import Int8Compressor, OneBitCompressor

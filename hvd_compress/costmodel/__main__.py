@@ -18,7 +18,7 @@ import json
 import math
 import sys
 
-from . import model, units
+from . import methods, model, units
 
 # ---------------------------------------------------------------- argument types
 
@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec-rate", type=_typed(units.parse_rate),
                    help="encode/decode throughput in fp32 bytes, e.g. 2GB/s; adds "
                         "gamma = 1/rate per codec byte (default: no compute cost)")
+    p.add_argument("--methods", choices=sorted(methods.MODEL_SHAPES), metavar="MODEL",
+                   help="every compression method's bytes and time per step for one of the "
+                        "lab's networks (horovod | basic), with --nodes, --bandwidth, --latency; "
+                        "formulas in hvd_compress/costmodel/methods.py")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--fit", metavar="FILE.csv",
                    help="fit alpha/beta per collective to a measurement CSV with columns "
@@ -224,6 +228,45 @@ def _csv(rows: list[dict]) -> str:
     return buf.getvalue().rstrip("\n")
 
 
+# ---------------------------------------------------------------- methods
+
+
+METHOD_ROWS = [("none", None), ("fp16", None), ("bit16", "alltoall"), ("bit8", "allgather"),
+               ("int8", "allgather"), ("onebit", "allgather"), ("topk", None), ("powersgd", None)]
+
+
+def methods_command(args, link: model.Link) -> str:
+    """One row per (n, method) for a lab network: bytes one rank sends per step and the
+    predicted exchange time, each also as a ratio to float32 allreduce."""
+    shapes = methods.MODEL_SHAPES[args.methods]
+    rows = []
+    for n in args.nodes:
+        ref = methods.step_cost("none", shapes, n)
+        for name, route in METHOD_ROWS:
+            cost = methods.step_cost(name, shapes, n, route=route)
+            t, t_ref = cost.seconds(link), ref.seconds(link)
+            parameter = methods.METHOD_DEFAULTS.get(name)
+            rows.append(dict(model=args.methods, n=n, method=name, parameter=parameter,
+                             route=route or ("allgather" if name == "topk" else "allreduce"),
+                             messages=cost.messages, bytes_per_rank=cost.bytes, time_s=t,
+                             bytes_vs_fp32=cost.bytes / ref.bytes if ref.bytes else math.nan,
+                             time_vs_fp32=t / t_ref if t_ref else math.nan))
+    if args.format == "json":
+        return json.dumps(_jsonable(rows), indent=2)
+    if args.format == "csv":
+        return _csv(rows)
+    header = ["n", "method", "route", "messages", "bytes/rank/step", "time", "bytes vs fp32",
+              "time vs fp32"]
+    body = [[str(r["n"]), r["method"] + (f" {r['parameter']:g}" if r["parameter"] else ""),
+             r["route"], f"{r['messages']:g}", f"{r['bytes_per_rank']:,.0f}",
+             units.format_time(r["time_s"]), _ratio(r["bytes_vs_fp32"]), _ratio(r["time_vs_fp32"])]
+            for r in rows]
+    head = (f"{args.methods} network ({sum(methods.numel(s) for s in shapes):,} parameters), "
+            f"alpha = {units.format_time(link.alpha)}, bandwidth = "
+            f"{units.format_rate(link.bandwidth)}; codec time not included")
+    return head + "\n" + _markdown(header, body, {0, 3, 4, 5, 6, 7})
+
+
 # ---------------------------------------------------------------- fitting
 
 
@@ -295,6 +338,13 @@ def main(argv=None) -> int:
     if not any(k in s.bits for s in chosen for k in args.bits):
         parser.error("none of the chosen schemes carries the chosen bit widths ("
                      + "; ".join(f"{s.name}: {', '.join(map(str, s.bits))}" for s in chosen) + ")")
+
+    if args.methods:
+        missing = [f"--{k}" for k in ("nodes", "bandwidth", "latency") if getattr(args, k) is None]
+        if missing:
+            parser.error(f"--methods needs {', '.join(missing)}")
+        print(methods_command(args, model.Link.from_bandwidth(args.latency, args.bandwidth)))
+        return 0
 
     if args.fit is None:
         missing = [f"--{k}" for k in ("nodes", "size", "bandwidth", "latency")

@@ -119,9 +119,10 @@ def step_cost(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) 
     bound), and its bytes exactly as bytes_per_step."""
     counts = [numel(s) for s in shapes]
     nbytes = bytes_per_step(method, shapes, n, parameter, route, block)
-    if method in ("none", "fp16", "powersgd"):
-        units = len(shapes) * (2 if method == "powersgd" else 1)     # PowerSGD: P, then Q
-        shape = ring_allreduce(n, 1.0)
+    if method in ("none", "fp16"):
+        units, shape = len(shapes), ring_allreduce(n, 1.0)
+    elif method == "powersgd":                 # P, then Q, per matrix; a vector at once
+        units, shape = sum(2 if len(s) >= 2 else 1 for s in shapes), ring_allreduce(n, 1.0)
     elif method == "topk":
         units, shape = len(shapes), allgather(n, 1.0)
     elif route == "alltoall" or (route is None and method == "bit16"):

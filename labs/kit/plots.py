@@ -10,6 +10,7 @@ loss.png       training loss per step (rank 0, moving average), x axis in epochs
                configurations with different steps per epoch line up
 step_time.png  mean step time split into forward+backward, compress, communicate,
                decompress and update (stacked bars), and bytes sent per step
+methods.png    accuracy against bytes per step of every parallel run (with --methods)
 """
 import argparse
 import sys
@@ -115,6 +116,33 @@ def plot_step_time(summary, path):
     plt.close(fig)
 
 
+def plot_methods(summary, path):
+    """Accuracy against bytes per step (log scale), one point per run: which methods sit on
+    the frontier (fewest bytes for their accuracy). None when the matrix ran no --methods."""
+    from hvd_compress.registry import METHODS
+    if not summary["compression"].isin(METHODS).any():
+        return None
+    rows = summary[summary["ranks"] > 1]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for ranks, marker in ((2, "o"), (4, "s")):
+        part = rows[rows["ranks"] == ranks]
+        ax.scatter(part["bytes_per_step"], 100 * part["final_test_accuracy"], marker=marker,
+                   label=f"{ranks} processes")
+        for row in part.itertuples():
+            ax.annotate(row.run.split("-", 1)[1], (row.bytes_per_step, 100 * row.final_test_accuracy),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent per rank per step (log scale)")
+    ax.set_ylabel("final test accuracy (%)")
+    ax.set_title("Accuracy against bytes: up and to the left is better")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +156,10 @@ def main(argv=None):
     plot_accuracy(runs, out / "accuracy.png")
     plot_loss(runs, out / "loss.png")
     plot_step_time(summary, out / "step_time.png")
-    for name in ("accuracy.png", "loss.png", "step_time.png"):
+    names = ["accuracy.png", "loss.png", "step_time.png"]
+    if plot_methods(summary, out / "methods.png"):
+        names.append("methods.png")
+    for name in names:
         print(f"wrote {out / name}")
     return 0
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from hvd_compress.registry import run_name
+from hvd_compress.registry import METHODS, run_name
 
 from . import runlog
 from .matrix import read_summary
@@ -35,6 +35,10 @@ ALGORITHMS = {
     "fp16": "Horovod fp16 cast (--fp16-allreduce)",
     "bit16": "float16(16bit)压缩 / float16 compression",
     "bit8": "float8(8bit)压缩 / float8 compression",
+    "int8": "int8 量化 / int8, stochastic rounding",
+    "onebit": "1-bit 符号 / 1-bit sign + error feedback",
+    "topk": "Top-K 稀疏化 / Top-K sparsification",
+    "powersgd": "PowerSGD 低秩 / PowerSGD low rank",
 }
 REQUIRED = ["ranks", "train_time_s", "final_test_accuracy", "step_ms", "forward_backward_ms",
             "compress_ms", "communicate_ms", "decompress_ms", "update_ms", "bytes_per_step"]
@@ -166,6 +170,46 @@ def results_table(frame):
     return "\n".join(lines)
 
 
+def method_label(row):
+    """'topk 0.01', 'powersgd rank 2', 'onebit': a method with its parameter."""
+    if row.compression == "topk":
+        return f"topk {row.method_parameter:g}"
+    if row.compression == "powersgd":
+        return f"powersgd rank {int(row.method_parameter)}"
+    return str(row.compression)
+
+
+def methods_section(frame):
+    """The other methods (the matrix's --methods rows) beside float32 allreduce and Horovod's
+    fp16 allreduce of the same matrix run: accuracy, bytes per step (counted, and the cost
+    model's formula), step time, each as a ratio to both baselines."""
+    rows = frame[frame["compression"].isin(METHODS)]
+    if rows.empty:
+        return ("Not run in this matrix: `python -m labs.kit.matrix --methods` (or "
+                "`bash scripts/run_lab.sh --methods`) adds int8, onebit, top-k and PowerSGD "
+                "at 2 and 4 processes.")
+    by_run = {row.run: row for row in frame.itertuples()}
+    header = ("| 方法 / Method | 设备数 / Devices | 正确率 / Accuracy | vs fp32 (points) | "
+              "每步发送 / Bytes per step | 公式 / Formula | bytes / fp32 | bytes / fp16 | "
+              "每步 / Step (ms) | step / fp32 | step / fp16 | 运行 / Run |")
+    lines = [header, "|" + "---|" * 12]
+    for row in rows.sort_values(["ranks", "compression"], key=lambda c: c.map(
+            {m: i for i, m in enumerate(METHODS)}) if c.name == "compression" else c).itertuples():
+        fp32, fp16 = by_run.get(run_name(row.ranks, "none")), by_run.get(run_name(row.ranks, "fp16"))
+        if fp32 is None or fp16 is None:
+            raise ReportError(f"{row.run}: the matrix has no {run_name(row.ranks, 'none')} or "
+                              f"{run_name(row.ranks, 'fp16')} to compare it with")
+        formula = "n/a" if math.isnan(row.bytes_formula) else f"{row.bytes_formula:,.0f}"
+        lines.append(
+            f"| {method_label(row)} | {row.ranks} | {100 * row.final_test_accuracy:.2f}% | "
+            f"{100 * (row.final_test_accuracy - fp32.final_test_accuracy):+.2f} | "
+            f"{row.bytes_per_step:,.0f} | {formula} | "
+            f"{row.bytes_per_step / fp32.bytes_per_step:.3f} | "
+            f"{row.bytes_per_step / fp16.bytes_per_step:.3f} | {row.step_ms:.2f} | "
+            f"{row.step_ms / fp32.step_ms:.2f} | {row.step_ms / fp16.step_ms:.2f} | `{row.run}` |")
+    return "\n".join(lines) + "\n\n![正确率与每步字节 / Accuracy against bytes per step](methods.png)"
+
+
 def findings(frame, cpus):
     """Sentences computed from the table: what compression bought at each device count."""
     by_run = {row.run: row for row in frame.itertuples()}
@@ -256,7 +300,8 @@ def build_report(summary_path, template_path):
         summary_path=str(Path(summary_path)),
         setup=setup_text(frame, manifests),
         epoch_size=epoch_size(frame, manifests),
-        results_table=results_table(frame),
+        results_table=results_table(frame[~frame["compression"].isin(METHODS)]),
+        methods_section=methods_section(frame),
         findings=findings(frame, env.get("cpus_usable")),
     )
     return fill(Path(template_path).read_text(encoding="utf-8"), values)

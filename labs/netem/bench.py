@@ -238,7 +238,7 @@ def scheme_cases(hvd, torch, schemes: list[tuple[str, str]], nbytes: int) -> lis
     """hvd-compress's communicators (and Horovod's plain fp16 allreduce) on a gradient of
     `nbytes` fp32 bytes per rank, random like a real gradient, checked against the exact
     fp32 average."""
-    n, r = hvd.size(), hvd.rank()
+    r = hvd.rank()
     elems = max(nbytes // 4, 1)
     gen = torch.Generator().manual_seed(1234 + r)
     grad = torch.randn(elems, generator=gen, dtype=torch.float32)

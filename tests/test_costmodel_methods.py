@@ -1,0 +1,57 @@
+"""The cost model's bytes per method (hvd_compress/costmodel/methods.py): its constants agree
+with the code they describe, its buckets are the optimizer's, its formulas are the counts of
+the communicators (the multi-process workers check the counts on real ranks), and the CLI's
+--methods table."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hvd_compress.codecs import SCALE_BLOCK
+from hvd_compress.communicators import DEFAULT_FUSION_BYTES
+from hvd_compress.costmodel import methods
+from hvd_compress.fusion import buckets_by_size
+from labs.mnist import MODELS
+
+
+def test_constants_agree_with_the_code():
+    assert methods.SCALE_BLOCK == SCALE_BLOCK and methods.FUSION_BYTES == DEFAULT_FUSION_BYTES
+    for name, net in MODELS.items():
+        assert methods.MODEL_SHAPES[name] == [tuple(p.shape) for p in net().parameters()]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("threshold", [0, 4096, DEFAULT_FUSION_BYTES])
+def test_buckets_are_the_optimizers(model, threshold):
+    params = list(MODELS[model]().parameters())[::-1]          # backward order
+    groups = buckets_by_size(params, threshold)
+    expected = [sum(params[i].numel() for i in g) for g in groups]
+    assert methods.buckets([p.numel() for p in params[::-1]], threshold) == expected
+
+
+def test_formulas_by_hand():
+    # lab network at 2 ranks: 21,840 values in one bucket; float32 ring: 2(n-1)/n * 4 numel
+    shapes = methods.MODEL_SHAPES["horovod"]
+    assert methods.bytes_per_step("none", shapes, 2) == 4 * 21840
+    assert methods.bytes_per_step("bit8", shapes, 2) == 21840 + 4 * 86          # 86 scales
+    assert methods.bytes_per_step("onebit", shapes, 2) == 4 * 86 + 2732         # 2730 -> 2732
+    assert methods.bytes_per_step("topk", [(1000,), (10,)], 3) == 2 * 8 * (10 + 1)
+    assert methods.bytes_per_step("powersgd", [(50, 320), (50,)], 2) == 4 * ((50 + 320) * 2 + 50)
+    assert all(methods.bytes_per_step(m, shapes, 1) == 0 for m in ("none", "bit8", "topk"))
+
+
+def test_cli_methods_table():
+    out = subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic",
+                          "--nodes", "2", "--bandwidth", "100Mbit/s", "--latency", "50us",
+                          "--format", "csv"], capture_output=True, text=True, check=True).stdout
+    import io
+    import pandas as pd
+    rows = pd.read_csv(io.StringIO(out)).set_index("method")
+    assert set(rows.index) == {"none", "fp16", "bit16", "bit8", "int8", "onebit", "topk", "powersgd"}
+    assert rows.loc["none", "bytes_vs_fp32"] == 1
+    assert rows.loc["onebit", "bytes_vs_fp32"] < 1 / 28 and rows.loc["bit8", "bytes_vs_fp32"] < 0.26
+    bad = subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--methods needs --nodes, --bandwidth, --latency" in bad.stderr
+    assert torch.Size(methods.MODEL_SHAPES["basic"][4]).numel() == 128 * 9216
