@@ -26,6 +26,7 @@ How a step goes, and why:
 - Ranks that disagree on the compressor, the route or the parameters fail at construction,
   on every rank, with a message naming the difference, instead of hanging in a collective.
 """
+import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -75,7 +76,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for j, i in enumerate(group):
                 self._slot[order[i][1]] = (b, j)
         self._reset_step()
-        _check_ranks_agree(self._describe_setup())
+        # Elastic workers must not run a collective outside hvd.elastic.run's sync point (a
+        # worker that joins later would wait alone): there the check is skipped.
+        if os.environ.get("HOROVOD_ELASTIC") != "1":
+            _check_ranks_agree(self._describe_setup())
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                        for _, p in self._params]
 
@@ -207,6 +211,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if hasattr(self._communicator, "state_dict"):
             state["communicator"] = self._communicator.state_dict()
         return state
+
+    def reset_compression_state(self):
+        """Forget residuals and PowerSGD's Q, and any exchange of an unfinished step: what
+        elastic training does when the ranks change (labs/elastic.py says why)."""
+        if self._memory is not None:
+            self._memory.load_state_dict({})
+        comm = self._communicator
+        if getattr(comm, "memory", None) is not None:
+            comm.memory.load_state_dict({})
+        if hasattr(comm, "qs"):
+            comm.qs = {}
+        self._reset_step()
+        self._synchronized = False
 
     def load_compression_state_dict(self, state):
         if self._memory is not None:

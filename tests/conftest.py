@@ -43,8 +43,9 @@ def lab():
 NETNS = {"test_netem", "test_gloo_patch", "test_lab_matrix_netem", "test_bench_collectives"}
 MULTIPROCESS = {"test_exchange_multiprocess", "test_robustness_multiprocess", "test_course_patch",
                 "test_lab", "test_lab_cli", "test_lab_course_route", "test_lab_failures",
-                "test_grad_views", "test_powersgd", "test_topk", "test_quantizers"}
-SLOW = {"test_exchange_multiprocess", "test_lab_failures", "test_lab_course_route", "test_netem"}
+                "test_grad_views", "test_powersgd", "test_topk", "test_quantizers", "test_elastic"}
+SLOW = {"test_exchange_multiprocess", "test_lab_failures", "test_lab_course_route", "test_netem",
+        "test_elastic"}
 
 
 def pytest_collection_modifyitems(items):
