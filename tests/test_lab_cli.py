@@ -42,8 +42,8 @@ def lab(argv, out, ranks=1):
     (["--topk-allreduce", "1.5"], "--topk-allreduce RATIO must be in (0, 1]"),
     (["--powersgd-allreduce", "0"], "--powersgd-allreduce RANK must be at least 1"),
     (["--int8-allreduce", "--onebit-allreduce"], "not allowed with argument"),
-    (["--onebit-allreduce", "--reduction", "alltoall"], "--reduction alltoall does not apply to onebit"),
-    (["--topk-allreduce", "0.01", "--reduction", "allgather"], "does not apply to topk"),
+    (["--onebit-allreduce", "--reduction", "alltoall"], "not to onebit with alltoall"),
+    (["--topk-allreduce", "0.01", "--reduction", "allgather"], "not to topk with allgather"),
     (["--error-feedback"], "--error-feedback needs a compressed exchange"),
     (["--int8-allreduce", "--route", "horovod"], "the other methods need --route plugin"),
 ])

@@ -52,9 +52,9 @@ def check_args(parser, args):
     routes = {"bit8": ("allgather", "alltoall"), "bit16": ("allgather", "alltoall"),
               "int8": ("allgather", "alltoall"), "onebit": ("allgather",)}
     if args.reduction and args.reduction not in routes.get(args.compression, ()):
-        parser.error(f"--reduction {args.reduction} does not apply to {args.compression}: it "
-                     "takes --bit8/--bit16/--int8-allreduce (allgather or alltoall) or "
-                     "--onebit-allreduce (allgather)")
+        parser.error("--reduction only applies to --bit8/--bit16/--int8-allreduce (allgather or "
+                     "alltoall) and --onebit-allreduce (allgather), not to "
+                     f"{args.compression} with {args.reduction}")
     if args.error_feedback is not None and not (packets or args.compression in TENSORWISE):
         parser.error("--error-feedback needs a compressed exchange (--bit8, --bit16, --int8, "
                      "--onebit, --topk or --powersgd-allreduce)")
