@@ -28,6 +28,7 @@ import horovod.torch as hvd
 
 from .codecs import SCALE_BLOCK
 from .compressors import Compression, compressor_name
+from .costmodel.methods import chunk_bounds
 from .fusion import Bucket
 from .registry import SCHEMES, Route, resolve_route
 from .roles import Communicator, PacketCompressor
@@ -239,17 +240,7 @@ class AllgatherCommunicator(_PacketBase):
                                              self._block(bucket.numel), self._divisor(n))
 
 
-def _chunk_bounds(numel, n, align=1):
-    """n contiguous chunks covering range(numel), cut on multiples of `align`, their sizes in
-    units of `align` differing by at most one."""
-    units = -(-numel // align) if numel else 0
-    base, extra = divmod(units, n)
-    bounds, start = [], 0
-    for k in range(n):
-        stop = start + base + (1 if k < extra else 0)
-        bounds.append((min(start * align, numel), min(stop * align, numel)))
-        start = stop
-    return bounds
+_chunk_bounds = chunk_bounds        # the cost model's, so formula and code cut alike
 
 
 class AlltoallCommunicator(_PacketBase):

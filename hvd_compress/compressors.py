@@ -39,8 +39,8 @@ from .quantizers import Int8Compressor, OneBitCompressor
 from .registry import HEADER_BYTES
 from .roles import PacketCompressor, flat_float32 as _flat_float32, pad4 as _pad4
 
-__all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor", "Compression", "HEADER_BYTES",
-           "packet_bytes", "compressor_name", "read_header"]
+__all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor",
+           "Compression", "HEADER_BYTES", "packet_bytes", "compressor_name", "read_header"]
 
 FLAG_INF_AT_MAX = 1
 
@@ -244,7 +244,6 @@ def compressor_name(compressor) -> str:
     """A stable name for any Horovod compressor (ours, Horovod's, a user's)."""
     known = {NoneCompressor: "none", FP16Compressor: "fp16"}
     return known.get(compressor, getattr(compressor, "name", getattr(compressor, "__name__", str(compressor))))
-
 
 
 

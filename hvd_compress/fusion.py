@@ -8,6 +8,8 @@ https://pytorch.org/docs/stable/notes/ddp.html#internal-design).
 """
 import torch
 
+from .costmodel.methods import groups_by_size
+
 __all__ = ["buckets_by_size", "Bucket"]
 
 
@@ -15,21 +17,9 @@ def buckets_by_size(tensors, threshold_bytes):
     """Split range(len(tensors)) into consecutive buckets of at most `threshold_bytes` float32.
 
     A tensor larger than the threshold gets a bucket of its own; a threshold of 0 puts every
-    tensor in its own bucket (no fusion).
+    tensor in its own bucket (no fusion). The cost model plans from the same function.
     """
-    if threshold_bytes < 0:
-        raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
-    buckets, current, current_bytes = [], [], 0
-    for i, t in enumerate(tensors):
-        size = 4 * t.numel()
-        if current and (threshold_bytes == 0 or current_bytes + size > threshold_bytes):
-            buckets.append(current)
-            current, current_bytes = [], 0
-        current.append(i)
-        current_bytes += size
-    if current:
-        buckets.append(current)
-    return buckets
+    return groups_by_size([t.numel() for t in tensors], threshold_bytes)
 
 
 class Bucket:

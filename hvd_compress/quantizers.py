@@ -65,7 +65,7 @@ class _MessageCompressor(PacketCompressor):
                              f"of {block}, but the packet has {packet.numel()} bytes")
         if out is None:
             out = torch.empty(numel, dtype=torch.float32, device=packet.device)
-        return cls.decode_message(packet[HEADER_BYTES:], numel, out.zero_(), block)
+        return cls.decode_message(packet[HEADER_BYTES:], numel, out, block)
 
     @classmethod
     def packet_bytes(cls, numel):
@@ -93,7 +93,7 @@ class _MessageCompressor(PacketCompressor):
 
     @classmethod
     def decode_message(cls, message, numel, out, block=SCALE_BLOCK):
-        return cls.decode_messages(message.view(1, -1), numel, out.zero_(), block)
+        return cls.decode_messages(message.view(1, -1), numel, out, block)
 
     @classmethod
     def decode_messages(cls, messages, numel, out, block=SCALE_BLOCK, divisor=1):

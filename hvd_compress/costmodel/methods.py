@@ -25,7 +25,8 @@ import math
 
 from .model import Cost, allgather, alltoall, ring_allreduce
 
-__all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "buckets", "message_bytes", "topk_k",
+__all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "buckets", "chunk_bounds",
+           "message_bytes", "topk_k",
            "powersgd_values", "bytes_per_step", "step_cost"]
 
 SCALE_BLOCK = 256                     # codecs.SCALE_BLOCK (a test checks they agree)
@@ -44,19 +45,42 @@ def numel(shape) -> int:
     return math.prod(shape)
 
 
+def groups_by_size(numels, threshold_bytes):
+    """Split range(len(numels)) into consecutive groups of at most `threshold_bytes` float32;
+    a tensor larger than the threshold is a group of its own, threshold 0 puts every tensor in
+    its own group (fusion.buckets_by_size: the optimizer's buckets)."""
+    if threshold_bytes < 0:
+        raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
+    groups, current, current_bytes = [], [], 0
+    for i, n in enumerate(numels):
+        if current and (threshold_bytes == 0 or current_bytes + 4 * n > threshold_bytes):
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(i)
+        current_bytes += 4 * n
+    if current:
+        groups.append(current)
+    return groups
+
+
 def buckets(numels, threshold_bytes=FUSION_BYTES):
     """Value counts of the buckets of tensors with these `numels` (in parameter order): taken
     in backward order, fused while they fit in `threshold_bytes` of float32."""
-    out, current, size = [], 0, 0
-    for n in reversed(list(numels)):
-        if size and (threshold_bytes == 0 or size + 4 * n > threshold_bytes):
-            out.append(current)
-            current, size = 0, 0
-        current += n
-        size += 4 * n
-    if size:
-        out.append(current)
-    return out
+    backward = list(numels)[::-1]
+    return [sum(backward[i] for i in group) for group in groups_by_size(backward, threshold_bytes)]
+
+
+def chunk_bounds(count, n, align=1):
+    """n contiguous chunks (a, b) covering range(count), cut on multiples of `align`, their
+    sizes in units of `align` differing by at most one: the two-phase route's chunks."""
+    units = -(-count // align) if count else 0
+    base, extra = divmod(units, n)
+    bounds, start = [], 0
+    for k in range(n):
+        stop = start + base + (1 if k < extra else 0)
+        bounds.append((min(start * align, count), min(stop * align, count)))
+        start = stop
+    return bounds
 
 
 def message_bytes(method, count, block=SCALE_BLOCK) -> int:
@@ -80,17 +104,6 @@ def powersgd_values(shape, rank) -> int:
     return (rows + cols) * min(rank, rows, cols)
 
 
-def _chunks(count, n, block):
-    units = -(-count // block) if count else 0
-    base, extra = divmod(units, n)
-    bounds, start = [], 0
-    for k in range(n):
-        stop = start + base + (1 if k < extra else 0)
-        bounds.append(min(stop * block, count) - min(start * block, count))
-        start = stop
-    return bounds
-
-
 def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) -> float:
     """Bytes one rank sends per step (the mean over ranks for the two-phase route, whose
     ranks send a little more or less by chunk)."""
@@ -107,8 +120,8 @@ def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BL
         rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
         return sum(2 * (n - 1) * 4 * powersgd_values(s, rank) // n for s in shapes)
     if route == "alltoall" or (route is None and method == "bit16"):
-        total = sum(message_bytes(method, c, block) for b in buckets(counts)
-                    for c in _chunks(b, n, block))
+        total = sum(message_bytes(method, z - a, block) for b in buckets(counts)
+                    for a, z in chunk_bounds(b, n, block))
         return 2 * (n - 1) * total / n
     return sum((n - 1) * message_bytes(method, b, block) for b in buckets(counts))
 

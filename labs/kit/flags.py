@@ -3,6 +3,8 @@ ranges and combinations, each refused with a message that says what to do instea
 import argparse
 import math
 
+from hvd_compress.registry import SCHEMES
+
 __all__ = ["FLAGS", "TENSORWISE", "scale_block", "check_args", "compression_of"]
 
 # Each compression scheme (hvd_compress.registry) and the trainer's flag that picks it.
@@ -49,9 +51,8 @@ def check_args(parser, args):
                      "(Adasum needs full gradients; use it alone or with --fp16-allreduce)")
     if args.use_adasum and args.error_feedback:
         parser.error("--error-feedback is not available with --use-adasum")
-    routes = {"bit8": ("allgather", "alltoall"), "bit16": ("allgather", "alltoall"),
-              "int8": ("allgather", "alltoall"), "onebit": ("allgather",)}
-    if args.reduction and args.reduction not in routes.get(args.compression, ()):
+    routes = [r.value for r in SCHEMES[args.compression].routes] if packets else []
+    if args.reduction and args.reduction not in routes:
         parser.error("--reduction only applies to --bit8/--bit16/--int8-allreduce (allgather or "
                      "alltoall) and --onebit-allreduce (allgather), not to "
                      f"{args.compression} with {args.reduction}")

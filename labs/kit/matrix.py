@@ -282,14 +282,12 @@ def formula_bytes(manifest):
     """The cost model's bytes per step for the run (hvd_compress.costmodel.methods), to set
     beside the bytes its communicator counted; NaN where the manifest cannot say."""
     shapes, ranks = manifest.get("parameter_shapes"), manifest.get("world_size")
-    if not shapes or not ranks or manifest.get("route") != "plugin" or manifest.get("adasum"):
+    block = (manifest.get("args") or {}).get("scale_block")
+    # no formula for Horovod's own optimizer, Adasum, or one scale per tensor (no fusion)
+    if not shapes or not ranks or manifest.get("route") != "plugin" or not block:
         return math.nan
-    try:
-        return methods.bytes_per_step(manifest["compression"], [tuple(s) for s in shapes], ranks,
-                                      manifest.get("method_parameter"), manifest.get("reduction"),
-                                      (manifest.get("args") or {}).get("scale_block") or 0)
-    except (KeyError, ValueError, ZeroDivisionError):
-        return math.nan
+    return methods.bytes_per_step(manifest["compression"], [tuple(s) for s in shapes], ranks,
+                                  manifest.get("method_parameter"), manifest.get("reduction"), block)
 
 
 def read_summary(path, error=SystemExit):
