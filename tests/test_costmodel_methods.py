@@ -55,3 +55,27 @@ def test_cli_methods_table():
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--methods needs --nodes, --bandwidth, --latency" in bad.stderr
     assert torch.Size(methods.MODEL_SHAPES["basic"][4]).numel() == 128 * 9216
+
+
+def test_report_methods_section_from_the_committed_matrix(tmp_path):
+    """The report's section of the other methods, filled from results/matrix (a real run):
+    one row per method and size, ratios computed against that run's float32 and fp16 rows,
+    counted bytes beside the formula; and the accuracy-against-bytes plot is drawn."""
+    import pandas as pd
+    from conftest import ROOT
+    from labs.kit import plots, report
+    summary = ROOT / "results" / "matrix" / "summary.csv"
+    text = report.build_report(summary, ROOT / "report_template.md")
+    rows = [line for line in text.splitlines() if line.endswith("` |") and "| 设备数" not in line
+            and line.split("|")[1].strip().split()[0] in ("int8", "onebit", "topk", "powersgd")]
+    frame = pd.read_csv(summary).set_index("run")
+    assert len(rows) == 8
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        run = cells[-1].strip("`")
+        fp32 = frame.loc[run.replace(run.split("-")[1], "none")]
+        assert cells[4] == cells[5] == f"{frame.loc[run, 'bytes_per_step']:,.0f}"   # counted = formula
+        assert cells[6] == f"{frame.loc[run, 'bytes_per_step'] / fp32['bytes_per_step']:.3f}"
+        assert cells[3] == f"{100 * (frame.loc[run, 'final_test_accuracy'] - fp32['final_test_accuracy']):+.2f}"
+    assert plots.plot_methods(pd.read_csv(summary), tmp_path / "methods.png")
+    assert (tmp_path / "methods.png").stat().st_size > 10_000

@@ -193,8 +193,8 @@ def methods_section(frame):
               "每步发送 / Bytes per step | 公式 / Formula | bytes / fp32 | bytes / fp16 | "
               "每步 / Step (ms) | step / fp32 | step / fp16 | 运行 / Run |")
     lines = [header, "|" + "---|" * 12]
-    for row in rows.sort_values(["ranks", "compression"], key=lambda c: c.map(
-            {m: i for i, m in enumerate(METHODS)}) if c.name == "compression" else c).itertuples():
+    order = sorted(rows.itertuples(), key=lambda r: (r.ranks, METHODS.index(r.compression)))
+    for row in order:
         fp32, fp16 = by_run.get(run_name(row.ranks, "none")), by_run.get(run_name(row.ranks, "fp16"))
         if fp32 is None or fp16 is None:
             raise ReportError(f"{row.run}: the matrix has no {run_name(row.ranks, 'none')} or "

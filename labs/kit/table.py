@@ -8,6 +8,7 @@ row of summary.csv and a line of the report are matched by that string.
 from dataclasses import dataclass
 from typing import Optional
 
+from hvd_compress.costmodel.methods import METHOD_DEFAULTS
 from hvd_compress.registry import run_name
 
 # The trainer's flag for each scheme, in the order the matrix runs them.
@@ -15,7 +16,8 @@ SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-all
                 "bit8": ["--bit8-allreduce"]}
 # The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
 METHOD_FLAGS = {"int8": ["--int8-allreduce"], "onebit": ["--onebit-allreduce"],
-                "topk": ["--topk-allreduce", "0.01"], "powersgd": ["--powersgd-allreduce", "2"]}
+                "topk": ["--topk-allreduce", f"{METHOD_DEFAULTS['topk']:g}"],
+                "powersgd": ["--powersgd-allreduce", str(METHOD_DEFAULTS["powersgd"])]}
 RANKS = (2, 4)
 # The report's results table groups a scheme's rows: float32 first, then float8, float16 and
 # Horovod's fp16 cast, as the course's lab report lists them.
@@ -70,9 +72,9 @@ def config_name(args, world_size):
     the table's name for the same run; Adasum and Horovod's own optimizer add a variant."""
     variant = "adasum" if args.use_adasum else "horovod" if args.route == "horovod" else None
     # A method's parameter is named where it is not the matrix's default (top-k 0.01, rank 2).
-    if args.compression == "topk" and args.topk_allreduce != 0.01:
+    if args.compression == "topk" and args.topk_allreduce != METHOD_DEFAULTS["topk"]:
         variant = f"ratio{args.topk_allreduce:g}"
-    if args.compression == "powersgd" and args.powersgd_allreduce != 2:
+    if args.compression == "powersgd" and args.powersgd_allreduce != METHOD_DEFAULTS["powersgd"]:
         variant = f"rank{args.powersgd_allreduce}"
     name = run_name(world_size, args.compression, args.reduction,
                     error_feedback=bool(args.error_feedback), variant=variant)
