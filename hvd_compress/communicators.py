@@ -46,12 +46,13 @@ _WARMED = set()
 
 class Stats:
     """Seconds spent compressing, waiting for communication, decompressing; bytes sent; how
-    long collectives were in flight while backward still ran (overlap_s); and how much of the
+    long collectives were in flight while backward still ran (overlap_s); how much of the
     work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
-    decompress_s), since the last pop. The two-phase route's middle step (decode, sum and
+    decompress_s); the span of each step's exchange, first launch to last result (exchange_s,
+    the optimizer's) and first launch to last launch (launch_span_s), since the last pop. The two-phase route's middle step (decode, sum and
     re-encode a chunk, one native call) counts as decompress_s."""
     FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
-              "in_backward_s")
+              "in_backward_s", "exchange_s", "launch_span_s")
 
     def __init__(self):
         self.reset()

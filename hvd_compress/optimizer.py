@@ -99,6 +99,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._waiting = [[] for _ in self._buckets]     # (member, gradient) not yet in the bucket
         self._arrived = set()                    # parameters already in their bucket
         self._in_flight = {}                     # bucket index -> Exchange
+        self._first_launch = self._last_launch = None   # this step's first and last launch
 
     # ---- during backward ----------------------------------------------------------------
     def _on_gradient(self, p):
@@ -130,6 +131,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             start = time.perf_counter()
             self._buckets[b].put_all(self._waiting[b])
             self._communicator.stats.values["compress_s"] += time.perf_counter() - start
+            self._last_launch = time.perf_counter()
+            if self._first_launch is None:
+                self._first_launch = self._last_launch
             self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
 
     def _progress(self):
@@ -158,6 +162,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     result = bucket.result(j)
                     if result is not p.grad:
                         p.grad.copy_(result)
+        if self._first_launch is not None:
+            stats["exchange_s"] += time.perf_counter() - self._first_launch
+            stats["launch_span_s"] += self._last_launch - self._first_launch
         self._reset_step()
         self._synchronized = True
 
@@ -193,8 +200,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def pop_stats(self):
-        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s}
-        since the previous call. compress_s and decompress_s include the work done in gradient
+        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
+        exchange_s} since the previous call. exchange_s is the span of each step's exchange,
+        from its first bucket's launch to the last reduced gradient (what the cost model
+        predicts, overlapped with backward or not); launch_span_s, from the first launch to
+        the last (backward producing the gradients: the exchange cannot end sooner). compress_s and decompress_s include the work done in gradient
         hooks during backward, which in_backward_s measures (subtract it from a timing of
         backward); communicate_s is only the time step() waited; overlap_s sums, over buckets,
         how long each collective was in flight before step() began."""

@@ -67,7 +67,8 @@ def parse_args(argv=None):
     args = parse_lab_args(rest)
     for flag, why in (("resume", "elastic training resumes by itself"),
                       ("use_adasum", "Adasum needs the stock optimizer"),
-                      ("max_steps", "not with elastic training")):
+                      ("max_steps", "not with elastic training"),
+                      ("steps_per_epoch", "not with elastic training")):
         if getattr(args, flag):
             extra.error(f"--{flag.replace('_', '-')}: {why}")
     if args.momentum == 0:

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The course lab end to end: set up, run the table of trainings, fill the report, draw the plots.
+# The course lab end to end (labs/kit/job.py): set up; the table of trainings over loopback;
+# as root, the same parallel rows over an emulated 100 Mbit/s network with a calibration of
+# that link and predictions; the report and its plots. About 45 minutes on 2 cores.
 #
-#   bash scripts/run_lab.sh                                  # Fashion-MNIST, 3 epochs, gloo
+#   bash scripts/run_lab.sh                                  # Fashion-MNIST, 2 epochs, gloo
 #   DATASET=mnist DATA_DIR=/path/to/mnist bash scripts/run_lab.sh
 #   EPOCHS=5 CONTROLLER=mpi OUT=runs/matrix-mpi REPORT=runs/matrix-mpi/report.md \
-#       bash scripts/run_lab.sh --extras
+#       bash scripts/run_lab.sh --extras --no-network
 #
-# Environment: DATASET (fashion-mnist | mnist), DATA_DIR, SPLIT_TEST, EPOCHS (default 3),
-# CONTROLLER (gloo | mpi), OUT (default runs/matrix), REPORT (default report.md; the PNGs go
-# next to it). Extra arguments go to scripts/run_matrix.py (--only, --extras, --timeout ...).
-# An interrupted lab resumes where it stopped: run the same command again.
+# Environment: DATASET (fashion-mnist | mnist), DATA_DIR, SPLIT_TEST, EPOCHS (default: the
+# trainer's, 2), CONTROLLER (gloo | mpi), OUT (default runs/matrix), REPORT (default report.md;
+# the PNGs go next to it). Extra arguments go to labs/kit/job.py (--no-network,
+# --network-rate, --network-steps) or to the run matrix (--only, --extras, --methods,
+# --timeout ...). An interrupted lab resumes where it stopped: run the same command again.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,7 +22,6 @@ bash scripts/setup.sh
 
 PY=${HVD_COMPRESS_VENV:-$ROOT/.venv}/bin/python
 DATASET=${DATASET:-fashion-mnist}
-EPOCHS=${EPOCHS:-3}
 CONTROLLER=${CONTROLLER:-gloo}
 OUT=${OUT:-runs/matrix}
 REPORT=${REPORT:-report.md}
@@ -33,14 +35,11 @@ if [ "$DATASET" = fashion-mnist ] && [ -z "${DATA_DIR:-}" ] \
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
 fi
 
-matrix_args=(--dataset "$DATASET" --epochs "$EPOCHS" --controller "$CONTROLLER" --out "$OUT")
-[ -n "${DATA_DIR:-}" ] && matrix_args+=(--data-dir "$DATA_DIR")
-[ -n "${SPLIT_TEST:-}" ] && matrix_args+=(--split-test "$SPLIT_TEST")
+job_args=(--dataset "$DATASET" --controller "$CONTROLLER" --out "$OUT" --report "$REPORT")
+[ -n "${EPOCHS:-}" ] && job_args+=(--epochs "$EPOCHS")
+[ -n "${DATA_DIR:-}" ] && job_args+=(--data-dir "$DATA_DIR")
+[ -n "${SPLIT_TEST:-}" ] && job_args+=(--split-test "$SPLIT_TEST")
 
-echo "[lab] run matrix: ${matrix_args[*]} $*"
-"$PY" scripts/run_matrix.py "${matrix_args[@]}" "$@"
-
-echo "[lab] report and plots"
-"$PY" scripts/fill_report.py --summary "$OUT/summary.csv" --out "$REPORT"
-"$PY" scripts/plot_runs.py --summary "$OUT/summary.csv" --out-dir "$(dirname "$REPORT")"
+echo "[lab] the table, the network table, the report: ${job_args[*]} $*"
+"$PY" -m labs.kit.job "${job_args[@]}" "$@"
 echo "[lab] done: $REPORT"

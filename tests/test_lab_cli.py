@@ -91,8 +91,9 @@ def test_model_basic_is_the_pytorch_examples_network():
     assert sum(p.numel() for p in MODELS["horovod"]().parameters()) == 21_840
     out = basic(torch.zeros(3, 1, 28, 28))
     assert out.shape == (3, 10) and torch.allclose(out.exp().sum(1), torch.ones(3))
-    assert parse_args([]).model == "horovod"
-    assert config_name(parse_args(["--model", "basic", "--bit8-allreduce"]), 2) == "np2-bit8-basic"
+    assert parse_args([]).model == "basic"          # the lab's default (docs/lab.md, Defaults)
+    assert config_name(parse_args(["--model", "basic", "--bit8-allreduce"]), 2) == "np2-bit8"
+    assert config_name(parse_args(["--model", "horovod", "--bit8-allreduce"]), 2) == "np2-bit8-small"
     assert config_name(parse_args(["--bit8-allreduce"]), 2) == "np2-bit8"
 
 

@@ -64,7 +64,7 @@ def wait_for_steps(proc, run_dir, rows=10):
 def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
     run_dir = tmp_path / "run"
     cmd = horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
-                                 "--split-test", "8000", "--epochs", "5", "--lr", "0.1",
+                                 "--split-test", "8000", "--epochs", "5", "--lr", "0.1", "--model", "horovod", "--momentum", "0.5", 
                                  "--bit8-allreduce", "--no-progress", "--out", str(run_dir)]
                              + (["--step-timeout", str(STEP_TIMEOUT)] if how == "kill" else []),
                              controller)
@@ -129,7 +129,7 @@ def test_disk_full_keeps_the_checkpoint_and_resumes(tmp_path):
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=360k", "tmpfs", str(disk)], check=True)
     flags = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--split-test", "8000",
-             "--epochs", "3", "--lr", "0.1", "--no-progress"]
+             "--epochs", "3", "--lr", "0.1", "--no-progress", "--model", "horovod", "--momentum", "0.5"]
     try:
         full = subprocess.run(flags + ["--out", str(disk / "run")], env=launch_env(), cwd=ROOT,
                               capture_output=True, text=True, timeout=600)

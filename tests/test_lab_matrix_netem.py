@@ -31,7 +31,8 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_di
         pytest.skip(problem)
     out = tmp_path / "matrix"
     cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(mnist_dir),
-           "--split-test", "640", "--epochs", "1", "--lr", "0.1", "--only", "np2-bit8",
+           "--split-test", "640", "--epochs", "1", "--lr", "0.1", "--model", "horovod",
+           "--momentum", "0.5", "--only", "np2-bit8",
            "--netem-rate", "1gbit", "--netem-delay", "1ms", "--out", str(out), "--quiet",
            "--timeout", "300"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT,
@@ -50,6 +51,17 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_di
     assert summary["run"].tolist() == ["np2-bit8"]
     assert summary["netem_rate_bps"].tolist() == [1e9]
     assert summary["netem_delay_s"].tolist() == [0.001]
+    # bytes checked, not only counted: each rank's eth0 sent at least the gradient bytes it
+    # counted, plus framing and control traffic (not twice as much: a 2-rank allgather of
+    # 22 KB packets, 5 steps a rank)
+    row = summary.iloc[0]
+    assert row["bytes_per_step"] <= row["wire_bytes_per_step"] < 2 * row["bytes_per_step"]
+    epochs = pd.read_csv(out / "np2-bit8" / "epochs.csv")
+    assert epochs["wire_tx_bytes"].notna().all() and (epochs["wire_tx_bytes"] > 0).all()
+    # the exchange's span is timed: it contains the launch span and lasts at least as long
+    # as the link needs for the bytes (1 Gbit/s)
+    assert 0 <= row["launch_span_ms"] <= row["exchange_ms"]
+    assert row["exchange_ms"] >= 1000 * 8 * row["bytes_per_step"] / 1e9
     settings = json.loads((out / "matrix.json").read_text())["settings"]
     assert settings["netem_rate"] == "1gbit" and settings["netem_delay"] == "1ms"
     # the same folder is not reused by a matrix on another network: the settings differ

@@ -45,6 +45,7 @@ __all__ = ["COLLECTIVES", "Measurement", "Point", "Fit", "FitError",
 
 COLLECTIVES = {
     "allreduce": model.ring_allreduce,
+    "allreduce_fp16": model.ring_allreduce,      # a float16 tensor (Horovod's fp16 cast)
     "allgather": model.allgather,
     "alltoall": model.alltoall,
     "reducescatter": model.reduce_scatter,

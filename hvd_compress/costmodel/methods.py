@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import math
 
-from .model import Cost, allgather, alltoall, ring_allreduce
+from .model import Cost, allgather, alltoall, reduce_scatter, ring_allreduce
 
 __all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "buckets", "chunk_bounds",
            "message_bytes", "topk_k",
-           "powersgd_values", "bytes_per_step", "step_cost"]
+           "powersgd_values", "bytes_per_step", "step_cost", "exchange_units", "unit_seconds",
+           "exchange_seconds", "two_phase", "break_even_rate"]
 
 SCALE_BLOCK = 256                     # codecs.SCALE_BLOCK (a test checks they agree)
 FUSION_BYTES = 1 << 20                # communicators.DEFAULT_FUSION_BYTES
 METHOD_DEFAULTS = {"topk": 0.01, "powersgd": 2}
 # Bytes per value of each packet scheme's codes (onebit: packed, see message_bytes).
 CODE_BYTES = {"bit8": 1, "int8": 1, "bit16": 2}
+# Each collective's alpha-beta coefficients for one call, bytes as fit.py defines them.
+COLLECTIVE_COSTS = {"allreduce": ring_allreduce, "allgather": allgather, "alltoall": alltoall,
+                    "reducescatter": reduce_scatter, "allreduce_fp16": ring_allreduce}
 # The lab's two networks (labs/mnist.py), parameter shapes in order; a test checks them.
 MODEL_SHAPES = {
     "horovod": [(10, 1, 5, 5), (10,), (20, 10, 5, 5), (20,), (50, 320), (50,), (10, 50), (10,)],
@@ -144,3 +148,90 @@ def step_cost(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) 
     else:
         units, shape = len(buckets(counts)), allgather(n, 1.0)
     return Cost(units * shape.messages, float(nbytes), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The exchange call by call: what a calibrated link predicts for a step
+# ---------------------------------------------------------------------------------------------
+
+def exchange_units(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK):
+    """The collectives of one step's exchange, unit by unit in launch order (backward order:
+    a bucket, or a tensor for the per-tensor methods), each unit a list of (collective, bytes)
+    with bytes as fit.py defines them (each rank's input). Their bandwidth terms add up to
+    bytes_per_step (a test checks it)."""
+    counts = [numel(s) for s in shapes]
+    if method == "none":
+        return [[("allreduce", 4 * c)] for c in counts[::-1]]
+    if method == "fp16":              # a float16 allreduce: its own fit (Horovod sums in fp16)
+        return [[("allreduce_fp16", 2 * c)] for c in counts[::-1]]
+    if method == "topk":
+        ratio = METHOD_DEFAULTS["topk"] if parameter is None else parameter
+        return [[("allgather", 8 * topk_k(c, ratio))] for c in counts[::-1]]
+    if method == "powersgd":
+        rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
+        units = []
+        for s in shapes[::-1]:
+            if len(s) < 2:
+                units.append([("allreduce", 4 * numel(s))])
+            else:
+                r = min(rank, s[0], numel(s) // s[0])
+                units.append([("allreduce", 4 * s[0] * r), ("allreduce", 4 * (numel(s) // s[0]) * r)])
+        return units
+    if two_phase(method, route):
+        units = []
+        for b in buckets(counts):
+            total = sum(message_bytes(method, z - a, block) for a, z in chunk_bounds(b, n, block))
+            units.append([("alltoall", total), ("allgather", total / n)])
+        return units
+    return [[("allgather", message_bytes(method, b, block))] for b in buckets(counts)]
+
+
+def unit_seconds(unit, n, links):
+    """Seconds of one unit's collectives, each on its own fitted link ({collective: Link})."""
+    return sum(COLLECTIVE_COSTS[c](n, b).seconds(links[c]) for c, b in unit)
+
+
+def two_phase(method, route=None):
+    """Whether the exchange is the two-phase route (alltoall, then allgather of the reduced
+    chunks), whose second phase leaves only when the optimizer next looks at the bucket."""
+    return method in CODE_BYTES and (route == "alltoall" or (route is None and method == "bit16"))
+
+
+def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backward=False):
+    """A step's exchange, first launch to last result, on calibrated links: the units travel
+    one after another (Horovod's background thread runs collectives in order), and the last
+    one cannot leave before backward has produced it, `launch_span` seconds after the first:
+
+        T = max(launch_span, t_1 + ... + t_(k-1)) + t_k
+
+    With `second_phase_after_backward` (the two-phase route) t_i is the first collective of
+    unit i, and the second ones (p_i) follow at the end: the optimizer launches a bucket's
+    second phase when it next polls it, in a later gradient hook or in step(), so on this
+    model's reckoning after backward:  T = max(S, t_1 + ... + t_(k-1)) + t_k + p_1 + ... + p_k.
+    (Codec time is the caller's to add.)"""
+    if not units:
+        return 0.0
+    if second_phase_after_backward:
+        firsts = [unit_seconds(u[:1], n, links) for u in units]
+        seconds = sum(unit_seconds(u[1:], n, links) for u in units)
+        return max(launch_span, sum(firsts[:-1])) + firsts[-1] + seconds
+    times = [unit_seconds(u, n, links) for u in units]
+    return max(launch_span, sum(times[:-1])) + times[-1]
+
+
+def break_even_rate(fp32, compressed, fp32_codec_s, codec_s):
+    """The link rate (bit/s) below which a compressed exchange beats float32's, from the two
+    exchanges' Costs measured at 1 byte/s (messages: alpha terms in seconds, bytes: their
+    bytes): with T(b) = L + C + 8 W / b,
+
+        b* = 8 (W_32 - W_k) / ((L_k + C_k) - (L_32 + C_32))
+
+    inf when compression costs no more fixed time (it pays at every rate), 0 when it sends
+    no fewer bytes (it never pays)."""
+    saved_bytes = fp32.bytes - compressed.bytes
+    extra_fixed = (compressed.messages + codec_s) - (fp32.messages + fp32_codec_s)
+    if saved_bytes <= 0:
+        return 0.0
+    if extra_fixed <= 0:
+        return math.inf
+    return 8 * saved_bytes / extra_fixed

@@ -40,13 +40,15 @@ from hvd_compress.costmodel import methods
 from labs import netem
 
 from . import runlog
+from .flags import DEFAULTS
 from .launch import horovodrun_command, launch_env
 from .table import course_runs
 
 TRAINER = Path(__file__).resolve().parents[1] / "mnist.py"
 NETEM = [sys.executable, "-m", "labs.netem"]       # the emulator's command line
 # Settings that must agree between a finished run and the matrix that wants to reuse it.
-SHARED_SETTINGS = ("epochs", "dataset", "split_test", "seed", "batch_size", "lr")
+SHARED_SETTINGS = ("epochs", "dataset", "split_test", "seed", "batch_size", "lr", "momentum",
+                   "model", "steps_per_epoch")
 
 
 def select(runs, only):
@@ -68,7 +70,10 @@ def select(runs, only):
 def trainer_args(args, run_dir):
     cmd = [str(TRAINER), "--epochs", str(args.epochs), "--dataset", args.dataset,
            "--seed", str(args.seed), "--batch-size", str(args.batch_size),
-           "--lr", str(args.lr), "--out", str(run_dir)]
+           "--lr", str(args.lr), "--momentum", str(args.momentum), "--model", args.model,
+           "--out", str(run_dir)]
+    if args.steps_per_epoch is not None:
+        cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
     if args.split_test is not None:
@@ -166,8 +171,7 @@ def stop(proc, grace=30):
 def settings_mismatch(manifest, args):
     """Names of the settings in which an existing run differs from this matrix."""
     done = manifest.get("args", {})
-    wanted = {"epochs": args.epochs, "dataset": args.dataset, "split_test": args.split_test,
-              "seed": args.seed, "batch_size": args.batch_size, "lr": args.lr}
+    wanted = {k: getattr(args, k) for k in SHARED_SETTINGS}
     mismatch = [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
     if manifest.get("world_size", 1) > 1:
         if network_rate(manifest) != netem_rate_bps(args):
@@ -256,7 +260,8 @@ def summarize_run(name, run_dir):
            "final_test_accuracy": math.nan, "final_test_loss": math.nan,
            "samples_per_s": math.nan, "steps_per_epoch": math.nan}
     row.update({f"{part}_ms": math.nan for part in STEP_PARTS})
-    row["bytes_per_step"] = math.nan
+    row.update(exchange_ms=math.nan, launch_span_ms=math.nan, slowest_launch_span_ms=math.nan,
+               bytes_per_step=math.nan, wire_bytes_per_step=math.nan)
     epochs_csv, steps_csv = run_dir / "epochs.csv", run_dir / "steps.csv"
     if epochs_csv.is_file():
         epochs = pd.read_csv(epochs_csv)
@@ -266,13 +271,28 @@ def summarize_run(name, run_dir):
                        final_test_loss=epochs["test_loss"].iloc[-1],
                        samples_per_s=epochs["train_samples_per_s"].mean(),
                        steps_per_epoch=epochs["steps"].iloc[-1])
+            if ("wire_tx_bytes" in epochs and epochs["wire_tx_bytes"].notna().all()
+                    and row["ranks"]):
+                # every rank's NIC over the epochs, per rank and step (NaN off netem)
+                row["wire_bytes_per_step"] = (epochs["wire_tx_bytes"].sum()
+                                              / (epochs["steps"].sum() * row["ranks"]))
     if steps_csv.is_file():
         steps = pd.read_csv(steps_csv)
         if len(steps):
             for part in STEP_PARTS:
                 row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             row["bytes_per_step"] = steps["bytes_sent"].mean()
+            for part in ("exchange", "launch_span"):
+                if f"{part}_s" in steps:
+                    row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
+            if "launch_span_s" in steps:     # the rank whose backward launches last
+                row["slowest_launch_span_ms"] = 1000 * steps.groupby("rank")[
+                    "launch_span_s"].mean().max()
     row["method_parameter"] = manifest.get("method_parameter")
+    args = manifest.get("args") or {}
+    row.update(model=args.get("model", "horovod"), lr=args.get("lr"),
+               momentum=args.get("momentum"), batch_size=args.get("batch_size"),
+               steps_per_epoch_limit=args.get("steps_per_epoch"))
     row["bytes_formula"] = formula_bytes(manifest)
     row["run_dir"] = os.path.relpath(run_dir, start=run_dir.parent)
     return row
@@ -318,14 +338,21 @@ def write_summary(out):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
     parser.add_argument("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist"])
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--split-test", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.01,
+    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"],
                         help="base learning rate (the trainer scales it by the world size)")
+    parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"])
+    parser.add_argument("--model", choices=["basic", "horovod"], default=DEFAULTS["model"],
+                        help="the trainer's network (default: basic, pytorch/examples')")
+    parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
+                        help="a timing table: every run trains N steps a rank in each epoch "
+                             "(its accuracy then says little); the network table of "
+                             "run_lab.sh uses it")
     parser.add_argument("--out", default=None,
                         help="default runs/matrix (runs/matrix-netem-<RATE> with --netem-rate), "
                              "in the current folder")
@@ -355,6 +382,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
+    if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
+        parser.error(f"--steps-per-epoch must be at least 1, got {args.steps_per_epoch}")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
     if args.netem_delay and not args.netem_rate:
@@ -396,35 +425,45 @@ def main(argv=None):
 
     failures, started = [], time.monotonic()
     for number, spec in enumerate(runs, 1):
-        run_dir = out / spec.name
         header = f"[{number}/{len(runs)}] {spec.name}"
         if args.dry_run:
-            print(header + ": " + shlex.join(launch_command(spec, args, run_dir, False)))
+            print(header + ": " + shlex.join(launch_command(spec, args, out / spec.name, False)))
             continue
-        action = plan(spec, args, run_dir)
-        if action == "skip":
-            print(f"{header}: already complete, skipped", flush=True)
-            continue
-        cmd = launch_command(spec, args, run_dir, resume=action == "resume")
-        elapsed = time.monotonic() - started
-        print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
-              f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
-              f"matrix time so far {elapsed / 60:.1f} min; log {out / 'logs' / spec.name}.log)",
-              flush=True)
-        code, seconds = run_one(cmd, out / "logs" / f"{spec.name}.log", args.timeout,
-                                echo=not args.quiet)
-        manifest = runlog.read_manifest(run_dir) or {}
-        if code == 0 and manifest.get("status") == "complete":
-            row = summarize_run(spec.name, run_dir)
-            print(f"{header}: done in {seconds:.0f} s, test accuracy "
-                  f"{row['final_test_accuracy']:.4f}", flush=True)
-        else:
-            why = "timed out" if code is None else f"exit code {code}"
+        if not execute(spec, args, out, header,
+                       f"matrix time so far {(time.monotonic() - started) / 60:.1f} min"):
             failures.append(spec.name)
-            print(f"{header}: FAILED ({why}, status {manifest.get('status')}); "
-                  f"see {out / 'logs' / spec.name}.log", flush=True)
     if args.dry_run:
         return 0
+    return finish(out, failures)
+
+
+def execute(spec, args, out, header, note=""):
+    """Run (or resume, or skip) one row of the table; True when it is complete."""
+    run_dir = out / spec.name
+    action = plan(spec, args, run_dir)
+    if action == "skip":
+        print(f"{header}: already complete, skipped", flush=True)
+        return True
+    cmd = launch_command(spec, args, run_dir, resume=action == "resume")
+    print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
+          f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
+          f"{note + '; ' if note else ''}log {out / 'logs' / spec.name}.log)", flush=True)
+    code, seconds = run_one(cmd, out / "logs" / f"{spec.name}.log", args.timeout,
+                            echo=not args.quiet)
+    manifest = runlog.read_manifest(run_dir) or {}
+    if code == 0 and manifest.get("status") == "complete":
+        row = summarize_run(spec.name, run_dir)
+        print(f"{header}: done in {seconds:.0f} s, test accuracy "
+              f"{row['final_test_accuracy']:.4f}", flush=True)
+        return True
+    why = "timed out" if code is None else f"exit code {code}"
+    print(f"{header}: FAILED ({why}, status {manifest.get('status')}); "
+          f"see {out / 'logs' / spec.name}.log", flush=True)
+    return False
+
+
+def finish(out, failures):
+    """Write summary.csv, print it; 1 (and what to do) if runs failed."""
     frame = write_summary(out)
     columns = ["run", "status", "epochs", "train_time_s", "final_test_accuracy", "step_ms",
                "communicate_ms", "bytes_per_step"]

@@ -11,6 +11,9 @@ loss.png       training loss per step (rank 0, moving average), x axis in epochs
 step_time.png  mean step time split into forward+backward, compress, communicate,
                decompress and update (stacked bars), and bytes sent per step
 methods.png    accuracy against bytes per step of every parallel run (with --methods)
+network.png    the network table (--network-summary, --calibration): each parallel row's step
+               time on the emulated link and over loopback, and its exchange measured beside
+               the prediction (labs/kit/network.py)
 """
 import argparse
 import sys
@@ -143,13 +146,60 @@ def plot_methods(summary, path):
     return path
 
 
+def plot_network(net_summary_path, calibration, loop_summary, path):
+    """Step time per parallel row on the link and over loopback; measured and predicted
+    exchange per row."""
+    from . import network, runlog
+    net_summary_path = Path(net_summary_path)
+    net = read_summary(net_summary_path)
+    net = net[net["ranks"] > 1]
+    manifests = {row.run: runlog.read_manifest(net_summary_path.parent / row.run_dir)
+                 for row in net.itertuples()}
+    preds = {p.run: p for p in network.predictions(net, manifests, loop_summary,
+                                                   network.load_links(calibration))}
+    loop = loop_summary.set_index("run")
+    names = list(net["run"])
+    x = range(len(names))
+    rate = network.rate_text(net["netem_rate_bps"].iloc[0])
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8))
+    width = 0.4
+    ax.bar([i - width / 2 for i in x], net["step_ms"], width, label=f"{rate} link",
+           color="tab:red")
+    ax.bar([i + width / 2 for i in x], [loop.loc[n, "step_ms"] if n in loop.index else 0
+                                        for n in names], width, label="loopback",
+           color="tab:gray")
+    ax.set_xticks(list(x), names, rotation=45, ha="right")
+    ax.set_ylabel("mean time per step (ms)")
+    ax.set_title("Step time: where compression pays")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    bx.bar([i - width / 2 for i in x], [preds[n].measured_ms for n in names], width,
+           label="measured", color="tab:blue")
+    bx.bar([i + width / 2 for i in x], [preds[n].predicted_ms for n in names], width,
+           label="predicted (alpha-beta + decode)", color="tab:orange")
+    bx.set_xticks(list(x), names, rotation=45, ha="right")
+    bx.set_ylabel("exchange per step (ms)")
+    bx.set_title(f"Exchange on the {rate} link: measured and predicted")
+    bx.legend(fontsize=8)
+    bx.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--summary", default="runs/matrix/summary.csv")
     parser.add_argument("--out-dir", default=".",
                         help="where the PNGs go: the report's folder (default: this folder)")
+    parser.add_argument("--network-summary", default=None,
+                        help="the network table's summary.csv: adds network.png")
+    parser.add_argument("--calibration", default=None, help="its link's calibration fit")
     args = parser.parse_args(argv)
+    if args.network_summary and not args.calibration:
+        parser.error("--network-summary needs --calibration")
     summary, runs = load(args.summary)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +209,9 @@ def main(argv=None):
     names = ["accuracy.png", "loss.png", "step_time.png"]
     if plot_methods(summary, out / "methods.png"):
         names.append("methods.png")
+    if args.network_summary:
+        plot_network(args.network_summary, args.calibration, summary, out / "network.png")
+        names.append("network.png")
     for name in names:
         print(f"wrote {out / name}")
     return 0

@@ -32,6 +32,7 @@ import torch
 import horovod.torch as hvd
 
 from hvd_compress.communicators import horovod_bytes_sent
+from labs.netem.launch import wire_counter
 
 from . import manifest, runlog
 from .progress import Progress
@@ -39,7 +40,7 @@ from .ranks import agree
 from .watchdog import StepWatchdog, suspects
 
 NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
-            "bytes_sent": math.nan}
+            "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
 
 
 class Interrupted(Exception):
@@ -66,6 +67,7 @@ class RunRecorder:
         self.first_epoch, self.dropped = 1, 0
         self.optimizer = self.steps_log = self.epochs_log = self.watchdog = None
         self._fixed_stats, self._train = dict(NO_STATS), None
+        self._wire = wire_counter()     # bytes on this rank's emulated link, read per epoch
 
     # ---- the run folder and --resume ---------------------------------------------------------
 
@@ -223,6 +225,7 @@ class RunRecorder:
         timer = runlog.StepTimer()
         loss_sum, samples, bytes_sent = 0.0, 0, 0.0
         self._pop_stats()               # drop anything counted before this epoch
+        wire_start = self._wire()       # this rank's NIC counter (netem; NaN on loopback)
         start = time.perf_counter()
         for batch, index in enumerate(batches):
             step = Step(index, timer)
@@ -245,12 +248,14 @@ class RunRecorder:
         progress.close()
         self.watchdog.begin("evaluation")   # the epoch's totals and test pass come next
         epoch_s = time.perf_counter() - start
-        totals = hvd.allreduce(torch.tensor([loss_sum, samples, bytes_sent], dtype=torch.float64),
+        wire = self._wire() - wire_start
+        totals = hvd.allreduce(torch.tensor([loss_sum, samples, bytes_sent, wire],
+                                            dtype=torch.float64),
                                op=hvd.Sum, name=f"train_totals.{epoch}")
         self._train = {"epoch": epoch, "steps": len(batches), "train_samples": int(totals[1]),
                        "train_loss": float(totals[0] / totals[1]), "epoch_s": epoch_s,
                        "train_samples_per_s": float(totals[1]) / epoch_s,
-                       "bytes_sent": float(totals[2])}
+                       "bytes_sent": float(totals[2]), "wire_tx_bytes": float(totals[3])}
 
     def end_epoch(self, epoch, test_metrics, model, optimizer):
         """After an epoch's test: its row of epochs.csv and its line on rank 0, the checkpoint,
@@ -316,7 +321,9 @@ class RunRecorder:
                 "decompress_s": stats["decompress_s"],
                 "update_s": times["optimizer"] - in_step if math.isfinite(in_step)
                 else times["optimizer"],
-                "bytes_sent": stats["bytes_sent"], "wall_time": time.time()}
+                "bytes_sent": stats["bytes_sent"],
+                "exchange_s": stats.get("exchange_s", math.nan),
+                "launch_span_s": stats.get("launch_span_s", math.nan), "wall_time": time.time()}
 
 
 def _interrupt(signum, frame):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hvd_compress.registry import METHODS, run_name
 
-from . import runlog
+from . import network, runlog
 from .matrix import read_summary
 from .table import ROW_ORDER
 
@@ -42,6 +42,14 @@ ALGORITHMS = {
 }
 REQUIRED = ["ranks", "train_time_s", "final_test_accuracy", "step_ms", "forward_backward_ms",
             "compress_ms", "communicate_ms", "decompress_ms", "update_ms", "bytes_per_step"]
+
+
+MODELS = {
+    "basic": "pytorch/examples' mnist/main.py network (2 conv layers 32/64, dropout, 9216 -> "
+             "128 -> 10; 1,199,882 parameters, 4.8 MB of float32 gradients a step)",
+    "horovod": "Horovod's PyTorch MNIST example network (2 conv + 2 linear layers; 21,840 "
+               "parameters)",
+}
 
 
 class ReportError(RuntimeError):
@@ -210,6 +218,131 @@ def methods_section(frame):
     return "\n".join(lines) + "\n\n![正确率与每步字节 / Accuracy against bytes per step](methods.png)"
 
 
+def _ratio(rows, run, base, column="step_ms"):
+    a, b = rows.get(run), rows.get(base)
+    return math.nan if a is None or b is None else getattr(a, column) / getattr(b, column)
+
+
+def network_section(net_path, calibration, loop_frame, skipped=None):
+    """The parallel rows again over an emulated link: step times as ratios to float32 and to
+    Horovod's fp16 on that link and over loopback, each exchange predicted beside the measured
+    one, bytes on the wire beside the bytes counted, the break-even rate; then where
+    compression pays, computed from both tables."""
+    if skipped:
+        return (f"Not run: {skipped}. The network table needs root and network namespaces "
+                f"(`python -m labs.netem check` says what is missing); `bash scripts/run_lab.sh` "
+                f"runs it where they work.")
+    frame = load_summary(net_path)
+    manifests = run_manifests(net_path, frame)
+    try:
+        links = network.load_links(calibration)
+        preds = {p.run: p for p in network.predictions(frame, manifests, loop_frame, links)}
+    except network.NetworkError as err:
+        raise ReportError(str(err)) from None
+    rates = sorted({r for r in frame["netem_rate_bps"] if r == r})
+    if len(rates) != 1:
+        raise ReportError(f"{net_path}: expected one emulated link rate, got {rates or 'none'}")
+    rate = rates[0]
+    steps = sorted({int(s) for s in frame["steps_per_epoch"]})
+    net = {row.run: row for row in frame.itertuples()}
+    loop = {row.run: row for row in loop_frame.itertuples()}
+    lines = [f"Link: {network.rate_text(rate)} per process (labs.netem: one network namespace "
+             f"per process, a tbf-shaped veth each), Gloo; "
+             f"{', '.join(map(str, steps))} steps per process per run (a timing table: the "
+             f"accuracy of so short a run says nothing). Same network, seed and flags as the "
+             f"table above.", "",
+             "| 训练算法 / Algorithm | 设备数 / Devices | 每步 / Step (ms) | step / fp32 | "
+             "step / fp16 | loopback step / fp32 | 通信实测 / Exchange measured (ms) | "
+             "预测 / Predicted (ms) | error | 计数字节 / Bytes counted per step | "
+             "网卡字节 / Bytes on the wire per step | wire / counted | 盈亏平衡 / Pays below | "
+             "运行 / Run |", "|" + "---|" * 14]
+    for row in frame.itertuples():
+        if row.ranks < 2:
+            continue
+        p = preds[row.run]
+        fp32, fp16 = run_name(row.ranks, "none"), run_name(row.ranks, "fp16")
+        judged = "" if p.judged else " (not judged: < 5 ms)"
+        pays = "—" if row.compression == "none" else network.rate_text(p.break_even_bps)
+        lines.append(
+            f"| {algorithm(row)} | {row.ranks} | {row.step_ms:.1f} | "
+            f"{_ratio(net, row.run, fp32):.2f} | {_ratio(net, row.run, fp16):.2f} | "
+            f"{_ratio(loop, row.run, fp32):.2f} | {p.measured_ms:.1f} | {p.predicted_ms:.1f} | "
+            f"{100 * p.error:+.0f}%{judged} | {row.bytes_per_step:,.0f} | "
+            f"{row.wire_bytes_per_step:,.0f} | {row.wire_bytes_per_step / row.bytes_per_step:.3f} | "
+            f"{pays} | `{row.run}` |")
+    judged = [p for p in preds.values() if p.judged]
+    worst = max(judged, key=lambda p: abs(p.error)) if judged else None
+    within = sum(abs(p.error) <= network.TOLERANCE for p in judged)
+    lines += ["", f"- Predictions within {100 * network.TOLERANCE:.0f}% of the measured exchange: "
+              f"{within} of {len(judged)} rows with an exchange of at least "
+              f"{network.JUDGED_MS:g} ms" + (f"; the largest error is {100 * worst.error:+.0f}% "
+                                             f"({worst.run})." if worst else "."),
+              "- Prediction: T = max(S, t_1 + ... + t_(k-1)) + t_k + D for the k units (buckets, "
+              "or tensors) of a step in the order backward produces them, t_i = alpha_c m_i + "
+              "beta_c b_i for each collective c of unit i (alpha, beta fitted on this link, "
+              "below), S the measured launch span (first unit launched to the last: backward's "
+              "pace), D the decode time of the same configuration in the loopback table "
+              "(`hvd_compress/costmodel/methods.py` exchange_seconds, `labs/kit/network.py`).",
+              "- Pays below: the link rate b* under which the compressed exchange is faster "
+              "than float32's, from the same fit without overlap: T(b) = L + D + 8 W / b, "
+              "b* = 8 (W_32 - W_k) / ((L_k + D_k) - (L_32 + D_32)), with W the bytes a step's "
+              "collectives move (their beta terms at the calibrated rate), L their alpha terms "
+              "(`break_even_rate`). 'any rate': compression costs no fixed time more than "
+              "float32.",
+              "- Bytes on the wire: each process's eth0 transmit counter "
+              "(/sys/class/net/eth0/statistics/tx_bytes in its namespace), read before and "
+              "after the training loop of each epoch, per process and step.",
+              "", wire_sentence(frame), "", calibration_table(links),
+              "", where_it_pays(net, loop, preds, rate)]
+    return "\n".join(lines) + "\n\n![网络上的步时间与预测 / Step time and predicted exchange on the emulated link](network.png)"
+
+
+def wire_sentence(frame):
+    rows = frame[frame["ranks"] > 1]
+    ratio = rows["wire_bytes_per_step"] / rows["bytes_per_step"]
+    extra = rows["wire_bytes_per_step"] - rows["bytes_per_step"]
+    return (f"Wire against counted: x{ratio.min():.3f} to x{ratio.max():.3f} "
+            f"({extra.min():,.0f} to {extra.max():,.0f} bytes per step more on the wire). The "
+            f"counted bytes are the gradient payload; the wire adds TCP/IPv4/Ethernet framing "
+            f"(66 bytes on every 1,448-byte segment: +4.6% on bulk data), the ACKs of what the "
+            f"process receives, and Horovod's control traffic (every collective is negotiated "
+            f"through the coordinator, a few hundred bytes each).")
+
+
+def calibration_table(links):
+    lines = ["Calibration (labs.netem.bench on the same link, fitted per collective and "
+             "number of processes, `python -m hvd_compress.costmodel --fit`):", "",
+             "| collective | n | alpha (ms) | bandwidth (Mbit/s) |", "|---|---|---|---|"]
+    for n in sorted(links):
+        for collective, link in sorted(links[n].items()):
+            lines.append(f"| {collective} | {n} | {1000 * link.alpha:.3f} | "
+                         f"{8 * link.bandwidth / 1e6:.1f} |")
+    return "\n".join(lines)
+
+
+def where_it_pays(net, loop, preds, rate):
+    """The section's conclusion, computed from both tables."""
+    lines = ["### 压缩何时划算 / Where compression pays (computed from both tables)", ""]
+    for n in sorted({row.ranks for row in net.values() if row.ranks > 1}):
+        fp32 = run_name(n, "none")
+        for scheme in ("bit8", "bit16", "fp16"):
+            run = run_name(n, scheme)
+            if run not in net or fp32 not in net:
+                continue
+            on_link, on_loop = _ratio(net, run, fp32), _ratio(loop, run, fp32)
+            verdict = ("pays" if on_link < 1 else "does not pay")
+            be = preds[run].break_even_bps
+            lines.append(
+                f"- {n} processes, {scheme}: step x{on_link:.2f} of float32's at "
+                f"{network.rate_text(rate)} ({verdict} there), x{on_loop:.2f} over loopback"
+                + ("; the model says it pays at any rate (it costs no more fixed time than "
+                   "float32)." if math.isinf(be) else
+                   "; the model says it never pays (it saves no bytes)." if be <= 0 else
+                   f"; the model puts the break-even at {network.rate_text(be)}: it pays on "
+                   f"links slower than that."))
+    return "\n".join(lines)
+
+
 def findings(frame, cpus):
     """Sentences computed from the table: what compression bought at each device count."""
     by_run = {row.run: row for row in frame.itertuples()}
@@ -252,11 +385,17 @@ def setup_text(frame, manifests):
     data = first["data"]
     split = (f", training on the first {data['split_test']} test images and testing on the "
              f"other {data['test_samples']}" if data.get("split_test") else "")
+    model = MODELS.get(args.get("model", "horovod"), args.get("model"))
+    block = args.get("scale_block")
     return (f"- 数据集 / Data set: {data['name']} from `{data['folder']}` (md5-checked){split}\n"
-            f"- Epochs: {args['epochs']}; batch size {args['batch_size']} per process; "
-            f"learning rate {args['lr']} x number of processes; momentum {args['momentum']}; "
-            f"seed {args['seed']}\n"
-            f"- 模型 / Model: Horovod's PyTorch MNIST example network (2 conv + 2 linear layers)")
+            f"- 超参数 / Hyperparameters: epochs {args['epochs']}; SGD, learning rate "
+            f"{args['lr']} x number of processes, momentum {args['momentum']}; batch size "
+            f"{args['batch_size']} per process (test batch {args['test_batch_size']}); seed "
+            f"{args['seed']}; {args['num_threads']} torch thread(s) per process; 8/16-bit "
+            f"packets: a power-of-two scale per {block} values, buckets of up to 1 MiB of "
+            f"float32. Where these differ from Horovod's example (lr 0.01, momentum 0.5, "
+            f"its small network), docs/lab.md says why.\n"
+            f"- 模型 / Model: {model}")
 
 
 def epoch_size(frame, manifests):
@@ -288,7 +427,8 @@ def fill(template, values):
     return text
 
 
-def build_report(summary_path, template_path):
+def build_report(summary_path, template_path, network_summary=None, calibration=None,
+                 network_skipped=None):
     frame = load_summary(summary_path)
     manifests = run_manifests(summary_path, frame)
     env = manifests[frame["run"].iloc[0]].get("environment") or runlog.environment()
@@ -303,6 +443,10 @@ def build_report(summary_path, template_path):
         results_table=results_table(frame[~frame["compression"].isin(METHODS)]),
         methods_section=methods_section(frame),
         findings=findings(frame, env.get("cpus_usable")),
+        network_section=network_section(
+            network_summary, calibration, frame,
+            network_skipped or (None if network_summary else
+                                "no network table was given (--network-summary)")),
     )
     return fill(Path(template_path).read_text(encoding="utf-8"), values)
 
@@ -313,9 +457,18 @@ def main(argv=None):
     parser.add_argument("--summary", default="runs/matrix/summary.csv")
     parser.add_argument("--template", default="report_template.md")
     parser.add_argument("--out", default="report.md")
+    parser.add_argument("--network-summary", default=None,
+                        help="the network table's summary.csv (labs/kit/job.py)")
+    parser.add_argument("--calibration", default=None,
+                        help="its link's calibration fit (labs.netem.bench *_fit.json)")
+    parser.add_argument("--network-skipped", default=None, metavar="WHY",
+                        help="why there is no network table (said in the report)")
     args = parser.parse_args(argv)
+    if args.network_summary and not args.calibration:
+        parser.error("--network-summary needs --calibration")
     try:
-        text = build_report(args.summary, args.template)
+        text = build_report(args.summary, args.template, args.network_summary,
+                            args.calibration, args.network_skipped)
     except ReportError as err:
         print(f"fill_report: {err}", file=sys.stderr)
         return 1

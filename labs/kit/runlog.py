@@ -41,11 +41,15 @@ STEP_COLUMNS = [
     "compress_s", "communicate_s", "decompress_s",   # inside optimizer.step(), from pop_stats()
     "update_s",             # optimizer.step() wall time minus the three above
     "bytes_sent",           # gradient bytes this rank sent in this step
+    "exchange_s",           # first bucket launched -> last gradient reduced (may overlap backward)
+    "launch_span_s",        # first bucket launched -> last bucket launched (backward's pace)
     "wall_time",            # unix time at the end of the step
 ]
 EPOCH_COLUMNS = [
     "epoch", "steps", "train_samples", "train_loss", "epoch_s", "train_samples_per_s",
-    "test_samples", "test_loss", "test_accuracy", "eval_s", "bytes_sent", "wall_time",
+    "test_samples", "test_loss", "test_accuracy", "eval_s", "bytes_sent",
+    "wire_tx_bytes",        # all ranks' NIC tx counters over the epoch (netem only, else NaN)
+    "wall_time",
 ]
 STATUSES = ("running", "complete", "interrupted", "failed")
 

@@ -11,6 +11,8 @@ from typing import Optional
 from hvd_compress.costmodel.methods import METHOD_DEFAULTS
 from hvd_compress.registry import run_name
 
+from .flags import DEFAULTS
+
 # The trainer's flag for each scheme, in the order the matrix runs them.
 SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
                 "bit8": ["--bit8-allreduce"]}
@@ -19,6 +21,9 @@ METHOD_FLAGS = {"int8": ["--int8-allreduce"], "onebit": ["--onebit-allreduce"],
                 "topk": ["--topk-allreduce", f"{METHOD_DEFAULTS['topk']:g}"],
                 "powersgd": ["--powersgd-allreduce", str(METHOD_DEFAULTS["powersgd"])]}
 RANKS = (2, 4)
+# A run of the network that is not the default is named so: np2-bit8-small (Horovod's small
+# example network; "-horovod" already names Horovod's own optimizer, --route horovod).
+MODEL_SUFFIX = {"horovod": "small", "basic": "basic"}
 # The report's results table groups a scheme's rows: float32 first, then float8, float16 and
 # Horovod's fp16 cast, as the course's lab report lists them.
 REPORT_SCHEMES = ("none", "bit8", "bit16", "fp16")
@@ -78,5 +83,5 @@ def config_name(args, world_size):
         variant = f"rank{args.powersgd_allreduce}"
     name = run_name(world_size, args.compression, args.reduction,
                     error_feedback=bool(args.error_feedback), variant=variant)
-    model = getattr(args, "model", "horovod")
-    return name if model == "horovod" else f"{name}-{model}"
+    model = getattr(args, "model", DEFAULTS["model"])
+    return name if model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[model]}"

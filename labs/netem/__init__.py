@@ -20,7 +20,7 @@ As a library (root)::
 """
 from .cluster import (NETNS_ETC, Capabilities, Cluster, cleanup, delete_namespace,  # noqa: F401
                       list_namespaces, probe_capabilities)
-from .launch import RunResult, mpirun_command, rank_env, run_ranks  # noqa: F401
+from .launch import RunResult, mpirun_command, rank_env, run_ranks, wire_counter  # noqa: F401
 from .links import (DELAY_VIA, LinkShape, NetemError, parse_duration, parse_rate,  # noqa: F401
                     tbf_args)
 from .topology import (HOST_PORT, Topology, hosts_file, setup_commands,  # noqa: F401

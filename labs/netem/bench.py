@@ -54,9 +54,12 @@ from hvd_compress.costmodel import units
 from hvd_compress.registry import COURSE_SCHEMES, SCHEMES, Route, label, parse_label
 
 from . import plots
+from .launch import wire_counter
 
 
-PRIMITIVES = ("allreduce", "allgather", "alltoall", "reducescatter")
+# allreduce_fp16: Horovod's allreduce of a float16 tensor (what --fp16-allreduce sends): its
+# own fit, as Horovod sums float16 on the CPU at its own pace.
+PRIMITIVES = ("allreduce", "allgather", "alltoall", "reducescatter", "allreduce_fp16")
 DEFAULT_PRIMITIVES = ("allreduce", "allgather", "alltoall")
 # Gradient exchanges: (compression, reduction).  "hvd_fp16" is Horovod's plain allreduce of
 # an fp16 tensor (the cast is done before the clock starts): the floor for fp16 traffic.
@@ -155,15 +158,6 @@ def output_paths(out: Path) -> dict[str, Path]:
 # Worker: the timing loop, run on every rank
 # ----------------------------------------------------------------------------------------
 
-def _wire_counter() -> Callable[[], float]:
-    """Bytes this rank's NIC has sent: only meaningful in a netem namespace, where eth0 is
-    this rank's own link (on loopback, every rank shares lo).  NaN elsewhere."""
-    path = Path("/sys/class/net/eth0/statistics/tx_bytes")
-    if os.environ.get("HVDC_NETEM") == "1" and path.exists():
-        return lambda: float(path.read_text())
-    return lambda: math.nan
-
-
 @dataclasses.dataclass
 class Case:
     """One thing to time at one size: `run()` does one repetition, `check(out)` verifies it."""
@@ -182,7 +176,18 @@ def primitive_cases(hvd, torch, names: list[str], nbytes: int) -> list[Case]:
     n, r = hvd.size(), hvd.rank()
     cases = []
     for name in names:
-        if name in ("allreduce", "reducescatter"):
+        if name == "allreduce_fp16":
+            elems = max(nbytes // 2, n)
+            x = torch.full((elems,), float(r + 1), dtype=torch.float16)
+            run = (lambda x=x: hvd.allreduce_(x, op=hvd.Average, name="bench.allreduce_fp16"))
+            value = (n + 1) / 2                # exact in float16 for these n
+
+            def check(out, value=value, elems=elems):
+                if out.numel() != elems or not torch.equal(out, torch.full_like(out, value)):
+                    raise AssertionError(f"result is not {value} everywhere")
+                return 0.0
+            dtype, in_bytes = "float16", elems * 2
+        elif name in ("allreduce", "reducescatter"):
             elems = max(nbytes // 4, n)
             x = torch.full((elems,), float(r + 1), dtype=torch.float32)
             if name == "allreduce":
@@ -350,7 +355,7 @@ def run_worker(args) -> int:
                          else "one-host" if hvd.local_size() == n else "multi-host"),
            "link_rate_bps": os.environ.get("HVDC_NETEM_RATE_BPS", ""),
            "link_delay_s": os.environ.get("HVDC_NETEM_DELAY_S", "")}
-    wire = _wire_counter()
+    wire = wire_counter()
     prim_rows, scheme_rows = [], []
     sizes = parse_sizes(args.sizes)
     schemes = parse_schemes(args.schemes)

@@ -25,6 +25,16 @@ from .links import NetemError
 from .topology import PREFIX_LEN, RANK_IFACE, SUBNET
 
 
+def wire_counter(environ=os.environ):
+    """A function returning the bytes this rank's NIC has sent so far: only meaningful in a
+    netem namespace (HVDC_NETEM=1), where eth0 is this rank's own link; on loopback every rank
+    shares lo, so it returns NaN there."""
+    path = Path("/sys/class/net") / RANK_IFACE / "statistics" / "tx_bytes"
+    if environ.get("HVDC_NETEM") == "1" and path.exists():
+        return lambda: float(path.read_text())
+    return lambda: float("nan")
+
+
 def rank_env(cluster: Cluster, k: int, rendezvous_port: int) -> dict[str, str]:
     """The environment horovodrun --gloo gives a rank (gloo_run.py), one host per rank."""
     topo = cluster.topo

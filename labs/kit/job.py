@@ -1,0 +1,224 @@
+"""The course lab as one job: the table of trainings, the same rows over an emulated network
+with predictions from a calibration of that network, then the report and its figures.
+
+    python -m labs.kit.job                        # what scripts/run_lab.sh runs
+    python -m labs.kit.job --no-network           # the loopback table only
+    python -m labs.kit.job --dry-run              # the plan, nothing run
+
+Stages, each one resumable (a finished run is skipped, an interrupted one resumed, a finished
+calibration kept): run the same command again after an interruption.
+
+ 1. The table (labs/kit/matrix.py): serial, then 2 and 4 processes x none / fp16 / bit16 / bit8
+    over loopback, every run with the same epochs, seed and data.
+ 2. The network, as root where network namespaces work (`python -m labs.netem check`; the
+    report says why it is missing otherwise): a short calibration of one emulated link
+    (labs.netem.bench: allreduce of float32 and of float16, allgather and alltoall at 2 and
+    4 ranks, fitted per collective and rank count, hvd_compress.costmodel.fit), then the 8 parallel rows over the
+    same link, --network-steps steps each: a timing table.  100 Mbit/s by default because at
+    that rate the basic network's 4.8 MB of float32 gradients take 0.38 s a step at 2 ranks,
+    about twice a rank's compute here: the regime the course's question is about.  (Over
+    loopback the same exchange takes ~20 ms and no compression can pay.)
+ 3. report.md and the PNGs next to it (labs/kit/report.py, labs/kit/plots.py).
+
+After each run a line says how far the whole job is: "[lab 40% | 13.2 min | ~19 min left]".
+"""
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import matrix
+from .table import course_runs
+
+NETWORK_RATE = "100mbit"
+NETWORK_STEPS = 40
+# Calibration sizes: each rank's input from 64 KiB to 4 MiB, the range of the buckets and
+# tensors the table's rows exchange (costmodel.methods.exchange_units), at 2 and 4 ranks.
+CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "alltoall",
+               "--schemes", "--sizes", "65536,1048576,4194304", "--budget", "1.5",
+               "--min-reps", "3", "--max-reps", "8", "-n", "2", "4"]
+# Rough relative costs, for the progress line's percentage (seconds on a 2-core machine).
+WEIGHT = {"serial": 180, "parallel": 100, "calibration": 90, "network": 45, "report": 10}
+
+
+class JobProgress:
+    """Weighted tasks done so far, elapsed time and an estimate of what is left (from the
+    pace of the tasks run by this invocation, not of those found already done)."""
+
+    def __init__(self, weights):
+        self.total, self.done, self.ran = sum(weights), 0.0, 0.0
+        self.start = time.monotonic()
+
+    def advance(self, weight, ran):
+        self.done += weight
+        if ran:
+            self.ran += weight
+
+    def line(self):
+        elapsed = time.monotonic() - self.start
+        left = self.total - self.done
+        pct = 100 * self.done / self.total
+        if self.ran > 0 and left > 0:
+            eta = f"~{elapsed / self.ran * left / 60:.0f} min left"
+        else:
+            eta = "done" if left <= 0 else "estimating"
+        return f"[lab {pct:.0f}% | {elapsed / 60:.1f} min | {eta}]"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist"])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--split-test", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs of the table's runs (default: the trainer's, 2)")
+    parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
+    parser.add_argument("--out", default="runs/matrix", help="the table's folder")
+    parser.add_argument("--report", default="report.md",
+                        help="the report (its PNGs go next to it)")
+    parser.add_argument("--network-rate", default=NETWORK_RATE, metavar="RATE",
+                        help=f"the emulated link of the network table (default {NETWORK_RATE})")
+    parser.add_argument("--network-steps", type=int, default=NETWORK_STEPS, metavar="N",
+                        help=f"steps per rank of each network run (default {NETWORK_STEPS})")
+    parser.add_argument("--no-network", action="store_true",
+                        help="skip the network table (the report says it was skipped)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan only")
+    args, matrix_extra = parser.parse_known_args(argv)
+    if args.network_steps < 1:
+        parser.error(f"--network-steps must be at least 1, got {args.network_steps}")
+    return args, matrix_extra
+
+
+def table_args(args, extra):
+    """The loopback table's settings (labs/kit/matrix.py flags)."""
+    argv = ["--dataset", args.dataset, "--controller", args.controller, "--out", args.out]
+    if args.epochs is not None:
+        argv += ["--epochs", str(args.epochs)]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    if args.split_test is not None:
+        argv += ["--split-test", str(args.split_test)]
+    return matrix.parse_args(argv + extra)
+
+
+def network_args(args, table):
+    """The network table's settings: the table's, one epoch of --network-steps steps, in a
+    folder beside the table's (runs/matrix -> runs/matrix-netem-100mbit)."""
+    out = Path(table.out)
+    argv = ["--out", str(out.with_name(f"{out.name}-netem-{args.network_rate.lower()}")),"--dataset", table.dataset, "--controller", "gloo", "--epochs", "1",
+            "--steps-per-epoch", str(args.network_steps), "--netem-rate", args.network_rate,
+            "--lr", str(table.lr), "--momentum", str(table.momentum), "--model", table.model,
+            "--seed", str(table.seed), "--batch-size", str(table.batch_size),
+            "--timeout", f"{table.timeout:g}"] + (["--quiet"] if table.quiet else [])
+    if table.data_dir:
+        argv += ["--data-dir", table.data_dir]
+    if table.split_test is not None:
+        argv += ["--split-test", str(table.split_test)]
+    return matrix.parse_args(argv)
+
+
+def calibration_paths(network_out):
+    base = Path(network_out) / "calibration" / "link.csv"
+    return base, base.with_name("link_fit.json")
+
+
+def calibrate(network, csv, fit_json, dry_run):
+    """labs.netem.bench over the network table's link; kept once its fit is written."""
+    cmd = [sys.executable, "-m", "labs.netem.bench", "--launch", "netem",
+           "--rate", network.netem_rate, "--controller", "gloo", "--out", str(csv)] + CALIBRATION
+    if dry_run:
+        print("calibration: " + " ".join(cmd))
+        return True
+    if fit_json.is_file():
+        print(f"calibration: kept {fit_json}", flush=True)
+        return True
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    print(f"calibration of the {network.netem_rate} link: {' '.join(cmd[1:])}", flush=True)
+    done = subprocess.run(cmd, env=matrix.child_env(), timeout=1800)
+    return done.returncode == 0 and fit_json.is_file()
+
+
+def main(argv=None):
+    args, extra = parse_args(argv)
+    table = table_args(args, extra)
+    main_runs = matrix.select(course_runs(table.extras, table.methods), table.only)
+    network = network_args(args, table)
+    net_runs = [run for run in course_runs() if run.ranks > 1]
+    problem = None if not args.no_network else "--no-network"
+    if problem is None and not args.dry_run:
+        problem = matrix.netem_problem()
+    weights = [WEIGHT["serial" if r.ranks == 1 else "parallel"] * table.epochs for r in main_runs]
+    if problem is None:
+        weights += [WEIGHT["calibration"]] + [WEIGHT["network"]] * len(net_runs)
+    weights.append(WEIGHT["report"])
+    progress = JobProgress(weights)
+    out, net_out = Path(table.out).resolve(), Path(network.out).resolve()
+    csv, fit_json = calibration_paths(net_out)
+
+    # 1. the table over loopback
+    failures = []
+    for number, (spec, weight) in enumerate(zip(main_runs, weights), 1):
+        header = f"[table {number}/{len(main_runs)}] {spec.name}"
+        if args.dry_run:
+            print(header + ": " + " ".join(matrix.launch_command(spec, table, out / spec.name, False)))
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        before = time.monotonic()
+        if not matrix.execute(spec, table, out, header, progress.line()):
+            failures.append(spec.name)
+        progress.advance(weight, ran=time.monotonic() - before > 5)
+        print(progress.line(), flush=True)
+    if not args.dry_run and matrix.finish(out, failures):
+        return 1
+
+    # 2. the same rows over an emulated network, and the link's calibration
+    if problem is None:
+        if not calibrate(network, csv, fit_json, args.dry_run):
+            print("error: the calibration failed (its output is above); run again to retry",
+                  file=sys.stderr)
+            return 1
+        progress.advance(WEIGHT["calibration"], ran=True)
+        for number, spec in enumerate(net_runs, 1):
+            header = f"[network {number}/{len(net_runs)}] {spec.name}"
+            if args.dry_run:
+                print(header + ": " + " ".join(
+                    matrix.launch_command(spec, network, net_out / spec.name, False)))
+                continue
+            net_out.mkdir(parents=True, exist_ok=True)
+            before = time.monotonic()
+            if not matrix.execute(spec, network, net_out, header, progress.line()):
+                failures.append(f"network {spec.name}")
+            progress.advance(WEIGHT["network"], ran=time.monotonic() - before > 5)
+            print(progress.line(), flush=True)
+        if not args.dry_run and matrix.finish(net_out, failures):
+            return 1
+    else:
+        print(f"network table skipped: {problem}", flush=True)
+    if args.dry_run:
+        return 0
+
+    # 3. the report and its figures
+    report_cmd = [sys.executable, "-m", "labs.kit.report", "--summary", str(out / "summary.csv"),
+                  "--out", args.report]
+    if problem is None:
+        report_cmd += ["--network-summary", str(net_out / "summary.csv"),
+                       "--calibration", str(fit_json)]
+    else:
+        report_cmd += ["--network-skipped", problem]
+    plots_cmd = [sys.executable, "-m", "labs.kit.plots", "--summary", str(out / "summary.csv"),
+                 "--out-dir", str(Path(args.report).resolve().parent)]
+    if problem is None:
+        plots_cmd += ["--network-summary", str(net_out / "summary.csv"),
+                      "--calibration", str(fit_json)]
+    for cmd in (report_cmd, plots_cmd):
+        if subprocess.run(cmd, env=matrix.child_env()).returncode != 0:
+            return 1
+    progress.advance(WEIGHT["report"], ran=True)
+    print(f"{progress.line()} report: {args.report}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The network table's numbers: each row's exchange predicted beside the measured one, bytes on
+the wire beside the bytes counted, and the link rate at which compression breaks even.
+
+Inputs: the network table's summary.csv and run manifests (labs/kit/matrix.py, a run over an
+emulated link: labs.netem), the link's calibration (labs.netem.bench's *_fit.json: alpha and
+beta per collective and rank count, hvd_compress.costmodel.fit), and the loopback table's
+summary.csv for the codec term (decompress time of the same configuration, measured on this
+machine in a run where the link costs next to nothing).
+
+The prediction of one step's exchange, first bucket launched to last gradient reduced
+(hvd_compress.costmodel.methods.exchange_seconds; the units are the buckets, or the tensors,
+in the order backward produces them):
+
+    T = max(S, t_1 + ... + t_(k-1)) + t_k + D
+
+t_i = alpha_c m_i + beta_c b_i, each collective c of unit i on its own fitted link; S the
+slowest rank's launch span (first launch to last, measured: backward's pace, the exchange
+cannot end before the last unit of the last rank leaves); for the two-phase route t_i is the
+alltoall and the allgathers of the reduced chunks come after backward (+ p_1 + ... + p_k); D
+the decode (and the two-phase route's middle step) of the loopback
+run. Encoding is left out: it happens before each launch, inside S or while earlier units are
+on the wire.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_compress.costmodel import methods
+from hvd_compress.costmodel.model import Cost, Link
+
+# Where a prediction is judged (issue 14): rows whose measured exchange is at least this long.
+JUDGED_MS = 5.0
+TOLERANCE = 0.25
+
+
+class NetworkError(RuntimeError):
+    pass
+
+
+def load_links(fit_json):
+    """{n: {collective: Link}} from a calibration's per-(collective, n) fits."""
+    path = Path(fit_json)
+    try:
+        fits = json.loads(path.read_text())["fits"]
+    except (OSError, ValueError, KeyError) as err:
+        raise NetworkError(f"{path}: not a calibration fit ({err}); run the calibration "
+                           f"again (python -m labs.kit.job)") from None
+    links = {}
+    for fit in fits:
+        if fit.get("n") is None or fit["collective"] == "all":
+            continue
+        links.setdefault(int(fit["n"]), {})[fit["collective"]] = Link(
+            alpha=float(fit["alpha_s"]), beta=float(fit["beta_s_per_byte"]))
+    if not links:
+        raise NetworkError(f"{path}: no per-rank-count fits in it")
+    return links
+
+
+def units_of(manifest):
+    """The exchange's units for a run, from its manifest (shapes, method, route, block), and
+    whether it is the two-phase route."""
+    shapes = [tuple(s) for s in manifest["parameter_shapes"]]
+    block = (manifest.get("args") or {}).get("scale_block")
+    method, route = manifest["compression"], manifest.get("reduction")
+    units = methods.exchange_units(method, shapes, manifest["world_size"],
+                                   manifest.get("method_parameter"), route, block)
+    return units, methods.two_phase(method, route)
+
+
+def fixed_and_bytes(units, n, links, rate_bps):
+    """One exchange as a Cost at the calibrated link: messages = its alpha seconds, bytes = the
+    bytes that, at rate_bps, take its beta seconds (so 8 bytes / rate is its bandwidth term
+    at any other rate)."""
+    alpha = beta_s = 0.0
+    for unit in units:
+        for collective, nbytes in unit:
+            cost = methods.COLLECTIVE_COSTS[collective](n, nbytes)
+            link = links[collective]
+            alpha += cost.messages * link.alpha
+            beta_s += cost.bytes * link.beta
+    return Cost(alpha, beta_s * rate_bps / 8)
+
+
+@dataclass
+class Prediction:
+    run: str
+    ranks: int
+    compression: str
+    measured_ms: float            # the row's mean exchange span (exchange_ms)
+    predicted_ms: float
+    wire_ms: float                # the link part of the prediction
+    decode_ms: float              # the codec term (loopback run's decompress)
+    launch_span_ms: float
+    break_even_bps: float         # nan for float32 itself
+
+    @property
+    def error(self):
+        return self.predicted_ms / self.measured_ms - 1
+
+    @property
+    def judged(self):
+        return self.measured_ms >= JUDGED_MS
+
+
+def predictions(net_frame, net_manifests, loop_frame, links):
+    """One Prediction per parallel row of the network table."""
+    loop = {row.run: row for row in loop_frame.itertuples()}
+    rows = {row.run: row for row in net_frame.itertuples()}
+    out = []
+    for row in net_frame.itertuples():
+        if row.ranks < 2:
+            continue
+        n = int(row.ranks)
+        if n not in links:
+            raise NetworkError(f"the calibration has no fits at n = {n} for {row.run}")
+        twin = loop.get(row.run)
+        if twin is None:
+            raise NetworkError(f"the loopback table has no {row.run} to take the codec term from")
+        manifest = net_manifests[row.run]
+        units, phased = units_of(manifest)
+        # the slowest rank's launch span: every rank's exchange waits for its last bucket
+        span_ms = getattr(row, "slowest_launch_span_ms", row.launch_span_ms)
+        wire = methods.exchange_seconds(units, n, links[n], launch_span=span_ms / 1000,
+                                        second_phase_after_backward=phased)
+        decode = twin.decompress_ms
+        base = f"np{n}-none"
+        be = math.nan
+        if row.compression != "none" and base in rows:
+            fp32_units, _ = units_of(net_manifests[base])
+            be = methods.break_even_rate(
+                fixed_and_bytes(fp32_units, n, links[n], row.netem_rate_bps),
+                fixed_and_bytes(units, n, links[n], row.netem_rate_bps),
+                loop[base].decompress_ms / 1000 if base in loop else 0.0, decode / 1000)
+        out.append(Prediction(row.run, n, row.compression, row.exchange_ms,
+                              1000 * wire + decode, 1000 * wire, decode, span_ms, be))
+    return out
+
+
+def rate_text(bps):
+    if math.isinf(bps):
+        return "any rate"
+    if bps <= 0 or math.isnan(bps):
+        return "never"
+    if bps >= 1e9:
+        return f"{bps / 1e9:.2f} Gbit/s"
+    return f"{bps / 1e6:.0f} Mbit/s"

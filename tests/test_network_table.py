@@ -1,0 +1,135 @@
+"""The network table's arithmetic (hvd_compress.costmodel.methods, labs/kit/network.py): a
+step's exchange call by call, its time on calibrated links, the break-even rate; and the job
+that runs the lab end to end (labs/kit/job.py), planned without running it."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+from hvd_compress.costmodel import methods
+from hvd_compress.costmodel.model import Cost, Link
+from labs.kit import job, network
+
+pytestmark = pytest.mark.unit
+
+CASES = [(m, r) for m in ("none", "fp16", "bit8", "int8", "onebit", "topk", "powersgd")
+         for r in (None,)] + [("bit16", None), ("bit16", "allgather"), ("bit8", "alltoall"),
+                              ("int8", "alltoall")]
+
+
+@pytest.mark.parametrize("model", ["basic", "horovod"])
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("method,route", CASES)
+def test_exchange_units_move_the_bytes_the_formula_counts(model, n, method, route):
+    """Call by call, the bandwidth terms add up to bytes_per_step (which tests compare with
+    the communicators' own counts), for both networks, every method and route; the formula
+    rounds each ring allreduce's 2(n-1)/n share down to whole bytes, the model does not."""
+    shapes = methods.MODEL_SHAPES[model]
+    units = methods.exchange_units(method, shapes, n, route=route)
+    moved = sum(methods.COLLECTIVE_COSTS[c](n, b).bytes for unit in units for c, b in unit)
+    counted = methods.bytes_per_step(method, shapes, n, route=route)
+    assert counted <= moved + 1e-6 and moved - counted < len(units) * 2
+    counts = [methods.numel(s) for s in shapes]
+    expected_units = (len(methods.buckets(counts)) if method in ("bit8", "bit16", "int8", "onebit")
+                      else len(shapes))
+    assert len(units) == expected_units
+
+
+def test_exchange_seconds_by_hand():
+    """Two units on a link of 1 ms and 1 us/byte at n = 2 (allgather: alpha + (n-1) b beta):
+    t1 = 2 ms, t2 = 3 ms; serial 5 ms; if backward launches the last one 4 ms after the first,
+    4 + 3 = 7 ms."""
+    links = {"allgather": Link(alpha=1e-3, beta=1e-6)}
+    units = [[("allgather", 1000)], [("allgather", 2000)]]
+    assert methods.exchange_seconds(units, 2, links) == pytest.approx(5e-3)
+    assert methods.exchange_seconds(units, 2, links, launch_span=4e-3) == pytest.approx(7e-3)
+    assert methods.exchange_seconds(units, 2, links, launch_span=1e-3) == pytest.approx(5e-3)
+    assert methods.exchange_seconds([], 2, links) == 0.0
+
+
+def test_break_even_rate_is_where_the_two_times_meet():
+    fp32, bit8 = Cost(1e-3, 1e6), Cost(3e-3, 0.25e6)
+    rate = methods.break_even_rate(fp32, bit8, 0.0, 2e-3)
+    assert rate == pytest.approx(8 * 0.75e6 / 4e-3)            # 1.5 Gbit/s
+
+    def t(cost, codec, b):
+        return cost.messages + codec + 8 * cost.bytes / b
+    assert t(fp32, 0, rate) == pytest.approx(t(bit8, 2e-3, rate))
+    assert t(bit8, 2e-3, rate / 2) < t(fp32, 0, rate / 2)        # slower links: it pays
+    assert t(bit8, 2e-3, rate * 2) > t(fp32, 0, rate * 2)
+    assert methods.break_even_rate(fp32, Cost(1e-3, 0.25e6), 0.0, 0.0) == math.inf
+    assert methods.break_even_rate(fp32, Cost(0.5e-3, 2e6), 0.0, 0.0) == 0.0
+
+
+def test_predictions_of_a_row(tmp_path):
+    """A network row predicted from its manifest, the calibration and the loopback twin's
+    decode time: the link part by exchange_seconds, plus the decode."""
+    import json
+    import pandas as pd
+    fit = {"fits": [{"collective": c, "n": 2, "alpha_s": 1e-3, "beta_s_per_byte": 8e-8}
+                    for c in ("allreduce", "allgather", "alltoall")]
+           + [{"collective": "all", "n": 2, "alpha_s": 1e-3, "beta_s_per_byte": 8e-8}]}
+    (tmp_path / "fit.json").write_text(json.dumps(fit))
+    links = network.load_links(tmp_path / "fit.json")
+    assert set(links) == {2} and set(links[2]) == {"allreduce", "allgather", "alltoall"}
+    shapes = methods.MODEL_SHAPES["basic"]
+    manifests = {f"np2-{c}": {"parameter_shapes": shapes, "compression": c, "world_size": 2,
+                              "reduction": r, "args": {"scale_block": 256}}
+                 for c, r in (("none", "allreduce"), ("bit8", "allgather"))}
+    net = pd.DataFrame({"run": ["np2-none", "np2-bit8"], "ranks": [2, 2],
+                        "compression": ["none", "bit8"], "exchange_ms": [400.0, 120.0],
+                        "launch_span_ms": [50.0, 110.0], "netem_rate_bps": [1e8, 1e8]})
+    loop = pd.DataFrame({"run": ["np2-none", "np2-bit8"], "decompress_ms": [0.5, 4.0]})
+    preds = {p.run: p for p in network.predictions(net, manifests, loop, links)}
+    units = methods.exchange_units("bit8", shapes, 2, route="allgather", block=256)
+    wire = methods.exchange_seconds(units, 2, links[2], launch_span=0.110)
+    assert preds["np2-bit8"].predicted_ms == pytest.approx(1000 * wire + 4.0)
+    assert preds["np2-bit8"].error == pytest.approx(preds["np2-bit8"].predicted_ms / 120 - 1)
+    assert math.isnan(preds["np2-none"].break_even_bps)
+    assert preds["np2-bit8"].break_even_bps > 1e8                # it pays at 100 Mbit/s
+    with pytest.raises(network.NetworkError, match="loopback table has no np2-bit8"):
+        network.predictions(net, manifests, loop[loop["run"] == "np2-none"], links)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(network.NetworkError, match="not a calibration fit"):
+        network.load_links(tmp_path / "bad.json")
+
+
+def test_rate_text():
+    assert network.rate_text(math.inf) == "any rate"
+    assert network.rate_text(0.0) == "never"
+    assert network.rate_text(1.5e9) == "1.50 Gbit/s"
+    assert network.rate_text(3.2e8) == "320 Mbit/s"
+
+
+def test_job_plans_the_table_the_calibration_and_the_network_rows(tmp_path):
+    """The whole lab, planned: 9 runs of the table over loopback, a calibration of the link,
+    the 8 parallel rows over it with --steps-per-epoch, in a folder beside the table's."""
+    out = tmp_path / "matrix"
+    done = subprocess.run([sys.executable, "-m", "labs.kit.job", "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = [l for l in lines if l.startswith("[table ")]
+    net = [l for l in lines if l.startswith("[network ")]
+    assert len(table) == 9 and len(net) == 8
+    assert all("--model basic" in l and "--momentum 0.9" in l and "--lr 0.02" in l
+               and "--epochs 2" in l for l in table)
+    assert all("labs.netem run" in l and "--rate 100mbit" in l and "--steps-per-epoch 40" in l
+               and str(tmp_path / "matrix-netem-100mbit") in l for l in net)
+    calibration = [l for l in lines if l.startswith("calibration:")]
+    assert len(calibration) == 1 and "labs.netem.bench --launch netem --rate 100mbit" in calibration[0]
+    assert not out.exists()                                      # a dry run writes nothing
+
+
+def test_job_progress_line():
+    progress = job.JobProgress([100, 100, 200])
+    assert progress.line().startswith("[lab 0% | 0.0 min | estimating]")
+    progress.advance(100, ran=False)              # found done: counts, but sets no pace
+    assert "25%" in progress.line() and "estimating" in progress.line()
+    progress.advance(100, ran=True)
+    assert "50%" in progress.line() and "min left" in progress.line()
+    progress.advance(200, ran=True)
+    assert progress.line().endswith("| done]")
