@@ -40,12 +40,13 @@ def lab():
 # ---- markers (registered in pytest.ini): every test gets one by its module -------------------
 # netns: needs root and network namespaces; multiprocess: starts Horovod ranks (horovodrun,
 # mpirun); unit: one process. slow: also takes minutes on its own. Modules not named are unit.
-NETNS = {"test_netem", "test_gloo_patch", "test_lab_matrix_netem", "test_bench_collectives"}
+NETNS = {"test_netem", "test_gloo_patch", "test_lab_matrix_netem", "test_bench_collectives",
+         "test_link_faults"}
 MULTIPROCESS = {"test_exchange_multiprocess", "test_robustness_multiprocess", "test_course_patch",
                 "test_lab", "test_lab_cli", "test_lab_course_route", "test_lab_failures",
                 "test_grad_views", "test_powersgd", "test_topk", "test_quantizers", "test_elastic"}
 SLOW = {"test_exchange_multiprocess", "test_lab_failures", "test_lab_course_route", "test_netem",
-        "test_elastic"}
+        "test_elastic", "test_link_faults"}
 
 
 def pytest_collection_modifyitems(items):

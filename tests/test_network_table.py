@@ -133,3 +133,30 @@ def test_job_progress_line():
     assert "50%" in progress.line() and "min left" in progress.line()
     progress.advance(200, ran=True)
     assert progress.line().endswith("| done]")
+
+
+def test_faults_find_their_cluster_and_refuse_what_cannot_be_done(tmp_path, monkeypatch):
+    """`python -m labs.netem fault`: the running cluster is found by its control folder; loss
+    needs the bridge; a probability outside [0, 1] or a rank outside the cluster is refused."""
+    import json
+    from labs.netem import faults
+    from labs.netem.links import NetemError
+    monkeypatch.setattr(faults, "CONTROL_DIR", tmp_path)
+    with pytest.raises(NetemError, match="no emulated cluster is running"):
+        faults.find_cluster()
+    for tag, bridge in (("11-0", False), ("12-0", True)):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "cluster.json").write_text(json.dumps(
+            {"tag": tag, "n": 2, "rank_ns": [f"hvdc-{tag}-r0", f"hvdc-{tag}-r1"],
+             "switch_ns": f"hvdc-{tag}-sw", "bridge": bridge, "mtu": 1500}))
+    with pytest.raises(NetemError, match="several clusters are running.*11-0, 12-0"):
+        faults.find_cluster()
+    assert faults.find_cluster("12-0")[1]["bridge"] is True
+    with pytest.raises(NetemError, match="loss needs the userspace bridge"):
+        faults.loss(0.1, tag="11-0")
+    with pytest.raises(NetemError, match=r"need a probability in \[0, 1\]"):
+        faults.loss(1.5, tag="12-0")
+    assert "probability 0.05" in faults.loss(0.05, tag="12-0")
+    assert float((tmp_path / "12-0" / "loss").read_text()) == 0.05
+    with pytest.raises(NetemError, match="the cluster has ranks 0..1"):
+        faults.link_state(2, False, tag="11-0")

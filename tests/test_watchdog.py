@@ -83,6 +83,61 @@ def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):
     assert suspects(tmp_path, 3, now=now) == ""
 
 
+def test_suspects_name_a_link_down_a_network_that_delivers_nothing_or_a_crawl(tmp_path):
+    """On an emulated network the heartbeats carry each rank's link: every process running,
+    the sentence names the link that is down, or a network that delivers nothing, or a crawl;
+    a stopped process still comes first, healthy links say nothing."""
+    import json
+    now = 1000.0
+
+    def write(links, ages=(0.5, 0.5), steps=(40, 40)):
+        for r, link in enumerate(links):
+            beat = {"rank": r, "steps": steps[r], "time": now - ages[r]}
+            if link is not None:
+                beat["link"] = dict({"iface": "eth0", "rx_bytes": 1, "window_s": 10.0}, **link)
+            (tmp_path / f"rank{r}.json").write_text(json.dumps(beat))
+
+    write([{"state": "up", "rx_bps": 0.0}, {"state": "down", "rx_bps": 0.0}])
+    assert suspects(tmp_path, 2, exclude=0, now=now).startswith(
+        "Link down: rank 1's network interface eth0 is down")
+    write([{"state": "up", "rx_bps": 10.0}, {"state": "up", "rx_bps": 0.0}])
+    assert suspects(tmp_path, 2, now=now).startswith("No traffic: every link is up")
+    write([{"state": "up", "rx_bps": 2500.0}, {"state": "up", "rx_bps": 1e7}])
+    text = suspects(tmp_path, 2, now=now)
+    assert text.startswith("The network crawls") and "rank 0 received 20 kbit/s" in text
+    assert "rank 1" not in text
+    write([{"state": "up", "rx_bps": 1e7}, {"state": "up", "rx_bps": 1e7}])
+    assert suspects(tmp_path, 2, now=now) == ""
+    write([{"state": "up", "rx_bps": 0.0}, {"state": "up", "rx_bps": 0.0}], ages=(0.5, 30))
+    assert suspects(tmp_path, 2, exclude=0, now=now).startswith("Stalled: rank 1")
+    write([{"state": "up", "rx_bps": 0.0}, {"state": "up"}])      # no full window yet
+    assert suspects(tmp_path, 2, now=now) == ""
+    write([None, None])                                           # loopback: nothing to say
+    assert suspects(tmp_path, 2, now=now) == ""
+
+
+def test_the_watchdog_measures_what_its_link_received(tmp_path):
+    """The heartbeat's rx_bps is the received bytes over the window (a fake probe and clock)."""
+    import json
+    received = {"bytes": 0}
+
+    def probe():
+        return {"iface": "eth0", "state": "up", "rx_bytes": received["bytes"]}
+    dog = StepWatchdog(None, rank=0, size=1, heartbeat_dir=tmp_path, link_probe=probe)
+    real = time.monotonic
+    try:
+        t = [100.0]
+        time.monotonic = lambda: t[0]
+        dog._heartbeat()
+        assert "rx_bps" not in json.loads((tmp_path / "rank0.json").read_text())["link"]
+        t[0], received["bytes"] = 106.0, 60_000
+        dog._heartbeat()
+        link = json.loads((tmp_path / "rank0.json").read_text())["link"]
+        assert link["rx_bps"] == pytest.approx(10_000) and link["window_s"] == pytest.approx(6)
+    finally:
+        time.monotonic = real
+
+
 def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
     code = ("import json, time; from labs.kit.watchdog import StepWatchdog\n"
             f"open('{tmp_path}/rank1.json', 'w').write(json.dumps(dict(rank=1, steps=3, time=time.time() - 60)))\n"

@@ -32,12 +32,12 @@ import torch
 import horovod.torch as hvd
 
 from hvd_compress.communicators import horovod_bytes_sent
-from labs.netem.launch import wire_counter
+from labs.netem.launch import link_probe, wire_counter
 
 from . import manifest, runlog
 from .progress import Progress
 from .ranks import agree
-from .watchdog import StepWatchdog, suspects
+from .watchdog import PERIOD_S, StepWatchdog, suspects
 
 NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
             "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
@@ -171,6 +171,15 @@ class RunRecorder:
                       f"once its successor is fully written)")
         except Exception as err:
             reason = f"{type(err).__name__}: {err}"
+            # a collective that failed on an emulated network: say what the links were doing
+            # (this rank's own heartbeat first brought up to date: its link may have just died)
+            if self.watchdog.link_probe is not None:
+                self.watchdog.heartbeat()
+                time.sleep(2 * PERIOD_S)    # and the others' (their watchdog threads still run)
+            diagnosis = suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank)
+            if diagnosis:
+                reason += f" ({diagnosis})"
+                print(f"rank {self.rank}: {diagnosis}", file=sys.stderr, flush=True)
             raise
         finally:
             try:
@@ -196,7 +205,8 @@ class RunRecorder:
         claims 'running' for a dead job."""
         timeout = self.args.step_timeout
         watchdog = StepWatchdog(timeout or None, rank=self.rank, size=self.size,
-                                heartbeat_dir=self.run_dir / "heartbeats", enabled=timeout != 0)
+                                heartbeat_dir=self.run_dir / "heartbeats", enabled=timeout != 0,
+                                link_probe=link_probe())
         end_process = watchdog.on_timeout
 
         def on_timeout(idle):

@@ -280,9 +280,13 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "- Prediction: T = max(S, t_1 + ... + t_(k-1)) + t_k + D for the k units (buckets, "
               "or tensors) of a step in the order backward produces them, t_i = alpha_c m_i + "
               "beta_c b_i for each collective c of unit i (alpha, beta fitted on this link, "
-              "below), S the measured launch span (first unit launched to the last: backward's "
-              "pace), D the decode time of the same configuration in the loopback table "
-              "(`hvd_compress/costmodel/methods.py` exchange_seconds, `labs/kit/network.py`).",
+              "below), S the slowest process's measured launch span (its first unit launched "
+              "to its last: backward's pace), D the decode time of the same configuration in "
+              "the loopback table; for the two-phase route (bit16) t_i is the alltoall and the "
+              "allgathers of the reduced chunks follow after backward "
+              "(`hvd_compress/costmodel/methods.py` exchange_seconds, `labs/kit/network.py`). "
+              "Encoding is left out: it runs before each launch, inside S or while earlier "
+              "units are on the wire.",
               "- Pays below: the link rate b* under which the compressed exchange is faster "
               "than float32's, from the same fit without overlap: T(b) = L + D + 8 W / b, "
               "b* = 8 (W_32 - W_k) / ((L_k + D_k) - (L_32 + D_32)), with W the bytes a step's "

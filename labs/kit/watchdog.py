@@ -19,6 +19,12 @@ Which rank stopped: every rank's watchdog thread writes a heartbeat file each PE
 steps so far and the time). A stopped or dead process writes none; ranks merely blocked in a
 collective still do. So the rank whose watchdog fires names the ranks whose heartbeat went
 stale, or, if none did (a deadlock rather than a stop), the ranks furthest behind in steps.
+
+Which link failed: on an emulated network (labs.netem: each rank has its own eth0) the
+heartbeat also carries the rank's link, its state and the bytes it received over the last
+RATE_WINDOW_S (link_probe, from labs.netem.launch.link_probe). Every process running, the
+sentence then names a link that is down, a network that delivers nothing (every packet lost,
+a partition), or one that crawls.
 """
 import json
 import os
@@ -36,6 +42,9 @@ FACTOR = 10.0           # a healthy step 10x slower than the slowest seen is not
 STARTUP_S = 300.0       # the first step / evaluation / checkpoint of a run
 PERIOD_S = 1.0          # how often the thread wakes, writes its heartbeat and checks
 STALE_S = 5 * PERIOD_S  # a heartbeat this old: that process is not running
+RATE_WINDOW_S = 10.0    # a link's receive rate: bytes over the last this many seconds
+DEAD_LINK_BPS = 1000.0  # received less than this a second: the network delivers nothing
+CRAWL_BPS = 1e6 / 8     # under 1 Mbit/s: a crawl
 
 
 class StepWatchdog:
@@ -44,7 +53,7 @@ class StepWatchdog:
 
     def __init__(self, timeout_s=None, rank=0, size=1, heartbeat_dir=None, what="training step",
                  on_timeout=None, floor_s=FLOOR_S, factor=FACTOR, startup_s=STARTUP_S,
-                 period_s=PERIOD_S, clock=time.monotonic, enabled=True):
+                 period_s=PERIOD_S, clock=time.monotonic, enabled=True, link_probe=None):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"watchdog timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s, self.rank, self.size = timeout_s, rank, size
@@ -54,6 +63,8 @@ class StepWatchdog:
         self.floor_s, self.factor, self.startup_s, self.period_s = floor_s, factor, startup_s, period_s
         self.clock = clock
         self.enabled = enabled
+        self.link_probe = link_probe     # () -> {"iface", "state", "rx_bytes"} or None
+        self._received = []              # (time, rx_bytes) over the last RATE_WINDOW_S
         self.kind = "step"
         self.slowest = {}                # kind -> longest seen, seconds
         self.steps = 0
@@ -129,16 +140,45 @@ class StepWatchdog:
                 self.on_timeout(idle)
                 return
 
+    def heartbeat(self):
+        """Write this rank's heartbeat now (the thread does it every period_s)."""
+        self._heartbeat()
+
     def _heartbeat(self):
         if self.heartbeat_dir is None:
             return
         path = self.heartbeat_dir / f"rank{self.rank}.json"
+        beat = {"rank": self.rank, "steps": self.steps, "time": time.time()}
+        link = self._link()
+        if link is not None:
+            beat["link"] = link
         try:
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"rank": self.rank, "steps": self.steps, "time": time.time()}))
+            tmp.write_text(json.dumps(beat))
             os.replace(tmp, path)
         except OSError:
             pass                         # a full disk must not kill a healthy run here
+
+    def _link(self):
+        """This rank's link and what it received a second over the last RATE_WINDOW_S (None
+        off an emulated network, or before a window's worth of samples)."""
+        if self.link_probe is None:
+            return None
+        try:
+            link = self.link_probe()
+        except OSError:
+            return None
+        if link is None:
+            return None
+        now = time.monotonic()
+        self._received.append((now, link["rx_bytes"]))
+        while now - self._received[0][0] > RATE_WINDOW_S:
+            self._received.pop(0)
+        t0, b0 = self._received[0]
+        if now - t0 >= RATE_WINDOW_S / 2:
+            link["rx_bps"] = (link["rx_bytes"] - b0) / (now - t0)
+            link["window_s"] = now - t0
+        return link
 
     def _exit(self, idle):
         culprit = suspects(self.heartbeat_dir, self.size, exclude=self.rank) if self.heartbeat_dir else ""
@@ -175,10 +215,45 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S):
                                           f"{beats[r]['steps']} steps done)") for r in silent)
         return (f"Stalled: {detail}: its process is not running (stopped, swapped out or dead), "
                 f"while the others wait for it in a collective.")
+    links = {r: b["link"] for r, b in beats.items() if b is not None and "link" in b}
+    down = links_down(links)
+    if down:
+        return down
     steps = {r: b["steps"] for r, b in beats.items() if b is not None}
     if steps and len(set(steps.values())) > 1:
         behind = min(steps.values())
         late = [r for r, s in steps.items() if s == behind]
         return ("Every rank is running but not progressing (a deadlock?); behind the others: "
                 + ", ".join(f"rank {r} ({behind} steps)" for r in late) + ".")
+    return links_traffic(links)
+
+
+def links_down(links):
+    """'Link down: ...' naming the ranks whose interface is not up ({rank: link}), or ''."""
+    down = [r for r, link in links.items() if link.get("state") not in ("up", "unknown")]
+    if not down:
+        return ""
+    return ("Link down: " + ", ".join(f"rank {r}'s network interface "
+                                      f"{links[r].get('iface', 'eth0')} is "
+                                      f"{links[r].get('state')}" for r in down)
+            + "; its process runs, but its collectives cannot reach the others.")
+
+
+def links_traffic(links):
+    """A sentence if the links are up but deliver nothing, or crawl ({rank: link}); else ''."""
+    if not links:
+        return ""
+    rates = {r: link["rx_bps"] for r, link in links.items() if "rx_bps" in link}
+    if len(rates) < len(links):
+        return ""
+    window = min(link["window_s"] for link in links.values())
+    if max(rates.values()) < DEAD_LINK_BPS:
+        return (f"No traffic: every link is up but no rank received more than "
+                f"{DEAD_LINK_BPS:.0f} bytes/s over the last {window:.0f} s (packets lost or the "
+                f"network partitioned).")
+    slow = [r for r, bps in rates.items() if bps < CRAWL_BPS]
+    if slow:
+        return ("The network crawls: over the last " f"{window:.0f} s "
+                + ", ".join(f"rank {r} received {rates[r] * 8 / 1000:.0f} kbit/s" for r in slow)
+                + " (every link is up; a step now needs far longer than the limit).")
     return ""

@@ -11,6 +11,7 @@ each rank gets its own network stack and a NIC of a chosen rate and delay (docs/
     bridge.py    the userspace delay switch, for kernels without sch_netem
     cli.py       `python -m labs.netem run|bench|check|cleanup|commands`
     bench.py     the collectives benchmark (`python -m labs.netem.bench`); plots.py its plot
+    faults.py    a running cluster's link down or up, packet loss, a crawl (`... fault`)
 
 As a library (root)::
 

@@ -20,6 +20,12 @@ leave in arrival order (the delay is the same for all) from one FIFO queue, woke
 Frames that would push the bytes held over ``--max-queue`` are dropped and counted, like a
 full netem queue.
 
+Loss (the kernel has no netem ``loss`` either, nor tc's classifier and action modules): with
+``--loss-file PATH`` each arriving frame is dropped with the probability written in that file
+(a number in [0, 1], read again whenever it changes, at most every LOSS_POLL_S); ``python -m
+labs.netem fault loss P`` writes it. A frame may be a 64 KiB GSO segment, so a loss is a burst
+of up to 45 packets, as when a switch drops a burst.
+
 Usage (inside the switch namespace, as root)::
 
     python -m labs.netem.bridge --delay 0.5ms p0 p1 p2 host   (or scripts/delay_bridge.py)
@@ -33,6 +39,8 @@ import argparse
 import collections
 import errno
 import json
+import os
+import random
 import select
 import signal
 import socket
@@ -48,6 +56,7 @@ PACKET_IGNORE_OUTGOING = 23
 VNET_HDR_LEN = 10            # struct virtio_net_hdr
 FRAME_MAX = VNET_HDR_LEN + 14 + 65536 + 64
 BROADCAST_BIT = 0x01         # the I/G bit of the first destination byte: multicast/broadcast
+LOSS_POLL_S = 0.25           # how often --loss-file is looked at
 
 
 def parse_seconds(text: str) -> float:
@@ -70,7 +79,7 @@ def open_port(ifname: str, bufsize: int = 4 << 20) -> socket.socket:
 class DelaySwitch:
     """Learning switch over packet sockets; every frame leaves `delay` seconds after it came."""
 
-    def __init__(self, ports: list[str], delay: float, max_queue: int):
+    def __init__(self, ports: list[str], delay: float, max_queue: int, loss_file=None):
         self.names = list(ports)
         self.socks = [open_port(name) for name in ports]
         self.index = {sock.fileno(): i for i, sock in enumerate(self.socks)}
@@ -80,7 +89,26 @@ class DelaySwitch:
         self.queue: collections.deque = collections.deque()   # (due, in_port, frame)
         self.queued_bytes = 0
         self.stats = {"frames_in": 0, "bytes_in": 0, "frames_out": 0, "dropped_queue_full": 0,
-                      "dropped_send": 0, "late_max_s": 0.0}
+                      "dropped_send": 0, "dropped_loss": 0, "late_max_s": 0.0}
+        self.loss_file, self.loss, self._loss_seen, self._loss_checked = loss_file, 0.0, None, 0.0
+        self._random = random.Random(0)
+
+    def _check_loss(self, now: float) -> None:
+        """Read --loss-file again if it changed (a bad value is ignored, the old one kept)."""
+        if self.loss_file is None or now - self._loss_checked < LOSS_POLL_S:
+            return
+        self._loss_checked = now
+        try:
+            stat = os.stat(self.loss_file)
+            seen = (stat.st_mtime_ns, stat.st_size)
+            if seen == self._loss_seen:
+                return
+            self._loss_seen = seen
+            value = float(open(self.loss_file).read().strip() or 0)
+        except (OSError, ValueError):
+            return
+        if 0.0 <= value <= 1.0:
+            self.loss = value
 
     def _receive(self, i: int, now: float) -> None:
         sock = self.socks[i]
@@ -99,6 +127,9 @@ class DelaySwitch:
                 continue
             src = frame[VNET_HDR_LEN + 6: VNET_HDR_LEN + 12]
             self.mac_port[src] = i
+            if self.loss and self._random.random() < self.loss:
+                self.stats["dropped_loss"] += 1
+                continue
             if self.queued_bytes + len(frame) > self.max_queue:
                 self.stats["dropped_queue_full"] += 1
                 continue
@@ -129,8 +160,9 @@ class DelaySwitch:
         socks = self.socks
         while not should_stop():
             now = time.monotonic()
+            self._check_loss(now)
             self._release(now)
-            timeout = max(0.0, self.queue[0][0] - now) if self.queue else 0.5
+            timeout = max(0.0, self.queue[0][0] - now) if self.queue else LOSS_POLL_S
             readable, _, _ = select.select(socks, [], [], timeout)
             now = time.monotonic()
             for sock in readable:
@@ -142,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", required=True, help="one-way delay per frame, e.g. 0.5ms")
     parser.add_argument("--max-queue", type=int, default=64 << 20,
                         help="bytes held at most; frames beyond are dropped (default 64 MiB)")
+    parser.add_argument("--loss-file", default=None,
+                        help="a file holding the probability of dropping a frame (0..1)")
     parser.add_argument("ports", nargs="+", help="interfaces to switch between")
     args = parser.parse_args(argv)
     try:
@@ -150,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--delay {args.delay}: need 0..10 s ({exc})")
     if not 0 <= delay <= 10:
         parser.error(f"--delay {args.delay}: need 0..10 s")
-    switch = DelaySwitch(args.ports, delay, args.max_queue)
+    switch = DelaySwitch(args.ports, delay, args.max_queue, args.loss_file)
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop.append(signum))

@@ -18,6 +18,7 @@ import shlex
 import signal
 import sys
 
+from . import faults
 from .cluster import Cluster, cleanup, probe_capabilities
 from .launch import RunResult, _rendezvous_main, run_ranks
 from .links import DELAY_VIA, LinkShape, NetemError
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                "  netem.py bench -n 4 --rate 1gbit -- --out results/bench/1g_n4.csv\n"
                "details: docs/netem.md")
     sub = parser.add_subparsers(dest="cmd", required=True,
-                                metavar="{run,bench,check,cleanup,commands}")
+                                metavar="{run,bench,check,cleanup,commands,fault}")
 
     def add_link_args(p):
         p.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
@@ -109,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
                          help="also those of live owners (a run in progress will break)")
     p_show = sub.add_parser("commands", help="print the ip/tc commands a cluster is built with")
     add_link_args(p_show)
+    p_fault = sub.add_parser("fault", help="inject a fault into the running cluster: down K, "
+                                           "up K, loss P, rate K RATE (faults.py)")
+    p_fault.add_argument("--tag", default=None, help="the cluster (when several run)")
+    p_fault.add_argument("what", choices=["down", "up", "loss", "rate"])
+    p_fault.add_argument("values", nargs="+", help="a rank; a probability; a rank and a rate")
     p_rdv = sub.add_parser("rendezvous")     # internal: run by run_ranks in the switch ns
     p_rdv.add_argument("hosts", nargs="+")
     args = parser.parse_args(argv)
@@ -117,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "rendezvous":
             _rendezvous_main(args.hosts)
             return 0
+        if args.cmd == "fault":
+            wanted = {"down": 1, "up": 1, "loss": 1, "rate": 2}[args.what]
+            if len(args.values) != wanted:
+                parser.error(f"fault {args.what} takes {wanted} value(s)")
+            try:
+                return faults.main(args)
+            except ValueError as exc:
+                parser.error(f"fault {args.what}: {exc}")
         if args.cmd == "check":
             caps = probe_capabilities()
             print(json.dumps(dataclasses.asdict(caps), indent=1))

@@ -28,6 +28,9 @@ from .topology import (HOST_PORT, MAX_RANKS, PREFIX, RANK_IFACE, Topology, hosts
                        setup_commands)
 
 NETNS_ETC = Path("/etc/netns")   # per-namespace /etc overlays read by `ip netns exec`
+# One folder per live cluster: cluster.json (its namespaces and link) and the bridge's loss
+# file, for `python -m labs.netem fault` (faults.py).
+CONTROL_DIR = Path("/run/hvdc-netem")
 # The delay bridge runs as a module, not by path, so it imports the package like any user.
 DELAY_BRIDGE = [sys.executable, "-m", "labs.netem.bridge"]
 
@@ -162,6 +165,12 @@ def cleanup(everything: bool = False, verbose: bool = False) -> list[str]:
         for etc in NETNS_ETC.glob(PREFIX + "*"):
             if leftover(etc.name):
                 shutil.rmtree(etc, ignore_errors=True)
+    if CONTROL_DIR.is_dir():     # control folders (tag = owner pid-sequence) of dead clusters
+        for control in CONTROL_DIR.iterdir():
+            owner = control.name.split("-")[0]
+            if everything or not (owner.isdigit() and (int(owner) == os.getpid()
+                                                       or _pid_alive(int(owner)))):
+                shutil.rmtree(control, ignore_errors=True)
     return removed
 
 
@@ -177,6 +186,7 @@ class Cluster:
         self.up = False
         self.bridge: subprocess.Popen | None = None
         self.bridge_stats: dict = {}
+        self.control = CONTROL_DIR / self.topo.tag
 
     @property
     def n(self) -> int:
@@ -188,6 +198,12 @@ class Cluster:
         caps.require(self.link)
         cleanup(verbose=self.verbose)
         try:
+            self.control.mkdir(parents=True, exist_ok=True)
+            (self.control / "cluster.json").write_text(json.dumps({
+                "tag": self.topo.tag, "n": self.n, "switch_ns": self.topo.switch_ns,
+                "rank_ns": [self.topo.rank_ns(k) for k in range(self.n)],
+                "rate_bps": self.link.rate_bps, "mtu": self.link.mtu,
+                "bridge": self.link.uses_bridge, "pid": os.getpid()}))
             for cmd in setup_commands(self.topo, self.link):
                 _run(cmd, verbose=self.verbose)
             if self.link.uses_bridge:
@@ -214,13 +230,15 @@ class Cluster:
         self._stop_bridge()
         for ns in self.topo.namespaces:
             delete_namespace(ns, self.verbose)
+        shutil.rmtree(self.control, ignore_errors=True)
         self.up = False
 
     def _start_bridge(self, timeout: float = 10.0) -> None:
         """Start the delay bridge (bridge.py) in the switch namespace; return once its ports are open."""
         ports = [f"p{k}" for k in range(self.n)] + [HOST_PORT]
         cmd = (["ip", "netns", "exec", self.topo.switch_ns] + DELAY_BRIDGE
-               + ["--delay", f"{self.link.delay_s!r}"] + ports)
+               + ["--delay", f"{self.link.delay_s!r}", "--loss-file",
+                  str(self.control / "loss")] + ports)
         if self.verbose:
             print("+ " + shlex.join(cmd), file=sys.stderr)
         self.bridge = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

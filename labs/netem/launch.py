@@ -35,6 +35,20 @@ def wire_counter(environ=os.environ):
     return lambda: float("nan")
 
 
+def link_probe(environ=os.environ):
+    """A function returning this rank's link, {"iface", "state", "rx_bytes"}, read from
+    /sys/class/net/eth0 in its namespace (labs.netem), for the watchdog's diagnosis; None off
+    an emulated network."""
+    base = Path("/sys/class/net") / RANK_IFACE
+    if environ.get("HVDC_NETEM") != "1" or not base.exists():
+        return None
+
+    def probe():
+        return {"iface": RANK_IFACE, "state": (base / "operstate").read_text().strip(),
+                "rx_bytes": int((base / "statistics" / "rx_bytes").read_text())}
+    return probe
+
+
 def rank_env(cluster: Cluster, k: int, rendezvous_port: int) -> dict[str, str]:
     """The environment horovodrun --gloo gives a rank (gloo_run.py), one host per rank."""
     topo = cluster.topo
