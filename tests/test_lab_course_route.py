@@ -65,7 +65,8 @@ def test_manifest_records_the_route(routes):
                        for r in ("plugin", "horovod"))
     assert plugin["route"] == "plugin" and horovod["route"] == "horovod"
     assert plugin["reduction"] == horovod["reduction"] == "allgather"
-    assert plugin["config"] == "np2-bit8" and horovod["config"] == "np2-bit8-horovod"
+    # Horovod's small network (COMMON): the name says so, after the route's variant
+    assert plugin["config"] == "np2-bit8-small" and horovod["config"] == "np2-bit8-horovod-small"
     assert horovod["status"] == "complete"
 
 

@@ -241,9 +241,10 @@ def _frame(dst: bytes, src: bytes, payload: bytes = b"x" * 46) -> bytes:
     return bytes(delay_bridge.VNET_HDR_LEN) + dst + src + b"\x08\x00" + payload
 
 
-def test_delay_switch_holds_frames_learns_and_floods():
-    """The forwarding logic, without sockets: nothing leaves before its time, unknown and
-    broadcast destinations are flooded, learned ones go to one port only."""
+def _fake_switch(loss_file=None):
+    """A DelaySwitch on fake ports: its __init__ opens packet sockets (root), so set its state
+    by hand, the loss control included."""
+    import random
     switch = object.__new__(delay_bridge.DelaySwitch)
     ports = [_FakePort(10 + i) for i in range(3)]
     switch.names = ["p0", "p1", "ph"]
@@ -252,7 +253,43 @@ def test_delay_switch_holds_frames_learns_and_floods():
     switch.delay, switch.max_queue = 0.002, 1 << 20
     switch.mac_port, switch.queue, switch.queued_bytes = {}, collections.deque(), 0
     switch.stats = {"frames_in": 0, "bytes_in": 0, "frames_out": 0, "dropped_queue_full": 0,
-                    "dropped_send": 0, "late_max_s": 0.0}
+                    "dropped_send": 0, "dropped_loss": 0, "late_max_s": 0.0}
+    switch.loss_file, switch.loss, switch._loss_seen, switch._loss_checked = loss_file, 0.0, None, 0.0
+    switch._random = random.Random(0)
+    return switch, ports
+
+
+def test_delay_switch_drops_frames_with_the_loss_files_probability(tmp_path):
+    """`fault loss P` writes P into the switch's loss file: re-read when it changes (at most
+    every LOSS_POLL_S), a bad value ignored; frames dropped with that probability, counted."""
+    loss = tmp_path / "loss"
+    switch, ports = _fake_switch(loss)
+    a, b = b"\x02" + bytes(4) + b"\x0a", b"\x02" + bytes(4) + b"\x0b"
+    switch._check_loss(10.0)
+    assert switch.loss == 0.0                         # no file yet: no loss
+    loss.write_text("1.0\n")
+    switch._check_loss(10.1)
+    assert switch.loss == 0.0                         # looked at too soon after the last look
+    switch._check_loss(10.3)
+    assert switch.loss == 1.0
+    ports[0].inbox += [_frame(b, a)] * 10
+    switch._receive(0, now=11.0)
+    assert switch.stats["dropped_loss"] == 10 and not switch.queue
+    loss.write_text("0.3")
+    switch._check_loss(11.0)
+    assert switch.loss == 0.3
+    ports[0].inbox += [_frame(b, a)] * 2000
+    switch._receive(0, now=12.0)
+    assert 500 < switch.stats["dropped_loss"] - 10 < 700 and len(switch.queue) == 2000 - (switch.stats["dropped_loss"] - 10)
+    loss.write_text("two")                            # refused: the last good value stays
+    switch._check_loss(13.0)
+    assert switch.loss == 0.3
+
+
+def test_delay_switch_holds_frames_learns_and_floods():
+    """The forwarding logic, without sockets: nothing leaves before its time, unknown and
+    broadcast destinations are flooded, learned ones go to one port only."""
+    switch, ports = _fake_switch()
     a, b, bcast = b"\x02" + bytes(4) + b"\x0a", b"\x02" + bytes(4) + b"\x0b", b"\xff" * 6
     arp = _frame(bcast, a)                       # from a on p0, to everybody
     ports[0].inbox.append(arp)

@@ -96,11 +96,7 @@ def table_args(args, extra):
     argv = ["--dataset", args.dataset, "--controller", args.controller, "--out", args.out]
     if args.epochs is not None:
         argv += ["--epochs", str(args.epochs)]
-    if args.data_dir:
-        argv += ["--data-dir", args.data_dir]
-    if args.split_test is not None:
-        argv += ["--split-test", str(args.split_test)]
-    return matrix.parse_args(argv + extra)
+    return matrix.parse_args(argv + matrix.data_flags(args) + extra)
 
 
 def network_args(args, table):
@@ -112,11 +108,7 @@ def network_args(args, table):
             "--lr", str(table.lr), "--momentum", str(table.momentum), "--model", table.model,
             "--seed", str(table.seed), "--batch-size", str(table.batch_size),
             "--timeout", f"{table.timeout:g}"] + (["--quiet"] if table.quiet else [])
-    if table.data_dir:
-        argv += ["--data-dir", table.data_dir]
-    if table.split_test is not None:
-        argv += ["--split-test", str(table.split_test)]
-    return matrix.parse_args(argv)
+    return matrix.parse_args(argv + matrix.data_flags(table))
 
 
 def calibration_paths(network_out):

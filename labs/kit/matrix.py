@@ -74,11 +74,13 @@ def trainer_args(args, run_dir):
            "--out", str(run_dir)]
     if args.steps_per_epoch is not None:
         cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
-    if args.data_dir:
-        cmd += ["--data-dir", args.data_dir]
-    if args.split_test is not None:
-        cmd += ["--split-test", str(args.split_test)]
-    return cmd
+    return cmd + data_flags(args)
+
+
+def data_flags(args):
+    """--data-dir and --split-test, where set (the trainer's, the matrix's, the job's)."""
+    return ((["--data-dir", args.data_dir] if args.data_dir else [])
+            + (["--split-test", str(args.split_test)] if args.split_test is not None else []))
 
 
 def launch_command(spec, args, run_dir, resume):
