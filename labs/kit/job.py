@@ -38,8 +38,11 @@ NETWORK_STEPS = 40
 CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "alltoall",
                "--schemes", "--sizes", "65536,1048576,4194304", "--budget", "1.5",
                "--min-reps", "3", "--max-reps", "8", "-n", "2", "4"]
-# Rough relative costs, for the progress line's percentage (seconds on a 2-core machine).
-WEIGHT = {"serial": 180, "parallel": 100, "calibration": 90, "network": 45, "report": 10}
+# Relative costs for the progress line's percentage: seconds on the 2-core VM of the committed
+# run (results/lab/run_lab.log): a table run's epoch by processes, a network run by processes.
+EPOCH_WEIGHT = {1: 210, 2: 145, 4: 260}
+NETWORK_WEIGHT = {2: 45, 4: 80}
+WEIGHT = {"calibration": 65, "report": 10}
 
 
 class JobProgress:
@@ -141,9 +144,9 @@ def main(argv=None):
     problem = None if not args.no_network else "--no-network"
     if problem is None and not args.dry_run:
         problem = matrix.netem_problem()
-    weights = [WEIGHT["serial" if r.ranks == 1 else "parallel"] * table.epochs for r in main_runs]
+    weights = [EPOCH_WEIGHT.get(r.ranks, 260) * table.epochs for r in main_runs]
     if problem is None:
-        weights += [WEIGHT["calibration"]] + [WEIGHT["network"]] * len(net_runs)
+        weights += [WEIGHT["calibration"]] + [NETWORK_WEIGHT.get(r.ranks, 80) for r in net_runs]
     weights.append(WEIGHT["report"])
     progress = JobProgress(weights)
     out, net_out = Path(table.out).resolve(), Path(network.out).resolve()
@@ -182,7 +185,7 @@ def main(argv=None):
             before = time.monotonic()
             if not matrix.execute(spec, network, net_out, header, progress.line()):
                 failures.append(f"network {spec.name}")
-            progress.advance(WEIGHT["network"], ran=time.monotonic() - before > 5)
+            progress.advance(NETWORK_WEIGHT.get(spec.ranks, 80), ran=time.monotonic() - before > 5)
             print(progress.line(), flush=True)
         if not args.dry_run and matrix.finish(net_out, failures):
             return 1
