@@ -130,8 +130,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._missing[b] == 0:
             start = time.perf_counter()
             self._buckets[b].put_all(self._waiting[b])
-            self._communicator.stats.values["compress_s"] += time.perf_counter() - start
             self._last_launch = time.perf_counter()
+            self._communicator.stats.values["compress_s"] += self._last_launch - start
             if self._first_launch is None:
                 self._first_launch = self._last_launch
             self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
@@ -201,11 +201,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def pop_stats(self):
         """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
-        exchange_s} since the previous call. exchange_s is the span of each step's exchange,
-        from its first bucket's launch to the last reduced gradient (what the cost model
-        predicts, overlapped with backward or not); launch_span_s, from the first launch to
-        the last (backward producing the gradients: the exchange cannot end sooner). compress_s and decompress_s include the work done in gradient
-        hooks during backward, which in_backward_s measures (subtract it from a timing of
+        exchange_s, launch_span_s} since the previous call. exchange_s is the span of each
+        step's exchange, from its first bucket's launch to the last reduced gradient (what the
+        cost model predicts, overlapped with backward or not); launch_span_s, from the first
+        launch to the last (backward's pace: the exchange cannot end sooner). compress_s and
+        decompress_s include the work done in gradient hooks during backward, which in_backward_s measures (subtract it from a timing of
         backward); communicate_s is only the time step() waited; overlap_s sums, over buckets,
         how long each collective was in flight before step() began."""
         return self._communicator.pop_stats()

@@ -5,18 +5,12 @@
     horovodrun -np 2 --gloo python labs/mnist.py --bit8-allreduce  # 2 processes, 8-bit gradients
     horovodrun -np 4 --gloo python labs/mnist.py --bit16-allreduce
 
-The flags of Horovod's examples/pytorch/pytorch_mnist.py, plus the course's compression
-switches.  Four defaults differ from that example, so that a run reaches the accuracy its
-network is known for within the lab's time budget (docs/lab.md, "Defaults"): the network is
-pytorch/examples' mnist/main.py network (`--model basic`, the one the course starts from;
-`--model horovod` is Horovod's small example network), momentum 0.9 (0.5), lr 0.02 (0.01) and
-2 epochs (10).  Gradients go through hvd_compress.DistributedOptimizer, which times
-compression, communication and decompression and counts the bytes sent; `--route horovod`
-(and --use-adasum) use Horovod's own hvd.DistributedOptimizer of the patched Horovod instead.
-
-The lab kit's RunRecorder (labs/kit/recorder.py) keeps the books: the run folder (--out) with
-per-step and per-epoch CSV files, manifest.json and a checkpoint per epoch; --resume; a
-watchdog that ends a job whose ranks stopped.  See docs/lab.md.
+The flags of Horovod's examples/pytorch/pytorch_mnist.py plus the course's compression
+switches; the network, lr, momentum and epochs default to the lab's own (docs/lab.md,
+"Defaults").  Gradients go through hvd_compress.DistributedOptimizer, which times each phase
+and counts the bytes sent; `--route horovod` and --use-adasum use Horovod's own optimizer.
+The lab kit's RunRecorder (labs/kit/recorder.py) keeps the books: run folder, CSV files,
+manifest, checkpoints, --resume, the watchdog.  See docs/lab.md.
 """
 import argparse
 import time
@@ -117,10 +111,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-threads", type=int, default=1, metavar="N",
                         help="torch CPU threads per rank (default: 1, like Horovod's example)")
     parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULTS["model"],
-                        help="basic: pytorch/examples' mnist network (1.2 M parameters, "
-                             "default), the one the course starts from and the one compression "
-                             "pays on; horovod: Horovod's small example network (21,840 "
-                             "parameters; a run's name gets -small)")
+                        help="basic: pytorch/examples' network (1.2 M parameters, default); "
+                             "horovod: Horovod's small one (21,840; a run's name gets -small)")
     parser.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
                         help="end the job if no training step or evaluation finishes for this "
                              "long: another rank is dead or wedged (default: adaptive, 10x the "

@@ -123,19 +123,15 @@ def test_the_watchdog_measures_what_its_link_received(tmp_path):
 
     def probe():
         return {"iface": "eth0", "state": "up", "rx_bytes": received["bytes"]}
-    dog = StepWatchdog(None, rank=0, size=1, heartbeat_dir=tmp_path, link_probe=probe)
-    real = time.monotonic
-    try:
-        t = [100.0]
-        time.monotonic = lambda: t[0]
-        dog._heartbeat()
-        assert "rx_bps" not in json.loads((tmp_path / "rank0.json").read_text())["link"]
-        t[0], received["bytes"] = 106.0, 60_000
-        dog._heartbeat()
-        link = json.loads((tmp_path / "rank0.json").read_text())["link"]
-        assert link["rx_bps"] == pytest.approx(10_000) and link["window_s"] == pytest.approx(6)
-    finally:
-        time.monotonic = real
+    t = [100.0]
+    dog = StepWatchdog(None, rank=0, size=1, heartbeat_dir=tmp_path, link_probe=probe,
+                       clock=lambda: t[0])
+    dog.heartbeat()
+    assert "rx_bps" not in json.loads((tmp_path / "rank0.json").read_text())["link"]
+    t[0], received["bytes"] = 106.0, 60_000
+    dog.heartbeat()
+    link = json.loads((tmp_path / "rank0.json").read_text())["link"]
+    assert link["rx_bps"] == pytest.approx(10_000) and link["window_s"] == pytest.approx(6)
 
 
 def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):

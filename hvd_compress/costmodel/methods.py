@@ -123,7 +123,7 @@ def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BL
     if method == "powersgd":
         rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
         return sum(2 * (n - 1) * 4 * powersgd_values(s, rank) // n for s in shapes)
-    if route == "alltoall" or (route is None and method == "bit16"):
+    if two_phase(method, route):
         total = sum(message_bytes(method, z - a, block) for b in buckets(counts)
                     for a, z in chunk_bounds(b, n, block))
         return 2 * (n - 1) * total / n
@@ -142,7 +142,7 @@ def step_cost(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) 
         units, shape = sum(2 if len(s) >= 2 else 1 for s in shapes), ring_allreduce(n, 1.0)
     elif method == "topk":
         units, shape = len(shapes), allgather(n, 1.0)
-    elif route == "alltoall" or (route is None and method == "bit16"):
+    elif two_phase(method, route):
         units = len(buckets(counts))
         shape = alltoall(n, float(n)) + allgather(n, 1.0)
     else:

@@ -16,8 +16,8 @@ calibration kept): run the same command again after an interruption.
     4 ranks, fitted per collective and rank count, hvd_compress.costmodel.fit), then the 8 parallel rows over the
     same link, --network-steps steps each: a timing table.  100 Mbit/s by default because at
     that rate the basic network's 4.8 MB of float32 gradients take 0.38 s a step at 2 ranks,
-    about twice a rank's compute here: the regime the course's question is about.  (Over
-    loopback the same exchange takes ~20 ms and no compression can pay.)
+    more than a rank's forward and backward (0.23-0.25 s here): the regime the course's
+    question is about.  (Over loopback a step waits 21-32 ms for the same exchange.)
  3. report.md and the PNGs next to it (labs/kit/report.py, labs/kit/plots.py).
 
 After each run a line says how far the whole job is: "[lab 40% | 13.2 min | ~19 min left]".

@@ -90,10 +90,7 @@ class Prediction:
     ranks: int
     compression: str
     measured_ms: float            # the row's mean exchange span (exchange_ms)
-    predicted_ms: float
-    wire_ms: float                # the link part of the prediction
-    decode_ms: float              # the codec term (loopback run's decompress)
-    launch_span_ms: float
+    predicted_ms: float           # the link's part + the codec term (loopback decompress)
     break_even_bps: float         # nan for float32 itself
 
     @property
@@ -135,7 +132,7 @@ def predictions(net_frame, net_manifests, loop_frame, links):
                 fixed_and_bytes(units, n, links[n], row.netem_rate_bps),
                 loop[base].decompress_ms / 1000 if base in loop else 0.0, decode / 1000)
         out.append(Prediction(row.run, n, row.compression, row.exchange_ms,
-                              1000 * wire + decode, 1000 * wire, decode, span_ms, be))
+                              1000 * wire + decode, be))
     return out
 
 

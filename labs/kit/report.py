@@ -310,7 +310,7 @@ def wire_sentence(frame):
             f"counted bytes are the gradient payload; the wire adds TCP/IPv4/Ethernet framing "
             f"(66 bytes on every 1,448-byte segment: +4.6% on bulk data), the ACKs of what the "
             f"process receives, and Horovod's control traffic (every collective is negotiated "
-            f"through the coordinator, a few hundred bytes each).")
+            f"through the coordinator; not measured apart).")
 
 
 def calibration_table(links):

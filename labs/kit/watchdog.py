@@ -170,7 +170,7 @@ class StepWatchdog:
             return None
         if link is None:
             return None
-        now = time.monotonic()
+        now = self.clock()
         self._received.append((now, link["rx_bytes"]))
         while now - self._received[0][0] > RATE_WINDOW_S:
             self._received.pop(0)
@@ -253,7 +253,7 @@ def links_traffic(links):
                 f"network partitioned).")
     slow = [r for r, bps in rates.items() if bps < CRAWL_BPS]
     if slow:
-        return ("The network crawls: over the last " f"{window:.0f} s "
+        return (f"The network crawls: over the last {window:.0f} s "
                 + ", ".join(f"rank {r} received {rates[r] * 8 / 1000:.0f} kbit/s" for r in slow)
                 + " (every link is up; a step now needs far longer than the limit).")
     return ""

@@ -520,7 +520,7 @@ def analyze(out_path: Path, quiet: bool = False) -> dict:
 
     prim.insert(0, "kind", "primitive")
     prim.insert(1, "name", prim["collective"] + "_" + prim["dtype"].map(
-        {"float32": "fp32", "uint8": "u8"}).fillna(prim["dtype"]))
+        {"float32": "fp32", "float16": "fp16", "uint8": "u8"}).fillna(prim["dtype"]))
     frames = [prim]
     if schemes is not None:
         schemes.insert(0, "kind", "scheme")
