@@ -35,13 +35,33 @@ from .roles import Communicator, PacketCompressor
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
-           "DEFAULT_FUSION_BYTES"]
+           "DEFAULT_FUSION_BYTES", "wait_for"]
 
 # Buckets of at most 1 MiB of float32 (Horovod fuses up to 64 MiB, DDP buckets 25 MiB): small
 # enough that the first buckets leave while backward still computes the rest. A tensor larger
 # than this travels alone.
 DEFAULT_FUSION_BYTES = 1 << 20
 _WARMED = set()
+# How long wait_for() sleeps between polls: doubling from the first value up to the second.
+POLL_SLEEP_S = (50e-6, 1e-3)
+
+
+def wait_for(handle):
+    """hvd.synchronize(handle), but waiting by sleeping between polls instead of spinning.
+
+    Why: Horovod's synchronize() loops on std::this_thread::yield() until the handle is done
+    (horovod/torch/mpi_ops_v2.cc, WaitAndClear). A rank that waits so keeps its core busy, and
+    the core is what the other ranks' backward and Horovod's background thread (which does
+    the reduction) need when there are as many processes as cores or more: 4 ranks on this
+    2-core machine spent 35% of the CPU in the kernel, at ~30,000 preemptions a second each.
+    Sleeping adds at most POLL_SLEEP_S[1] to a wait; a finished handle's synchronize()
+    returns at once (and raises its error, if any).
+    """
+    delay, longest = POLL_SLEEP_S
+    while not hvd.poll(handle):
+        time.sleep(delay)
+        delay = min(2 * delay, longest)
+    return hvd.synchronize(handle)
 
 
 class Stats:
@@ -49,8 +69,9 @@ class Stats:
     long collectives were in flight while backward still ran (overlap_s); how much of the
     work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
     decompress_s); the span of each step's exchange, first launch to last result (exchange_s,
-    the optimizer's) and first launch to last launch (launch_span_s), since the last pop. The two-phase route's middle step (decode, sum and
-    re-encode a chunk, one native call) counts as decompress_s."""
+    the optimizer's) and first launch to last launch (launch_span_s), since the last pop. The
+    two-phase route's middle step (decode, sum and re-encode a chunk, one native call) counts
+    as decompress_s."""
     FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
               "in_backward_s", "exchange_s", "launch_span_s")
 
@@ -171,7 +192,7 @@ class AllreduceCommunicator(_Base):
 
     def finish(self, exchange):
         with self.stats.timing("communicate_s"):
-            output = hvd.synchronize(exchange.handle)
+            output = wait_for(exchange.handle)
         with self.stats.timing("decompress_s"):
             ctx, restore = exchange.ctx
             if restore is not None:
@@ -235,7 +256,7 @@ class AllgatherCommunicator(_PacketBase):
     def finish(self, exchange):
         bucket, n = exchange.bucket, hvd.size()
         with self.stats.timing("communicate_s"):
-            gathered = hvd.synchronize(exchange.handle)
+            gathered = wait_for(exchange.handle)
         with self.stats.timing("decompress_s"):
             self.compression.decode_messages(gathered.view(n, -1), bucket.numel, bucket.buffer,
                                              self._block(bucket.numel), self._divisor(n))
@@ -270,7 +291,7 @@ class AlltoallCommunicator(_PacketBase):
         n, me = hvd.size(), hvd.rank()
         a, b = chunks[me]
         with self.stats.timing("communicate_s"):
-            received, _ = hvd.synchronize(exchange.handle)
+            received, _ = wait_for(exchange.handle)
         with self.stats.timing("decompress_s"):   # and re-encode: one pass, in one call
             reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
             self.compression.reduce_encode(received.view(n, -1), b - a, reduced, self._block(b - a),
@@ -283,7 +304,7 @@ class AlltoallCommunicator(_PacketBase):
         self.progress(exchange, wait=True)
         bucket, (chunks, _) = exchange.bucket, exchange.ctx
         with self.stats.timing("communicate_s"):
-            gathered = hvd.synchronize(exchange.handle)
+            gathered = wait_for(exchange.handle)
         with self.stats.timing("decompress_s"):
             _, _, bounds = self._layout(bucket, chunks)
             self.compression.decode_chunks(gathered, bounds, bucket.buffer, self.scale_block)
@@ -344,7 +365,7 @@ def start_packet_exchange(compression, tensor, name, op=hvd.Average):
 
     def finish():
         n = hvd.size()
-        rows = hvd.synchronize(handle).view(n, -1)
+        rows = wait_for(handle).view(n, -1)
         total = compression.decode_packet(rows[0])
         scratch = torch.empty_like(total)
         for r in range(1, n):

@@ -25,6 +25,7 @@ import zlib
 import torch
 import horovod.torch as hvd
 
+from .communicators import wait_for
 from .costmodel.methods import bytes_per_step
 from .registry import Route
 from .tensorwise import Step, TensorwiseCommunicator
@@ -139,7 +140,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         if step.phase != 1 or not (wait or hvd.poll(step.handle)):
             return
         with self.stats.timing("communicate_s"):
-            p = hvd.synchronize(step.handle)
+            p = wait_for(step.handle)
         with self.stats.timing("compress_s"):
             matrix = step.ctx[0]
             step.ctx[1] = p = orthonormal(p)
@@ -152,7 +153,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         bucket = step.bucket
         self.progress(step, wait=True)
         with self.stats.timing("communicate_s"):
-            reduced = hvd.synchronize(step.handle)
+            reduced = wait_for(step.handle)
         with self.stats.timing("decompress_s"):
             grad = bucket.tensor
             if step.phase == 0:

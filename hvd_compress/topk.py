@@ -21,6 +21,7 @@ import math
 import torch
 import horovod.torch as hvd
 
+from .communicators import wait_for
 from .costmodel.methods import bytes_per_step, topk_k
 from .registry import Route
 from .tensorwise import Step, TensorwiseCommunicator
@@ -107,7 +108,7 @@ class TopKCommunicator(TensorwiseCommunicator):
     def finish(self, step):
         bucket, n, k = step.bucket, hvd.size(), step.ctx
         with self.stats.timing("communicate_s"):
-            rows = hvd.synchronize(step.handle).view(n, 2 * k)
+            rows = wait_for(step.handle).view(n, 2 * k)
         with self.stats.timing("decompress_s"):
             grad = bucket.tensor
             out = scatter_sum(rows[:, :k], rows[:, k:].contiguous().view(torch.float32), grad.numel())

@@ -3,8 +3,10 @@ this machine, each under a name of its own (Horovod blacklists a whole host when
 fails). A rank is killed with SIGKILL in epoch 2 of 3 and its slot taken off the discovery
 list; the others roll back to the last commit and go on with two ranks; the slot is listed
 again and a new rank joins. The run must end on its own, with no step recorded twice, every
-sample of every epoch used once, and a final accuracy within one point of the same run with
-no fault."""
+sample of every epoch used once, and a final accuracy no more than one point below the same run
+with no fault. (Not "within one point" both ways: the shrunk epoch takes more, smaller steps, and
+the small network's third epoch moves by up to two points either way; CI once saw 78.9% after
+the fault against 77.05% without.)"""
 import json
 import os
 import signal
@@ -111,8 +113,8 @@ def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
         assert TRAIN - 3 < rows["samples"].sum() <= TRAIN, epoch
     epochs, ref = pd.read_csv(out / "epochs.csv"), pd.read_csv(straight / "epochs.csv")
     assert epochs["epoch"].tolist() == [1, 2, 3]
-    gap = abs(epochs["test_accuracy"].iloc[-1] - ref["test_accuracy"].iloc[-1])
-    assert gap <= 0.01, (epochs["test_accuracy"].tolist(), ref["test_accuracy"].tolist())
+    lost = ref["test_accuracy"].iloc[-1] - epochs["test_accuracy"].iloc[-1]
+    assert lost <= 0.01, (epochs["test_accuracy"].tolist(), ref["test_accuracy"].tolist())
     figures = {"detect_s": shrink["unix"] - killed, "steps_rolled_back": shrink["steps_rolled_back"],
                "rejoin_s_after_relisting": rejoin["unix"] - relisted,
                "accuracy": float(epochs["test_accuracy"].iloc[-1]),

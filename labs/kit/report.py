@@ -314,8 +314,9 @@ def wire_sentence(frame):
 
 
 def calibration_table(links):
-    lines = ["Calibration (labs.netem.bench on the same link, fitted per collective and "
-             "number of processes, `python -m hvd_compress.costmodel --fit`):", "",
+    lines = ["Calibration (labs.netem.bench on the same link with every core kept busy, as "
+             "backward keeps them while the exchange runs; fitted per collective and number "
+             "of processes, `python -m hvd_compress.costmodel --fit`):", "",
              "| collective | n | alpha (ms) | bandwidth (Mbit/s) |", "|---|---|---|---|"]
     for n in sorted(links):
         for collective, link in sorted(links[n].items()):
@@ -393,7 +394,8 @@ def setup_text(frame, manifests):
     block = args.get("scale_block")
     return (f"- 数据集 / Data set: {data['name']} from `{data['folder']}` (md5-checked){split}\n"
             f"- 超参数 / Hyperparameters: epochs {args['epochs']}; SGD, learning rate "
-            f"{args['lr']} x number of processes, momentum {args['momentum']}; batch size "
+            f"{args['lr']} x number of processes (constant), momentum "
+            f"{args['momentum']}; batch size "
             f"{args['batch_size']} per process (test batch {args['test_batch_size']}); seed "
             f"{args['seed']}; {args['num_threads']} torch thread(s) per process; 8/16-bit "
             f"packets: a power-of-two scale per {block} values, buckets of up to 1 MiB of "
