@@ -37,9 +37,10 @@ NETWORK_RATE = "100mbit"
 NETWORK_STEPS = 40
 # Calibration sizes: each rank's input from 64 KiB to 4 MiB, the range of the buckets and
 # tensors the table's rows exchange (costmodel.methods.exchange_units), at 2 and 4 ranks.
+CALIBRATION_RANKS = (2, 4)
 CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "alltoall",
                "--schemes", "--sizes", "65536,1048576,4194304", "--budget", "1.5",
-               "--min-reps", "3", "--max-reps", "8", "-n", "2", "4"]
+               "--min-reps", "3", "--max-reps", "8", "-n"] + [str(n) for n in CALIBRATION_RANKS]
 # Relative costs for the progress line's percentage: seconds on the 2-core VM of the committed
 # run (results/lab/run_lab.log): a table run's epoch by processes, a network run by processes.
 EPOCH_WEIGHT = {1: 196, 2: 126, 4: 127}
@@ -155,7 +156,8 @@ def calibrate(network, csv, fit_json, dry_run):
         print(f"calibration: kept {fit_json}", flush=True)
         return True
     csv.parent.mkdir(parents=True, exist_ok=True)
-    cores = os.cpu_count() or 1
+    # as many busy cores as the widest training keeps busy, at most every core there is
+    cores = min(os.cpu_count() or 1, max(CALIBRATION_RANKS))
     print(f"calibration of the {network.netem_rate} link, {cores} core(s) kept busy: "
           f"{' '.join(cmd[1:])}", flush=True)
     with busy_cores(cores):
