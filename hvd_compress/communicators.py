@@ -14,7 +14,9 @@ while backward runs); `finish(exchange)` waits and leaves the reduced values in 
   cut into n chunks (on block boundaries), alltoall hands chunk k of every rank to rank k,
   which decodes-and-sums it and re-encodes it. Phase 2: an allgather of the reduced chunks.
   2(n-1)/n of the codes per rank, like a ring allreduce of them. `progress()` launches
-  phase 2 as soon as phase 1 is done, while backward still runs.
+  phase 2 if phase 1 is done (the optimizer calls it from every gradient hook), and
+  `advance()` (called by step() before any finish) waits for all phase 1s, launching each
+  bucket's phase 2 the moment its phase 1 completes, whatever the buckets' order.
 
 Every rank ends with bit-identical results: all decode the same codes in rank order. Each
 communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
@@ -35,7 +37,7 @@ from .roles import Communicator, PacketCompressor
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
-           "DEFAULT_FUSION_BYTES", "wait_for"]
+           "DEFAULT_FUSION_BYTES", "wait_for", "launch_next_phases"]
 
 # Buckets of at most 1 MiB of float32 (Horovod fuses up to 64 MiB, DDP buckets 25 MiB): small
 # enough that the first buckets leave while backward still computes the rest. A tensor larger
@@ -62,6 +64,27 @@ def wait_for(handle):
         time.sleep(delay)
         delay = min(2 * delay, longest)
     return hvd.synchronize(handle)
+
+
+def launch_next_phases(communicator, exchanges):
+    """Wait until no exchange is still in phase 1, calling communicator.progress(ex) on each as
+    soon as its phase 1 completes; sleeps between polls as wait_for does (the sleeps count as
+    communicate_s).
+
+    Why not finish bucket by bucket: finish(bucket 0) would wait for its phase 2 before bucket
+    1's phase 2 is even launched, though bucket 1's phase 1 may have completed long before;
+    the link would idle between the phases of consecutive buckets.
+    """
+    pending = [ex for ex in exchanges if ex.phase == 1]
+    delay, longest = POLL_SLEEP_S
+    while pending:
+        for ex in pending:
+            communicator.progress(ex)
+        pending = [ex for ex in pending if ex.phase == 1]
+        if pending:
+            with communicator.stats.timing("communicate_s"):
+                time.sleep(delay)
+            delay = min(2 * delay, longest)
 
 
 class Stats:
@@ -150,8 +173,7 @@ class _Base(Communicator):
                 for j, i in enumerate(group):
                     bucket.put(j, tensors[i])
             exchanges.append(self.start(bucket, memory))
-        for ex in exchanges:
-            self.progress(ex)
+        self.advance(exchanges)
         results = [None] * len(tensors)
         for (group, bucket), ex in zip(planned, exchanges):
             self.finish(ex)
@@ -299,6 +321,9 @@ class AlltoallCommunicator(_PacketBase):
         exchange.handle = hvd.allgather_async(reduced, name=self._tag(bucket.name + ".gather"))
         exchange.phase = 2
         self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
+
+    def advance(self, exchanges):
+        launch_next_phases(self, exchanges)
 
     def finish(self, exchange):
         self.progress(exchange, wait=True)

@@ -149,7 +149,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for name, p in self._params:
             if p not in self._arrived:           # no gradient, a sparse one, or an early step()
                 self._put(p, self._final_grad(name, p))
-        self._progress()
+        self._communicator.advance(list(self._in_flight.values()))
         for b, bucket in enumerate(self._buckets):
             self._communicator.finish(self._in_flight[b])
             with self._communicator.stats.timing("decompress_s"):

@@ -25,7 +25,7 @@ import zlib
 import torch
 import horovod.torch as hvd
 
-from .communicators import wait_for
+from .communicators import launch_next_phases, wait_for
 from .costmodel.methods import bytes_per_step
 from .registry import Route
 from .tensorwise import Step, TensorwiseCommunicator
@@ -148,6 +148,9 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         self._count(q)
         step.handle = hvd.allreduce_async_(q, name=self._tag(step.bucket.name, "q"), op=hvd.Average)
         step.phase = 2
+
+    def advance(self, steps):
+        launch_next_phases(self, steps)
 
     def finish(self, step):
         bucket = step.bucket

@@ -2,8 +2,9 @@
 
     Memory        compensate(name, x) before compressing; remember(name, x, kept) after
     Compressor    Horovod's two static methods; a PacketCompressor adds the bucket kernels
-    Communicator  start(bucket) launches the collective; finish(exchange) leaves the reduced
-                  values in the bucket
+    Communicator  start(bucket) launches the collective; advance(exchanges) starts the later
+                  phases of multi-phase routes; finish(exchange) leaves the reduced values
+                  in the bucket
 
 One step serves every route (communicators.py): compensate -> compress -> remember ->
 collective -> decompress. Which Communicator carries a scheme is decided in one place,
@@ -80,6 +81,10 @@ class Communicator:
         """Compress the bucket (with error feedback if `memory`) and launch its collective;
         return an exchange handle. Called from a gradient hook, so it must not block."""
         raise NotImplementedError
+
+    def advance(self, exchanges):
+        """Before the finishes: launch each exchange's later phase the moment its earlier one
+        completes, in completion order (multi-phase routes; one-phase ones have nothing to do)."""
 
     def finish(self, exchange):
         """Wait for the exchange and write the reduced values into its bucket."""

@@ -59,6 +59,7 @@ class TensorwiseCommunicator(Communicator):
         for group, bucket in self.plan(names, tensors):
             bucket.put(0, tensors[group[0]])
             steps.append(self.start(bucket, memory))
+        self.advance(steps)
         for step in steps:
             self.finish(step)
         return [step.bucket.tensor for step in steps]

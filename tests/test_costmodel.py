@@ -403,6 +403,30 @@ def test_fit_holds_a_negative_alpha_at_zero():
     assert f.clamped == "alpha" and f.alpha == 0 and f.beta > 0
 
 
+def test_fit_holds_the_bandwidth_at_the_link_rate():
+    # The lab's calibration of 2026-11-23: alltoall at n = 4 on a 100 Mbit/s link, three sizes,
+    # medians of 8/5/3 repetitions (the 64 KiB one raised by a few slow ones). Free, the fit
+    # claimed 110 Mbit/s and an alpha of 23 ms; held at the link's rate it cannot.
+    rows = [fit.Measurement("alltoall", 4, b, t) for b, t in
+            ((65536, 0.08766), (1048576, 0.10245), (4194304, 0.38224))]
+    rate = 100e6 / 8
+    free = fit.fit(rows, "alltoall")
+    assert free.bandwidth > rate and free.clamped == ""
+    held = fit.fit(rows, "alltoall", max_bandwidth=rate)
+    assert held.clamped == "bandwidth" and held.bandwidth == pytest.approx(rate)
+    # alpha: the relative least-squares fit of what the rate leaves of each time
+    coeffs = [fit.COLLECTIVES["alltoall"](4, m.bytes) for m in rows]
+    rest = np.array([(m.seconds - c.bytes / rate) / m.seconds for m, c in zip(rows, coeffs)])
+    col = np.array([c.messages / m.seconds for m, c in zip(rows, coeffs)])
+    assert held.alpha == pytest.approx(float(col @ rest / (col @ col)), rel=1e-12)
+    # a fit below the rate is left alone
+    exact = [m for m in synthetic(8, ("allreduce",), sigma=0.0, reps=1)]
+    assert fit.fit(exact, "allreduce", max_bandwidth=2 / BETA).beta == pytest.approx(BETA, rel=1e-9)
+    assert fit.fit(exact, "allreduce", max_bandwidth=0.5 / BETA).beta == pytest.approx(2 * BETA)
+    with pytest.raises(fit.FitError, match="max_bandwidth"):
+        fit.fit(exact, "allreduce", max_bandwidth=0)
+
+
 def test_per_n_fit_recovers_each_n_where_the_pooled_fit_cannot():
     # Data whose n = 2 link is half as fast (as Gloo's allgather at n = 2 measured): no single
     # alpha/beta fits both n, each per-n fit recovers its own link exactly.
@@ -568,6 +592,15 @@ def test_cli_fit(tmp_path):
                          for n in (2, 4, 8)}
     for r in rows.values():
         assert units.parse_rate(r["bandwidth"]) == pytest.approx(1 / BETA, rel=2 * TOL)
+
+    p = run_cli("--fit", str(tmp_path / "bench.csv"), "--link-rate", f"{0.5 / BETA}B/s")
+    assert p.returncode == 0, p.stderr
+    rows = {r["collective"]: r for r in markdown_rows(p.stdout) if "points" in r}
+    for r in rows.values():
+        assert units.parse_rate(r["bandwidth"]) == pytest.approx(0.5 / BETA, rel=1e-3)
+    assert "held at it" in p.stdout
+    p = run_cli("--link-rate", "1Gbit/s", "--nodes", "2", "--size", "1MiB", *LINK_ARGS)
+    assert p.returncode == 2 and "--link-rate bounds a fit" in p.stderr
 
     p = run_cli("--fit", str(tmp_path / "missing.csv"))
     assert p.returncode != 0 and "missing.csv" in p.stderr

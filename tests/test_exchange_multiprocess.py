@@ -6,6 +6,8 @@ The worker (tests/workers/exchange_checks.py) asserts on every rank that
   simulated on one process through the per-tensor interface (decode each rank's codes block by
   block, float32 rank-order sum, re-encode for the two-phase route), is within float32 rounding
   of the float64 sum of the decoded codes, and is bit-identical on all ranks;
+- the two-phase route's advance() launches every bucket's phase 2, and buckets finished in
+  reverse order give the bits of reduce();
 - none/fp16 through our communicator are bit-identical to hvd.allreduce;
 - hc.DistributedOptimizer with none/fp16 trains to bit-identical parameters as
   hvd.DistributedOptimizer, with 1 and 2 backward passes per step and a layer that only rank 0
@@ -27,6 +29,8 @@ def test_exchange_across_ranks(controller, np, tmp_path):
     assert len(names) > 250, f"the worker ran only {len(names)} checks"
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         assert any(n.startswith(route) and n.endswith("equals_simulation") for n in names), route
+    for comp in ("bit8", "bit16"):
+        assert f"{comp}.alltoall.advance.every_phase2_launched" in names
     for passes in (1, 2):
         assert f"optimizer.none.passes{passes}.identical_to_hvd_DistributedOptimizer" in names
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):

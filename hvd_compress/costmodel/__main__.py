@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-n", action="store_true",
                    help="with --fit: fit each rank count on its own (default: one alpha/beta "
                         "per collective for all n)")
+    p.add_argument("--link-rate", type=_typed(units.parse_rate),
+                   help="with --fit: the link's rate, e.g. 100Mbit/s; no fit may claim more "
+                        "(beta is held at 1/rate and alpha refitted where it would)")
     return p
 
 
@@ -273,7 +276,8 @@ def methods_command(args, link: model.Link) -> str:
 def fit_command(args):
     from . import fit as fitting  # imports NumPy; prediction alone does not need it
     try:
-        fits = fitting.fit_all(fitting.read_measurements(args.fit), args.weighting, args.per_n)
+        fits = fitting.fit_all(fitting.read_measurements(args.fit), args.weighting, args.per_n,
+                               args.link_rate)
     except (OSError, UnicodeDecodeError, csv.Error, fitting.FitError) as e:
         raise SystemExit(f"error: --fit: {e}") from None
 
@@ -305,7 +309,9 @@ def _fit_table(args, fits) -> str:
           f"{f.r2:.4f}", f"{100 * f.max_abs_rel_residual:.1f}%"] for f in fits],
         right={1, 2, 3, 4, 5, 6, 7}))
     for f in fits:
-        if f.clamped:
+        if f.clamped == "bandwidth":
+            out.append(f"note: {f.label}: the bandwidth fitted above --link-rate and was held at it")
+        elif f.clamped:
             out.append(f"note: {f.label}: {f.clamped} fitted below 0 and was held at 0")
         if f.excluded_n1 and (f.collective != "all" or len(fits) == 1):
             out.append(f"note: {f.collective}: {f.excluded_n1} row(s) at n = 1 left out "
@@ -347,6 +353,8 @@ def main(argv=None) -> int:
         return 0
 
     if args.fit is None:
+        if args.link_rate is not None:
+            parser.error("--link-rate bounds a fit: give it with --fit FILE.csv")
         missing = [f"--{k}" for k in ("nodes", "size", "bandwidth", "latency")
                    if getattr(args, k) is None]
         if missing:

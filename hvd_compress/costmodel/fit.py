@@ -93,7 +93,8 @@ class Fit:
     points: list = field(default_factory=list)
     rows: int = 0                # measurement rows used (before taking medians)
     excluded_n1: int = 0         # rows at n = 1, which carry no communication
-    clamped: str = ""            # "alpha" or "beta" if that one was held at 0 (it fitted < 0)
+    clamped: str = ""            # "alpha" or "beta" if that one was held at 0 (it fitted < 0);
+                                 # "bandwidth" if it was held at max_bandwidth (fitted above)
     weighting: str = "relative"
     n: int | None = None         # the rank count this fit is for; None: pooled over all n
 
@@ -210,12 +211,25 @@ def _solve_nonnegative(A: np.ndarray, y: np.ndarray):
     return xc, name
 
 
+def _hold_bandwidth(A: np.ndarray, y: np.ndarray, beta: float) -> np.ndarray:
+    """(alpha >= 0, beta) with beta given: least squares of the rest on the messages column."""
+    col, rest = A[:, 0], y - A[:, 1] * beta
+    return np.array([max(float(col @ rest) / float(col @ col), 0.0) if col @ col else 0.0, beta])
+
+
 def fit(measurements, collective: str | None = None, weighting: str = "relative",
-        n: int | None = None) -> Fit:
+        n: int | None = None, max_bandwidth: float | None = None) -> Fit:
     """Fit one link (alpha, beta) to `collective`'s rows, or to all rows if collective is None;
-    only to the rows at `n` ranks if n is given."""
+    only to the rows at `n` ranks if n is given.
+
+    max_bandwidth (bytes/s): the link's rate, where it is known (an emulated link). A fit
+    above it is impossible (a payload cannot cross faster than the wire, and framing adds
+    bytes): it means a few slow repetitions of a small message raised alpha and the slope
+    fell to make up. Then beta is held at 1 / max_bandwidth and alpha refitted alone."""
     if weighting not in WEIGHTINGS:
         raise FitError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if max_bandwidth is not None and not max_bandwidth > 0:
+        raise FitError(f"max_bandwidth must be > 0 bytes/s, got {max_bandwidth!r}")
     if collective is not None:
         collective = _canonical(collective)
         measurements = [m for m in measurements if m.collective == collective]
@@ -242,6 +256,8 @@ def fit(measurements, collective: str | None = None, weighting: str = "relative"
         x, clamped = _solve_nonnegative(A * w[:, None], y * w)
     except FitError as e:
         raise FitError(f"{label}: {e}") from None
+    if max_bandwidth is not None and x[1] < 1.0 / max_bandwidth:
+        x, clamped = _hold_bandwidth(A * w[:, None], y * w, 1.0 / max_bandwidth), "bandwidth"
     alpha, beta = float(x[0]), float(x[1])
 
     predicted = A @ x
@@ -256,14 +272,15 @@ def fit(measurements, collective: str | None = None, weighting: str = "relative"
     )
 
 
-def fit_all(measurements, weighting: str = "relative", per_n: bool = False) -> list[Fit]:
+def fit_all(measurements, weighting: str = "relative", per_n: bool = False,
+            max_bandwidth: float | None = None) -> list[Fit]:
     """One fit per collective present, plus a joint "all" fit when there are several;
-    with per_n, those for each rank count n >= 2 on its own."""
+    with per_n, those for each rank count n >= 2 on its own; none above max_bandwidth."""
     names = sorted({m.collective for m in measurements})
     groups = [None] if not per_n else sorted({m.n for m in measurements if m.n >= 2})
     fits = []
     for n in groups:
-        fits += [fit(measurements, c, weighting, n) for c in names]
+        fits += [fit(measurements, c, weighting, n, max_bandwidth) for c in names]
         if len(names) > 1:
-            fits.append(fit(measurements, None, weighting, n))
+            fits.append(fit(measurements, None, weighting, n, max_bandwidth))
     return fits

@@ -33,8 +33,10 @@ Timing: at each size every case is first checked (its result compared with the e
 then warmed up, then timed in interleaved rounds (case a, b, c, a, b, c, ...) so that load
 from other programs hits all cases alike.  Before every call the ranks meet at a barrier; a
 repetition's time is the slowest rank's time from the barrier to the end of its call.  The
-number of rounds is chosen from the warm-up so that a size takes about --budget seconds per
-case, between --min-reps and --max-reps.
+number of repetitions is chosen per case from the warm-up so that each takes about --budget
+seconds, between --min-reps and --max-reps: a small message, whose median decides alpha and
+is the most easily moved by a few slow repetitions, gets the most.  The fit never takes a
+bandwidth above the emulated link's rate (costmodel.fit's max_bandwidth).
 """
 from __future__ import annotations
 
@@ -306,22 +308,25 @@ def time_cases(hvd, torch, cases: list[Case], warmup: int, min_reps: int, max_re
     for case in cases:
         errors.append(case.check(case.run()))
         case.stats()                     # forget the statistics of the checked call
-    round_s = 0.0
+    case_s = [0.0] * len(cases)
     for _ in range(warmup):
-        round_s = 0.0
-        for case in cases:
+        for c, case in enumerate(cases):
             hvd.barrier()
             t0 = time.perf_counter()
             case.run()
-            round_s += time.perf_counter() - t0
+            case_s[c] = time.perf_counter() - t0
             case.stats()
-    # All ranks must agree on the number of rounds: decide from the slowest rank's warm-up.
-    slowest = float(hvd.allreduce(torch.tensor([round_s], dtype=torch.float64), op=hvd.Max,
-                                  name="bench.warmup")[0])
-    reps = int(min(max_reps, max(min_reps, budget_s * len(cases) / max(slowest, 1e-9))))
-    table = torch.full((len(cases), reps, len(STAT_KEYS)), math.nan, dtype=torch.float64)
-    for i in range(reps):
+    # All ranks must agree on the number of repetitions: decide from the slowest rank's warm-up.
+    # Each case gets its own (about budget_s of it): a small message, whose median is the one
+    # that a few slow repetitions move most (it fixes alpha), gets many, a large one few.
+    slowest = hvd.allreduce(torch.tensor(case_s, dtype=torch.float64), op=hvd.Max,
+                            name="bench.warmup").tolist()
+    reps = [int(min(max_reps, max(min_reps, budget_s / max(t, 1e-9)))) for t in slowest]
+    table = torch.full((len(cases), max(reps), len(STAT_KEYS)), math.nan, dtype=torch.float64)
+    for i in range(max(reps)):
         for c, case in enumerate(cases):
+            if i >= reps[c]:
+                continue
             hvd.barrier()
             tx0 = wire()
             t0 = time.perf_counter()
@@ -338,7 +343,7 @@ def time_cases(hvd, torch, cases: list[Case], warmup: int, min_reps: int, max_re
     worst[worst < 0] = math.nan
     return [[{**case.row, "rep": i, "result_rel_err": errors[c],
               **{k: float(worst[c, i, j]) for j, k in enumerate(STAT_KEYS)}}
-             for i in range(reps)] for c, case in enumerate(cases)]
+             for i in range(reps[c])] for c, case in enumerate(cases)]
 
 
 def run_worker(args) -> int:
@@ -442,11 +447,22 @@ def _model_scheme(compression: str, reduction: str) -> tuple[str, int]:
     return ("allreduce_ring" if route is Route.ALLREDUCE else route.value), BITS[compression]
 
 
+def link_rate_bytes(prim_raw):
+    """The emulated link's rate in bytes/s from the measurements' link_rate_bps column (None
+    on loopback, where no rate was set)."""
+    import pandas as pd
+    if "link_rate_bps" not in prim_raw:
+        return None
+    rates = pd.to_numeric(prim_raw["link_rate_bps"], errors="coerce").dropna()
+    return float(rates.iloc[0]) / 8 if len(rates) and rates.iloc[0] > 0 else None
+
+
 def fit_and_predict(prim_raw, prim, schemes):
     """Fit alpha/beta (hvd_compress.costmodel.fit) to the primitives; predict every point.
 
     Two fits: per (collective, n), which `predicted_s` uses, and pooled over n per collective
-    (`pooled_predicted_s`), the one that extrapolates to other n. A scheme's communication is
+    (`pooled_predicted_s`), the one that extrapolates to other n. Over an emulated link no fit
+    may claim a bandwidth above the link's rate. A scheme's communication is
     predicted with the link fitted to all primitives at its n (one network, one alpha and beta).
     """
     from hvd_compress import costmodel
@@ -454,8 +470,9 @@ def fit_and_predict(prim_raw, prim, schemes):
 
     measurements = cmfit.measurements_from_rows(
         prim_raw[["collective", "n", "bytes", "seconds"]].to_dict("records"), source="primitives")
-    pooled = {f.label: f for f in cmfit.fit_all(measurements)}
-    per_n = {f.label: f for f in cmfit.fit_all(measurements, per_n=True)}
+    rate = link_rate_bytes(prim_raw)
+    pooled = {f.label: f for f in cmfit.fit_all(measurements, max_bandwidth=rate)}
+    per_n = {f.label: f for f in cmfit.fit_all(measurements, per_n=True, max_bandwidth=rate)}
     fits = {**per_n, **pooled}
 
     def seconds(fit, cost):
@@ -582,7 +599,8 @@ def format_report(summary, fit_json, ratios) -> str:
         lines.append(f"  {label:<14} alpha {f['alpha_s'] * 1e6:9.1f} us   "
                      + (f"bandwidth {bw * 8 / 1e9:8.3f} Gbit/s" if bw else "bandwidth   (beta fitted 0)")
                      + (f"   R^2 {f['r2']:.4f}" if f["r2"] is not None else "")
-                     + (f"   ({f['clamped']} held at 0)" if f["clamped"] else ""))
+                     + (f"   (bandwidth held at the link rate)" if f["clamped"] == "bandwidth"
+                        else f"   ({f['clamped']} held at 0)" if f["clamped"] else ""))
     big = summary[(summary["bytes"] >= 2**20) & (summary["kind"] == "primitive")]
     for col, what in (("rel_err", "fitted per (collective, n)"),
                       ("pooled_rel_err", "fitted per collective, pooled over n")):

@@ -216,8 +216,36 @@ def check_optimizer():
     check("optimizer.skip_synchronize.same_on_all_ranks", same_on_all_ranks(params, "clip"))
 
 
+def check_advance():
+    """The two-phase route's advance() leaves no bucket in phase 1 (each phase 2 launched as its
+    phase 1 completed, in any order), and finishing the buckets in reverse order then gives
+    the bits of reduce()."""
+    tensors = rank_tensors(seed=11)
+    names = [f"adv{i}" for i in range(len(tensors))]
+    for comp in (hc.Compression.bit8, hc.Compression.bit16):
+        comm = make_communicator(comp, "alltoall", fusion_threshold_bytes=40)
+        planned = comm.plan(names, tensors, prefix=f"{comp.name}.advance.")
+        check(f"{comp.name}.alltoall.advance.several_buckets", len(planned) > 2, f"{len(planned)} buckets")
+        exchanges = []
+        for group, bucket in planned:
+            for j, i in enumerate(group):
+                bucket.put(j, tensors[i])
+            exchanges.append(comm.start(bucket))
+        comm.advance(exchanges)
+        check(f"{comp.name}.alltoall.advance.every_phase2_launched", all(ex.phase == 2 for ex in exchanges),
+              f"phases {[ex.phase for ex in exchanges]}")
+        for ex in reversed(exchanges):
+            comm.finish(ex)
+        expected = make_communicator(comp, "alltoall", fusion_threshold_bytes=40).reduce(tensors, names)
+        for (group, bucket), ex in zip(planned, exchanges):
+            for j, i in enumerate(group):
+                check(f"{comp.name}.alltoall.advance.t{i}.equals_reduce",
+                      torch.equal(bucket.result(j).reshape(-1), expected[i].reshape(-1)))
+
+
 check_allreduce_routes()
 check_packet_routes()
+check_advance()
 check_optimizer()
 checks.done()
 sys.exit(0)
