@@ -37,13 +37,14 @@ NETWORK_RATE = "100mbit"
 NETWORK_STEPS = 40
 # Calibration sizes: each rank's input from 64 KiB to 4 MiB, the range of the buckets and
 # tensors the table's rows exchange (costmodel.methods.exchange_units), at 2 and 4 ranks.
-# Four sizes, about 3 s of repetitions of each case (3 to 40: the small ones get the most):
-# at 4 ranks on 2 busy cores a 64 KiB alltoall took 16-124 ms and a 1 MiB allreduce 144-345
-# ms, and with 3 to 8 repetitions of 3 sizes one median moved alpha from 2 to 23 ms between
-# two calibrations (docs/lab.md). The fit takes no bandwidth above the link's rate.
+# About 1.5 s of repetitions of each case, 3 to 40 (the small ones, whose medians fix alpha,
+# get the most), and no fit above the link's rate. Budgets of 3 s did not steady the 4-rank
+# fits: two calibrations with them gave alltoall at 4 ranks 3.2 ms / 58 Mbit/s and 14.5 ms /
+# 100 Mbit/s (held at the rate): on 2 busy cores, 4 ranks' collectives are timed by the
+# scheduler more than by the link (docs/lab.md).
 CALIBRATION_RANKS = (2, 4)
 CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "alltoall",
-               "--schemes", "--sizes", "65536,262144,1048576,4194304", "--budget", "3",
+               "--schemes", "--sizes", "65536,262144,1048576,4194304", "--budget", "1.5",
                "--min-reps", "3", "--max-reps", "40", "-n"] + [str(n) for n in CALIBRATION_RANKS]
 # Relative costs for the progress line's percentage: seconds on the 2-core VM of the committed
 # run (results/lab/run_lab.log): a table run's epoch by processes, a network run by processes.
