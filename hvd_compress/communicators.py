@@ -59,11 +59,18 @@ def wait_for(handle):
     Sleeping adds at most POLL_SLEEP_S[1] to a wait; a finished handle's synchronize()
     returns at once (and raises its error, if any).
     """
-    delay, longest = POLL_SLEEP_S
+    sleeps = _poll_sleeps()
     while not hvd.poll(handle):
-        time.sleep(delay)
-        delay = min(2 * delay, longest)
+        time.sleep(next(sleeps))
     return hvd.synchronize(handle)
+
+
+def _poll_sleeps():
+    """The sleeps between polls: POLL_SLEEP_S[0] doubling up to POLL_SLEEP_S[1]."""
+    delay, longest = POLL_SLEEP_S
+    while True:
+        yield delay
+        delay = min(2 * delay, longest)
 
 
 def launch_next_phases(communicator, exchanges):
@@ -75,16 +82,14 @@ def launch_next_phases(communicator, exchanges):
     1's phase 2 is even launched, though bucket 1's phase 1 may have completed long before;
     the link would idle between the phases of consecutive buckets.
     """
-    pending = [ex for ex in exchanges if ex.phase == 1]
-    delay, longest = POLL_SLEEP_S
+    pending, sleeps = [ex for ex in exchanges if ex.phase == 1], _poll_sleeps()
     while pending:
         for ex in pending:
             communicator.progress(ex)
         pending = [ex for ex in pending if ex.phase == 1]
         if pending:
             with communicator.stats.timing("communicate_s"):
-                time.sleep(delay)
-            delay = min(2 * delay, longest)
+                time.sleep(next(sleeps))
 
 
 class Stats:

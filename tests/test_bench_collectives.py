@@ -195,8 +195,9 @@ def test_tiny_netem_run_counts_wire_bytes(tmp_path):
 
 
 def test_time_cases_gives_each_case_its_own_repetitions():
-    # Real Horovod, one process: a 2 ms case and a 40 ms one with a budget of 0.1 s each
-    # get about 50 (capped at 30) and about 2 (raised to 3) repetitions, interleaved.
+    # Real Horovod, one process: a 0.5 ms case and a 40 ms one with a budget of 0.1 s each
+    # get about 200 (capped at 30; still 30 if a loaded machine stretches the sleep to 3 ms)
+    # and about 2 (raised to 3) repetitions, interleaved.
     import time
     import torch
     import horovod.torch as hvd
@@ -208,11 +209,11 @@ def test_time_cases_gives_each_case_its_own_repetitions():
             order.append(name)
             time.sleep(seconds)
         return bench.Case("primitive", name, run, lambda out: 0.0, row={"collective": name})
-    rows = bench.time_cases(hvd, torch, [case("small", 0.002), case("large", 0.04)], warmup=1,
+    rows = bench.time_cases(hvd, torch, [case("small", 0.0005), case("large", 0.04)], warmup=1,
                             min_reps=3, max_reps=30, budget_s=0.1, wire=lambda: math.nan)
     small, large = rows
     assert len(small) == 30 and len(large) == 3
     assert [r["rep"] for r in small] == list(range(30))
-    assert all(r["seconds"] >= 0.002 for r in small) and all(r["seconds"] >= 0.04 for r in large)
+    assert all(r["seconds"] >= 0.0005 for r in small) and all(r["seconds"] >= 0.04 for r in large)
     timed = order[4:]                    # after one check and one warm-up of each
     assert timed[:6] == ["small", "large"] * 3 and set(timed[6:]) == {"small"}

@@ -420,7 +420,7 @@ def test_fit_holds_the_bandwidth_at_the_link_rate():
     col = np.array([c.messages / m.seconds for m, c in zip(rows, coeffs)])
     assert held.alpha == pytest.approx(float(col @ rest / (col @ col)), rel=1e-12)
     # a fit below the rate is left alone
-    exact = [m for m in synthetic(8, ("allreduce",), sigma=0.0, reps=1)]
+    exact = synthetic(8, ("allreduce",), sigma=0.0, reps=1)
     assert fit.fit(exact, "allreduce", max_bandwidth=2 / BETA).beta == pytest.approx(BETA, rel=1e-9)
     assert fit.fit(exact, "allreduce", max_bandwidth=0.5 / BETA).beta == pytest.approx(2 * BETA)
     with pytest.raises(fit.FitError, match="max_bandwidth"):

@@ -38,10 +38,10 @@ NETWORK_STEPS = 40
 # Calibration sizes: each rank's input from 64 KiB to 4 MiB, the range of the buckets and
 # tensors the table's rows exchange (costmodel.methods.exchange_units), at 2 and 4 ranks.
 # About 1.5 s of repetitions of each case, 3 to 40 (the small ones, whose medians fix alpha,
-# get the most), and no fit above the link's rate. A budget of 3 s did not steady the 4-rank
-# fits: two calibrations with them gave alltoall at 4 ranks 3.2 ms / 58 Mbit/s and 14.5 ms /
-# 100 Mbit/s (held at the rate): on 2 busy cores, 4 ranks' collectives are timed by the
-# scheduler more than by the link (docs/lab.md).
+# get the most), and no fit above the link's rate. More repetitions do not steady the 4-rank
+# fits: alltoall at 4 ranks fitted 3.2 ms / 58 Mbit/s with 1.5 s a case, and an hour later
+# 14.5 ms / 100 Mbit/s (held at the rate) with 3 s: on 2 busy cores, 4 ranks' collectives are
+# timed by the scheduler more than by the link (docs/lab.md).
 CALIBRATION_RANKS = (2, 4)
 CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "alltoall",
                "--schemes", "--sizes", "65536,262144,1048576,4194304", "--budget", "1.5",
