@@ -77,6 +77,7 @@ def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):
     assert text.startswith("Stalled: rank 1 (silent 30 s, 39 steps done)") and "rank 2" not in text
     (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "steps": 39, "time": now - 1}))
     assert "deadlock" in suspects(tmp_path, 3, now=now) and "rank 1 (39 steps)" in suspects(tmp_path, 3, now=now)
+    assert suspects(tmp_path, 3, now=now, deadlock=False) == ""     # only what was observed
     assert suspects(tmp_path, 4, now=now).startswith("Stalled: rank 3")      # never wrote one
     for r in range(3):
         (tmp_path / f"rank{r}.json").write_text(json.dumps({"rank": r, "steps": 40, "time": now}))
@@ -106,6 +107,12 @@ def test_suspects_name_a_link_down_a_network_that_delivers_nothing_or_a_crawl(tm
     text = suspects(tmp_path, 2, now=now)
     assert text.startswith("The network crawls") and "rank 0 received 20 kbit/s" in text
     assert "rank 1" not in text
+    write([{"state": "up", "rx_bps": 2500.0}, {"state": "up", "rx_bps": 1e7}], steps=(40, 39))
+    assert suspects(tmp_path, 2, now=now).startswith("The network crawls")   # not "deadlock"
+    write([{"state": "up", "rx_bps": 0.0}, {"state": "up", "rx_bps": 0.0}], steps=(40, 39))
+    assert suspects(tmp_path, 2, now=now).startswith("No traffic")
+    write([{"state": "up", "rx_bps": 1e7}, {"state": "up", "rx_bps": 1e7}], steps=(40, 39))
+    assert "deadlock" in suspects(tmp_path, 2, now=now)          # healthy links: the steps speak
     write([{"state": "up", "rx_bps": 1e7}, {"state": "up", "rx_bps": 1e7}])
     assert suspects(tmp_path, 2, now=now) == ""
     write([{"state": "up", "rx_bps": 0.0}, {"state": "up", "rx_bps": 0.0}], ages=(0.5, 30))

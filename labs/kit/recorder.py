@@ -165,6 +165,15 @@ class RunRecorder:
             status = "complete"
         except (Interrupted, KeyboardInterrupt) as stop:
             status, reason = "interrupted", str(stop) or type(stop).__name__
+            # the launcher tears every rank down when one fails: if a fault was seen (a rank
+            # stopped, a link down, silent or crawling), this run failed; it was not stopped
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if self.watchdog.link_probe is not None:
+                self.watchdog.heartbeat()
+            fault = suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank,
+                             deadlock=False)
+            if fault:
+                status, reason = "failed", f"{reason} while the job was ending after a fault: {fault}"
         except OSError as err:          # the disk (full, gone, read-only): records stop here
             reason = (f"cannot write the run's records: {err}; what was written before is "
                       f"intact, the last checkpoint included (a checkpoint is replaced only "
@@ -175,6 +184,7 @@ class RunRecorder:
             # (this rank's own heartbeat first brought up to date: its link may have just died)
             if self.watchdog.link_probe is not None:
                 self.watchdog.heartbeat()
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's teardown waits
                 time.sleep(2 * PERIOD_S)    # and the others' (their watchdog threads still run)
             diagnosis = suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank)
             if diagnosis:
