@@ -67,7 +67,7 @@ def test_predictions_within_25_percent_but_for_the_known_miss():
     """Issue 14 asks for every row whose exchange is >= 5 ms: all 8 here are judged."""
     net = frame(NET).reset_index(drop=True)
     preds = network.predictions(net, manifests(NET), frame(TABLE).reset_index(drop=True),
-                                network.load_links(CALIBRATION))
+                                *network.load_calibration(CALIBRATION))
     judged = [p for p in preds if p.judged]
     assert len(judged) == 8
     misses = {p.run for p in judged if abs(p.error) > network.TOLERANCE}

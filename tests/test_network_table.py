@@ -48,6 +48,22 @@ def test_exchange_seconds_by_hand():
     assert methods.exchange_seconds(units, 2, links, launch_span=4e-3) == pytest.approx(7e-3)
     assert methods.exchange_seconds(units, 2, links, launch_span=1e-3) == pytest.approx(5e-3)
     assert methods.exchange_seconds([], 2, links) == 0.0
+    two = [[("allgather", 1000)] * 2, [("allgather", 2000)] * 2]        # phases of 2+2, 3+3 ms
+    assert methods.exchange_seconds(two, 2, links, 6e-3, True) == pytest.approx(14e-3)  # 6+3+2+3
+    assert methods.exchange_seconds(two, 2, links, 0.0, True) == pytest.approx(10e-3)
+
+
+def test_exchange_after_backward_runs_at_the_idle_pace():
+    """Busy cores until backward ends (launch_span), idle after: t1 = 2 ms busy / 1 ms idle,
+    t2 = 3 / 1.5 ms. S = 4 ms: t1 busy (0-2), t2 idle (4-5.5). S = 1 ms: t1 half done at 1 ms,
+    its other half at idle pace (0.5 ms), then t2 idle: 3 ms. S = 0: all idle, 2.5 ms."""
+    busy = {"allgather": Link(alpha=1e-3, beta=1e-6)}
+    idle = {"allgather": Link(alpha=0.5e-3, beta=0.5e-6)}
+    units = [[("allgather", 1000)], [("allgather", 2000)]]
+    assert methods.exchange_seconds(units, 2, busy, 4e-3, links_after=idle) == pytest.approx(5.5e-3)
+    assert methods.exchange_seconds(units, 2, busy, 1e-3, links_after=idle) == pytest.approx(3e-3)
+    assert methods.exchange_seconds(units, 2, busy, 0.0, links_after=idle) == pytest.approx(2.5e-3)
+    assert methods.exchange_seconds(units, 2, busy, 20e-3, links_after=idle) == pytest.approx(21.5e-3)
 
 
 def test_break_even_rate_is_where_the_two_times_meet():
@@ -105,7 +121,7 @@ def test_rate_text():
 
 
 def test_job_plans_the_table_the_calibration_and_the_network_rows(tmp_path):
-    """The whole lab, planned: 9 runs of the table over loopback, a calibration of the link,
+    """The whole lab, planned: 9 runs of the table over loopback, two calibrations of the link,
     the 8 parallel rows over it with --steps-per-epoch, in a folder beside the table's."""
     out = tmp_path / "matrix"
     done = subprocess.run([sys.executable, "-m", "labs.kit.job", "--dry-run", "--out", str(out)],
@@ -119,8 +135,11 @@ def test_job_plans_the_table_the_calibration_and_the_network_rows(tmp_path):
                and "--epochs 2" in l for l in table)
     assert all("labs.netem run" in l and "--rate 100mbit" in l and "--steps-per-epoch 40" in l
                and str(tmp_path / "matrix-netem-100mbit") in l for l in net)
-    calibration = [l for l in lines if l.startswith("calibration:")]
-    assert len(calibration) == 1 and "labs.netem.bench --launch netem --rate 100mbit" in calibration[0]
+    calibration = [l for l in lines if l.startswith("calibration (")]
+    assert len(calibration) == 2                                 # busy cores, then idle ones
+    assert all("labs.netem.bench --launch netem --rate 100mbit" in l for l in calibration)
+    assert "(2 core(s) kept busy)" in calibration[0] and "link.csv" in calibration[0]
+    assert "(0 core(s) kept busy)" in calibration[1] and "link_idle.csv" in calibration[1]
     assert not out.exists()                                      # a dry run writes nothing
 
 

@@ -197,7 +197,8 @@ def two_phase(method, route=None):
     return method in CODE_BYTES and (route == "alltoall" or (route is None and method == "bit16"))
 
 
-def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backward=False):
+def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backward=False,
+                     links_after=None):
     """A step's exchange, first launch to last result, on calibrated links: the units travel
     one after another (Horovod's background thread runs collectives in order), and the last
     one cannot leave before backward has produced it, `launch_span` seconds after the first:
@@ -205,18 +206,35 @@ def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backwa
         T = max(launch_span, t_1 + ... + t_(k-1)) + t_k
 
     With `second_phase_after_backward` (the two-phase route) t_i is the first collective of
-    unit i, and the second ones (p_i) follow at the end: the optimizer launches a bucket's
-    second phase when it next polls it, in a later gradient hook or in step(), so on this
-    model's reckoning after backward:  T = max(S, t_1 + ... + t_(k-1)) + t_k + p_1 + ... + p_k.
+    unit i and the second ones (p_i) follow: the optimizer launches a bucket's second phase
+    once its first has completed, when it next polls it, so they share the one queue with the
+    firsts and the total is the same on this model's reckoning:
+    T = max(S, t_1 + ... + t_(k-1)) + t_k + p_1 + ... + p_k.
+
+    `links_after`: the link as timed on idle cores, for what is on the wire after backward
+    (after `launch_span`): until then backward keeps the cores busy and `links` (timed on busy
+    cores) sets the pace; a collective running across that moment does the rest of its work
+    at the idle pace. Without it one link times the whole exchange, the formula above.
     (Codec time is the caller's to add.)"""
     if not units:
         return 0.0
+    links_after = links if links_after is None else links_after
     if second_phase_after_backward:
-        firsts = [unit_seconds(u[:1], n, links) for u in units]
-        seconds = sum(unit_seconds(u[1:], n, links) for u in units)
-        return max(launch_span, sum(firsts[:-1])) + firsts[-1] + seconds
-    times = [unit_seconds(u, n, links) for u in units]
-    return max(launch_span, sum(times[:-1])) + times[-1]
+        queue = [(u[:1], 0.0) for u in units[:-1]] + [(units[-1][:1], launch_span)]
+        queue += [(u[1:], launch_span) for u in units]
+    else:
+        queue = [(u, 0.0) for u in units[:-1]] + [(units[-1], launch_span)]
+    clock = 0.0
+    for unit, ready in queue:
+        start = max(clock, ready)
+        busy, idle = unit_seconds(unit, n, links), unit_seconds(unit, n, links_after)
+        if start + busy <= launch_span:
+            clock = start + busy
+        elif start >= launch_span or busy == 0:
+            clock = start + idle
+        else:                            # backward ends while it runs: the rest at idle pace
+            clock = launch_span + (1 - (launch_span - start) / busy) * idle
+    return clock
 
 
 def break_even_rate(fp32, compressed, fp32_codec_s, codec_s):

@@ -11,10 +11,10 @@ calibration kept): run the same command again after an interruption.
  1. The table (labs/kit/matrix.py): serial, then 2 and 4 processes x none / fp16 / bit16 / bit8
     over loopback, every run with the same epochs, seed and data.
  2. The network, as root where network namespaces work (`python -m labs.netem check`; the
-    report says why it is missing otherwise): a short calibration of one emulated link
-    (labs.netem.bench: allreduce of float32 and of float16, allgather and alltoall at 2 and
-    4 ranks, fitted per collective and rank count, hvd_compress.costmodel.fit), then the 8 parallel rows over the
-    same link, --network-steps steps each: a timing table.  100 Mbit/s by default because at
+    report says why it is missing otherwise): two short calibrations of one emulated link,
+    with the cores kept busy and on idle cores (labs.netem.bench: allreduce of float32 and of
+    float16, allgather and alltoall at 2 and 4 ranks, fitted per collective and rank count,
+    hvd_compress.costmodel.fit), then the 8 parallel rows over the same link, --network-steps steps each: a timing table.  100 Mbit/s by default because at
     that rate the basic network's 4.8 MB of float32 gradients take 0.38 s a step at 2 ranks,
     more than a rank's forward and backward (0.20-0.24 s here): the regime the course's
     question is about.  (Over loopback a step waits 9-21 ms for the same exchange.)
@@ -50,7 +50,7 @@ CALIBRATION = ["--collectives", "allreduce", "allreduce_fp16", "allgather", "all
 # run (results/lab/run_lab.log): a table run's epoch by processes, a network run by processes.
 EPOCH_WEIGHT = {1: 196, 2: 126, 4: 127}
 NETWORK_WEIGHT = {2: 30, 4: 57}
-WEIGHT = {"calibration": 65, "report": 10}
+WEIGHT = {"calibration": 200, "report": 10}     # two calibrations (busy and idle cores)
 
 
 class JobProgress:
@@ -132,12 +132,13 @@ def calibration_paths(network_out):
 def busy_cores(n):
     """``n`` processes that keep a core each busy until the block ends.
 
-    Why: in a training step the exchange runs while backward keeps every core busy (2 or 4
-    ranks on this machine's 2 cores), and the emulated link's delay is a userspace process
-    (scripts/netem.py's bridge) on those same cores.  Calibrated on idle cores, the link looked
-    faster than the training saw it: the 4-process rows' exchanges were predicted 22-42% low.
-    With the cores busy, 7 of the 8 rows of the committed run came within 25% (-19% to +9%;
-    np4-bit16 +33%, from a noisy alltoall fit: tests/test_lab_results.py).
+    Why: in a training step the first of the exchange runs while backward keeps every core
+    busy (2 or 4 ranks on this machine's 2 cores), and the emulated link's delay is a userspace
+    process (scripts/netem.py's bridge) on those same cores; the rest runs on idle cores. One
+    calibration for both was wrong either way at 4 processes: on idle cores 22-42% low, on busy
+    cores 6-33% (once 89%) high, as the busy fit's alpha moved from 2 to 31 ms between
+    calibrations.  So the link is calibrated both ways and each collective timed by the one
+    that applies while it runs (labs/kit/network.py).
     """
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(n)]
@@ -150,24 +151,31 @@ def busy_cores(n):
 
 
 def calibrate(network, csv, fit_json, dry_run):
-    """labs.netem.bench over the network table's link, with every core busy as in training;
-    kept once its fit is written."""
-    cmd = [sys.executable, "-m", "labs.netem.bench", "--launch", "netem",
-           "--rate", network.netem_rate, "--controller", "gloo", "--out", str(csv)] + CALIBRATION
-    if dry_run:
-        print("calibration: " + " ".join(cmd))
-        return True
-    if fit_json.is_file():
-        print(f"calibration: kept {fit_json}", flush=True)
-        return True
-    csv.parent.mkdir(parents=True, exist_ok=True)
+    """labs.netem.bench over the network table's link twice: with every core busy, as backward
+    keeps them while the first of a step's exchange runs (csv -> fit_json), and on idle cores,
+    as after backward (link_idle.csv -> network.idle_fit_path); each kept once its fit is
+    written."""
+    from .network import idle_fit_path
     # as many busy cores as the widest training keeps busy, at most every core there is
     cores = min(os.cpu_count() or 1, max(CALIBRATION_RANKS))
-    print(f"calibration of the {network.netem_rate} link, {cores} core(s) kept busy: "
-          f"{' '.join(cmd[1:])}", flush=True)
-    with busy_cores(cores):
-        done = subprocess.run(cmd, env=matrix.child_env(), timeout=1800)
-    return done.returncode == 0 and fit_json.is_file()
+    idle_csv = csv.with_name("link_idle.csv")
+    for out, fit, busy in ((csv, fit_json, cores), (idle_csv, idle_fit_path(fit_json), 0)):
+        cmd = [sys.executable, "-m", "labs.netem.bench", "--launch", "netem",
+               "--rate", network.netem_rate, "--controller", "gloo", "--out", str(out)] + CALIBRATION
+        if dry_run:
+            print(f"calibration ({busy} core(s) kept busy): " + " ".join(cmd))
+            continue
+        if fit.is_file():
+            print(f"calibration: kept {fit}", flush=True)
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"calibration of the {network.netem_rate} link, {busy} core(s) kept busy: "
+              f"{' '.join(cmd[1:])}", flush=True)
+        with busy_cores(busy):
+            done = subprocess.run(cmd, env=matrix.child_env(), timeout=1800)
+        if done.returncode != 0 or not fit.is_file():
+            return False
+    return True
 
 
 def main(argv=None):

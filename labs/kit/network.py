@@ -16,10 +16,16 @@ in the order backward produces them):
 t_i = alpha_c m_i + beta_c b_i, each collective c of unit i on its own fitted link; S the
 slowest rank's launch span (first launch to last, measured: backward's pace, the exchange
 cannot end before the last unit of the last rank leaves); for the two-phase route t_i is the
-alltoall and the allgathers of the reduced chunks come after backward (+ p_1 + ... + p_k); D
-the decode (and the two-phase route's middle step) of the loopback
-run. Encoding is left out: it happens before each launch, inside S or while earlier units are
-on the wire.
+alltoall and the allgathers of the reduced chunks follow (+ p_1 + ... + p_k); D the decode (and
+the two-phase route's middle step) of the loopback run. Encoding is left out: it happens
+before each launch, inside S or while earlier units are on the wire.
+
+Two calibrations of the link: one with every core kept busy, as backward keeps them for the
+first S seconds of the exchange, and one on idle cores, as they are after it; each collective
+is timed by the first until S and by the second after (exchange_seconds' links_after). With
+one calibration for the whole exchange, the 4-process rows were predicted 22-42% low (idle
+cores) or 6-33% high (busy cores): at 4 processes on 2 cores a collective's fixed cost is
+mostly the scheduler's.
 """
 from __future__ import annotations
 
@@ -57,6 +63,18 @@ def load_links(fit_json):
     if not links:
         raise NetworkError(f"{path}: no per-rank-count fits in it")
     return links
+
+
+def idle_fit_path(fit_json):
+    """Where the calibration on idle cores lies beside the busy one (labs/kit/job.py)."""
+    return Path(fit_json).with_name("link_idle_fit.json")
+
+
+def load_calibration(fit_json):
+    """(links timed on busy cores, links timed on idle cores or None if that calibration is
+    not there): the exchange while backward runs, and after it."""
+    idle = idle_fit_path(fit_json)
+    return load_links(fit_json), (load_links(idle) if idle.is_file() else None)
 
 
 def units_of(manifest):
@@ -102,8 +120,9 @@ class Prediction:
         return self.measured_ms >= JUDGED_MS
 
 
-def predictions(net_frame, net_manifests, loop_frame, links):
-    """One Prediction per parallel row of the network table."""
+def predictions(net_frame, net_manifests, loop_frame, links, links_after=None):
+    """One Prediction per parallel row of the network table; `links_after` (the link timed on
+    idle cores) for what is on the wire after backward, if there is such a calibration."""
     loop = {row.run: row for row in loop_frame.itertuples()}
     rows = {row.run: row for row in net_frame.itertuples()}
     out = []
@@ -111,7 +130,7 @@ def predictions(net_frame, net_manifests, loop_frame, links):
         if row.ranks < 2:
             continue
         n = int(row.ranks)
-        if n not in links:
+        if n not in links or (links_after is not None and n not in links_after):
             raise NetworkError(f"the calibration has no fits at n = {n} for {row.run}")
         twin = loop.get(row.run)
         if twin is None:
@@ -121,15 +140,17 @@ def predictions(net_frame, net_manifests, loop_frame, links):
         # the slowest rank's launch span: every rank's exchange waits for its last bucket
         span_ms = getattr(row, "slowest_launch_span_ms", row.launch_span_ms)
         wire = methods.exchange_seconds(units, n, links[n], launch_span=span_ms / 1000,
-                                        second_phase_after_backward=phased)
+                                        second_phase_after_backward=phased,
+                                        links_after=links_after and links_after[n])
         decode = twin.decompress_ms
         base = f"np{n}-none"
         be = math.nan
         if row.compression != "none" and base in rows:
             fp32_units, _ = units_of(net_manifests[base])
+            alone = (links_after or links)[n]    # without overlap: after backward
             be = methods.break_even_rate(
-                fixed_and_bytes(fp32_units, n, links[n], row.netem_rate_bps),
-                fixed_and_bytes(units, n, links[n], row.netem_rate_bps),
+                fixed_and_bytes(fp32_units, n, alone, row.netem_rate_bps),
+                fixed_and_bytes(units, n, alone, row.netem_rate_bps),
                 loop[base].decompress_ms / 1000 if base in loop else 0.0, decode / 1000)
         out.append(Prediction(row.run, n, row.compression, row.exchange_ms,
                               1000 * wire + decode, be))

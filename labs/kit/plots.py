@@ -156,7 +156,7 @@ def plot_network(net_summary_path, calibration, loop_summary, path):
     manifests = {row.run: runlog.read_manifest(net_summary_path.parent / row.run_dir)
                  for row in net.itertuples()}
     preds = {p.run: p for p in network.predictions(net, manifests, loop_summary,
-                                                   network.load_links(calibration))}
+                                                   *network.load_calibration(calibration))}
     loop = loop_summary.set_index("run")
     names = list(net["run"])
     x = range(len(names))

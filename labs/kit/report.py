@@ -235,8 +235,9 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
     frame = load_summary(net_path)
     manifests = run_manifests(net_path, frame)
     try:
-        links = network.load_links(calibration)
-        preds = {p.run: p for p in network.predictions(frame, manifests, loop_frame, links)}
+        links, idle = network.load_calibration(calibration)
+        preds = {p.run: p for p in network.predictions(frame, manifests, loop_frame, links,
+                                                       idle)}
     except network.NetworkError as err:
         raise ReportError(str(err)) from None
     rates = sorted({r for r in frame["netem_rate_bps"] if r == r})
@@ -280,15 +281,17 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "- Prediction: T = max(S, t_1 + ... + t_(k-1)) + t_k + D for the k units (buckets, "
               "or tensors) of a step in the order backward produces them, t_i = alpha_c m_i + "
               "beta_c b_i for each collective c of unit i (alpha, beta fitted on this link, "
-              "below), S the slowest process's measured launch span (its first unit launched "
-              "to its last: backward's pace), D the decode time of the same configuration in "
-              "the loopback table; for the two-phase route (bit16) t_i is the alltoall and the "
-              "allgathers of the reduced chunks follow after backward "
+              "below: on busy cores until S, on idle cores after it, a collective running "
+              "across S at each pace for its part), S the slowest process's measured launch "
+              "span (its first unit launched to its last: backward's pace), D the decode time "
+              "of the same configuration in the loopback table; for the two-phase route "
+              "(bit16) t_i is the alltoall and the allgathers of the reduced chunks follow "
               "(`hvd_compress/costmodel/methods.py` exchange_seconds, `labs/kit/network.py`). "
               "Encoding is left out: it runs before each launch, inside S or while earlier "
               "units are on the wire.",
               "- Pays below: the link rate b* under which the compressed exchange is faster "
-              "than float32's, from the same fit without overlap: T(b) = L + D + 8 W / b, "
+              "than float32's, from the fit without overlap (the exchange after backward: the "
+              "idle-core fit where there is one): T(b) = L + D + 8 W / b, "
               "b* = 8 (W_32 - W_k) / ((L_k + D_k) - (L_32 + D_32)), with W the bytes a step's "
               "collectives move (their beta terms at the calibrated rate), L their alpha terms "
               "(`break_even_rate`). 'any rate': compression costs no fixed time more than "
@@ -296,7 +299,7 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "- Bytes on the wire: each process's eth0 transmit counter "
               "(/sys/class/net/eth0/statistics/tx_bytes in its namespace), read before and "
               "after the training loop of each epoch, per process and step.",
-              "", wire_sentence(frame), "", calibration_table(links),
+              "", wire_sentence(frame), "", calibration_table(links, idle),
               "", where_it_pays(net, loop, preds, rate)]
     return "\n".join(lines) + "\n\n![网络上的步时间与预测 / Step time and predicted exchange on the emulated link](network.png)"
 
@@ -313,15 +316,29 @@ def wire_sentence(frame):
             f"through the coordinator; not measured apart).")
 
 
-def calibration_table(links):
-    lines = ["Calibration (labs.netem.bench on the same link with every core kept busy, as "
-             "backward keeps them while the exchange runs; fitted per collective and number "
-             "of processes, `python -m hvd_compress.costmodel --fit`):", "",
-             "| collective | n | alpha (ms) | bandwidth (Mbit/s) |", "|---|---|---|---|"]
+def calibration_table(links, idle=None):
+    """The fitted links: on busy cores (what the exchange meets while backward runs) and, if
+    calibrated, on idle cores (after backward)."""
+    if idle is None:
+        lines = ["Calibration (labs.netem.bench on the same link with every core kept busy, as "
+                 "backward keeps them while the exchange runs; fitted per collective and "
+                 "number of processes, `python -m hvd_compress.costmodel --fit`):", "",
+                 "| collective | n | alpha (ms) | bandwidth (Mbit/s) |", "|---|---|---|---|"]
+    else:
+        lines = ["Calibration (labs.netem.bench on the same link, fitted per collective and "
+                 "number of processes, `python -m hvd_compress.costmodel --fit`): with every "
+                 "core kept busy, as backward keeps them for the first S of the exchange, and "
+                 "on idle cores, as they are after it:", "",
+                 "| collective | n | alpha, busy (ms) | bandwidth, busy (Mbit/s) | "
+                 "alpha, idle (ms) | bandwidth, idle (Mbit/s) |", "|---|---|---|---|---|---|"]
     for n in sorted(links):
         for collective, link in sorted(links[n].items()):
-            lines.append(f"| {collective} | {n} | {1000 * link.alpha:.3f} | "
-                         f"{8 * link.bandwidth / 1e6:.1f} |")
+            row = f"| {collective} | {n} | {1000 * link.alpha:.3f} | {8 * link.bandwidth / 1e6:.1f} |"
+            if idle is not None:
+                after = idle.get(n, {}).get(collective)
+                row += (" — | — |" if after is None else
+                        f" {1000 * after.alpha:.3f} | {8 * after.bandwidth / 1e6:.1f} |")
+            lines.append(row)
     return "\n".join(lines)
 
 
