@@ -112,6 +112,19 @@ def test_predictions_of_a_row(tmp_path):
     with pytest.raises(network.NetworkError, match="not a calibration fit"):
         network.load_links(tmp_path / "bad.json")
 
+    # the idle-core calibration beside it: read with it, and used after backward
+    assert network.load_calibration(tmp_path / "fit.json")[1] is None
+    idle_fit = {"fits": [dict(f, alpha_s=0.2e-3, beta_s_per_byte=4e-8) for f in fit["fits"]]}
+    network.idle_fit_path(tmp_path / "fit.json").write_text(json.dumps(idle_fit))
+    busy, idle = network.load_calibration(tmp_path / "fit.json")
+    assert busy == links and idle[2]["allgather"].alpha == pytest.approx(0.2e-3)
+    split = {p.run: p for p in network.predictions(net, manifests, loop, busy, idle)}
+    wire = methods.exchange_seconds(units, 2, busy[2], launch_span=0.110, links_after=idle[2])
+    assert split["np2-bit8"].predicted_ms == pytest.approx(1000 * wire + 4.0)
+    assert split["np2-bit8"].predicted_ms < preds["np2-bit8"].predicted_ms   # idle is faster
+    with pytest.raises(network.NetworkError, match="no fits at n = 2"):
+        network.predictions(net, manifests, loop, busy, {4: idle[2]})
+
 
 def test_rate_text():
     assert network.rate_text(math.inf) == "any rate"
@@ -179,3 +192,13 @@ def test_faults_find_their_cluster_and_refuse_what_cannot_be_done(tmp_path, monk
     assert float((tmp_path / "12-0" / "loss").read_text()) == 0.05
     with pytest.raises(NetemError, match="the cluster has ranks 0..1"):
         faults.link_state(2, False, tag="11-0")
+
+
+def test_calibration_table_shows_both_fits():
+    from labs.kit.report import calibration_table
+    busy = {4: {"alltoall": Link(alpha=7.7e-3, beta=8 / 75e6), "allreduce": Link(2.3e-3, 8 / 79e6)}}
+    idle = {4: {"alltoall": Link(alpha=6.8e-3, beta=8 / 75e6)}}
+    text = calibration_table(busy, idle)
+    assert "| alltoall | 4 | 7.700 | 75.0 | 6.800 | 75.0 |" in text
+    assert "| allreduce | 4 | 2.300 | 79.0 | — | — |" in text          # no idle fit for it
+    assert "alpha, idle (ms)" in text and "idle" not in calibration_table(busy)
