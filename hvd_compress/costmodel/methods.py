@@ -230,7 +230,7 @@ def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backwa
         busy, idle = unit_seconds(unit, n, links), unit_seconds(unit, n, links_after)
         if start + busy <= launch_span:
             clock = start + busy
-        elif start >= launch_span or busy == 0:
+        elif start >= launch_span:
             clock = start + idle
         else:                            # backward ends while it runs: the rest at idle pace
             clock = launch_span + (1 - (launch_span - start) / busy) * idle

@@ -14,8 +14,8 @@ calibration kept): run the same command again after an interruption.
     report says why it is missing otherwise): two short calibrations of one emulated link,
     with the cores kept busy and on idle cores (labs.netem.bench: allreduce of float32 and of
     float16, allgather and alltoall at 2 and 4 ranks, fitted per collective and rank count,
-    hvd_compress.costmodel.fit), then the 8 parallel rows over the same link, --network-steps steps each: a timing table.  100 Mbit/s by default because at
-    that rate the basic network's 4.8 MB of float32 gradients take 0.38 s a step at 2 ranks,
+    hvd_compress.costmodel.fit), then the 8 parallel rows over the same link,
+    --network-steps steps each: a timing table.  100 Mbit/s by default because at that rate the basic network's 4.8 MB of float32 gradients take 0.38 s a step at 2 ranks,
     more than a rank's forward and backward (0.20-0.24 s here): the regime the course's
     question is about.  (Over loopback a step waits 9-21 ms for the same exchange.)
  3. report.md and the PNGs next to it (labs/kit/report.py, labs/kit/plots.py).
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from . import matrix
+from .network import idle_fit_path
 from .table import course_runs
 
 NETWORK_RATE = "100mbit"
@@ -155,7 +156,6 @@ def calibrate(network, csv, fit_json, dry_run):
     keeps them while the first of a step's exchange runs (csv -> fit_json), and on idle cores,
     as after backward (link_idle.csv -> network.idle_fit_path); each kept once its fit is
     written."""
-    from .network import idle_fit_path
     # as many busy cores as the widest training keeps busy, at most every core there is
     cores = min(os.cpu_count() or 1, max(CALIBRATION_RANKS))
     idle_csv = csv.with_name("link_idle.csv")

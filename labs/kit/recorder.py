@@ -168,10 +168,7 @@ class RunRecorder:
             # the launcher tears every rank down when one fails: if a fault was seen (a rank
             # stopped, a link down, silent or crawling), this run failed; it was not stopped
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            if self.watchdog.link_probe is not None:
-                self.watchdog.heartbeat()
-            fault = suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank,
-                             deadlock=False)
+            fault = self._diagnosis(deadlock=False)
             if fault:
                 status, reason = "failed", f"{reason} while the job was ending after a fault: {fault}"
         except OSError as err:          # the disk (full, gone, read-only): records stop here
@@ -180,13 +177,11 @@ class RunRecorder:
                       f"once its successor is fully written)")
         except Exception as err:
             reason = f"{type(err).__name__}: {err}"
-            # a collective that failed on an emulated network: say what the links were doing
-            # (this rank's own heartbeat first brought up to date: its link may have just died)
+            # a collective that failed on an emulated network: say what the links were doing,
+            # once the others' heartbeats are fresh too (their watchdog threads still run)
             if self.watchdog.link_probe is not None:
-                self.watchdog.heartbeat()
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's teardown waits
-                time.sleep(2 * PERIOD_S)    # and the others' (their watchdog threads still run)
-            diagnosis = suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank)
+            diagnosis = self._diagnosis(wait_s=2 * PERIOD_S)
             if diagnosis:
                 reason += f" ({diagnosis})"
                 print(f"rank {self.rank}: {diagnosis}", file=sys.stderr, flush=True)
@@ -207,6 +202,16 @@ class RunRecorder:
                             f"and start again")
                 print(f"run {status}: {reason}; {how}", flush=True)
             sys.exit(3)
+
+    def _diagnosis(self, wait_s=0.0, deadlock=True):
+        """What the ranks' heartbeats say went wrong (watchdog.suspects), this rank's own first
+        brought up to date on an emulated network (its link may have just died), and waiting
+        wait_s there for the others' to be."""
+        if self.watchdog.link_probe is not None:
+            self.watchdog.heartbeat()
+            time.sleep(wait_s)
+        return suspects(self.run_dir / "heartbeats", self.size, exclude=self.rank,
+                        deadlock=deadlock)
 
     def _watchdog(self):
         """A StepWatchdog (adaptive unless --step-timeout fixes it; 0: off) that writes this
