@@ -9,7 +9,7 @@
 #       bash scripts/run_lab.sh --extras --no-network
 #
 # Environment: DATASET (fashion-mnist | mnist), DATA_DIR, SPLIT_TEST, EPOCHS (default: the
-# trainer's, 2), CONTROLLER (gloo | mpi), OUT (default runs/matrix), REPORT (default report.md;
+# trainer's, 2), CONTROLLER (gloo | mpi), OUT (default runs/matrix), REPORT (default runs/report.md;
 # the PNGs go next to it). Extra arguments go to labs/kit/job.py (--no-network,
 # --network-rate, --network-steps) or to the run matrix (--only, --extras, --methods,
 # --timeout ...). An interrupted lab resumes where it stopped: run the same command again.
@@ -24,7 +24,7 @@ PY=${HVD_COMPRESS_VENV:-$ROOT/.venv}/bin/python
 DATASET=${DATASET:-fashion-mnist}
 CONTROLLER=${CONTROLLER:-gloo}
 OUT=${OUT:-runs/matrix}
-REPORT=${REPORT:-report.md}
+REPORT=${REPORT:-runs/report.md}
 
 # Fashion-MNIST is the one full data set available offline: Debian packages it.
 if [ "$DATASET" = fashion-mnist ] && [ -z "${DATA_DIR:-}" ] \

@@ -1,6 +1,6 @@
 """Plots of a run matrix, PNG files next to the report.
 
-    python -m labs.kit.plots                                   # runs/matrix -> current folder
+    python -m labs.kit.plots                                   # runs/matrix -> runs/*.png
     python -m labs.kit.plots --summary runs/x/summary.csv --out-dir runs/x
 
 (scripts/plot_runs.py is the same command.)
@@ -192,8 +192,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--summary", default="runs/matrix/summary.csv")
-    parser.add_argument("--out-dir", default=".",
-                        help="where the PNGs go: the report's folder (default: this folder)")
+    parser.add_argument("--out-dir", default="runs",
+                        help="where the PNGs go: the report's folder (default: runs, next to runs/report.md)")
     parser.add_argument("--network-summary", default=None,
                         help="the network table's summary.csv: adds network.png")
     parser.add_argument("--calibration", default=None, help="its link's calibration fit")

@@ -1,6 +1,6 @@
 """Fill report_template.md with a run matrix's numbers: report.md, the course's lab report.
 
-    python -m labs.kit.report                                   # runs/matrix -> report.md
+    python -m labs.kit.report                                   # runs/matrix -> runs/report.md
     python -m labs.kit.report --summary runs/x/summary.csv --out runs/x/report.md
 
 (scripts/fill_report.py is the same command.)  Paths are relative to the current folder: run
@@ -479,7 +479,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--summary", default="runs/matrix/summary.csv")
     parser.add_argument("--template", default="report_template.md")
-    parser.add_argument("--out", default="report.md")
+    parser.add_argument("--out", default="runs/report.md",
+                        help="the filled report (the plots go next to it: labs.kit.plots --out-dir)")
     parser.add_argument("--network-summary", default=None,
                         help="the network table's summary.csv (labs/kit/job.py)")
     parser.add_argument("--calibration", default=None,
