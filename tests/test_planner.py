@@ -326,3 +326,48 @@ def test_fit_affine_recovers_a_line_and_holds_at_zero():
     assert neg.a == 0.0 and neg.b > 0
     with pytest.raises(ValueError):
         pl.fit_affine([(1e6, math.nan)])
+
+
+# ---------------------------------------------------------------- the CLI (ask before training)
+
+def run_cli(capsys, *args):
+    from hvd_compress import plan_cli
+    assert plan_cli.main(list(args) + ["--format", "json"]) == 0
+    import json
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_buckets_are_the_optimizers_and_ready_in_launch_order(capsys):
+    from hvd_compress import plan_cli
+    for model in ("horovod", "basic"):
+        counts = [methods.numel(s) for s in methods.MODEL_SHAPES[model]]
+        assert [c for _, c, _ in plan_cli.model_buckets(model)] == methods.buckets(counts)
+    out = run_cli(capsys, "--model", "basic", "--nodes", "2", "--bandwidth", "100Mbit/s",
+                  "--latency", "1ms")
+    ready = [b["ready_s"] for b in out["buckets"]]
+    assert [b["name"] for b in out["buckets"]] == ["fc2.bias", "fc1.weight", "conv2.bias"]
+    assert ready == sorted(ready) and ready[0] < 0.1 * ready[-1]   # the convs' work comes last
+
+
+@pytest.mark.parametrize("rate, wire_bound", [("10Mbit/s", True), ("100Gbit/s", False)])
+def test_cli_plan_is_no_slower_than_any_fixed_scheme_and_compresses_only_a_slow_wire(
+        capsys, rate, wire_bound):
+    out = run_cli(capsys, "--model", "basic", "--nodes", "2", "--bandwidth", rate,
+                  "--latency", "100us", "--margin", "0")
+    plan = out["plan"]
+    assert plan["predicted_s"] <= min(out["fixed"].values()) * (1 + 1e-12)
+    big = plan["schemes"][1]                                         # fc1.weight, 4.7 MB
+    assert big.startswith("bit8") if wire_bound else big == "none:allreduce"
+
+
+def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path):
+    out = run_cli(capsys, "--model", "lab", "--nodes", "2", "--bandwidth", "10Mbit/s",
+                  "--latency", "1ms", "--errors", str(tmp_path / "missing.csv"))
+    assert out["plan"]["schemes"] == ["none:allreduce"]
+
+
+def test_cli_reads_a_fitted_link(capsys):
+    from hvd_compress import plan_cli
+    fit = str(plan_cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
+    out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
+    assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
