@@ -205,7 +205,7 @@ def test_a_wide_front_falls_back_to_a_beam_never_worse_than_a_fixed_plan():
 
 def test_margin_prefers_the_less_lossy_plan_within_it_only():
     # one bucket, the wire makes bit8 ~1% faster than bit16: inside 2% bit16 wins, at 0% bit8
-    b = [pl.Bucket("a", 4 * MiB, 0.0)]
+    b = [pl.Bucket("a", 4 * MiB, 0.100)]                      # ready as backward ends
     m = measurements(b, 0.100, link(10e9, 0.0), codecs=codecs(enc_b=0, dec_b=0, a=0.0))
     t8 = pl.predict(m, ["bit8:allgather"]).step_s
     t16 = pl.predict(m, ["bit16:allgather"]).step_s
