@@ -1,9 +1,10 @@
 """Which scheme and route each bucket takes: the plan with the smallest predicted step.
 
-Pure (no torch, no Horovod; NumPy, as the cost model's fit): from a job's measurements -- when backward makes each bucket
-ready, each collective's fitted link, each codec's cost, each scheme's error on each bucket's
-gradients -- predict the step of any plan on the exchange's timeline, and search for the best
-one. The same measurements give the same plan on every rank (docs/planner.md).
+Pure (no torch, no Horovod; NumPy, as the cost model's fit): from a job's measurements --
+when backward makes each bucket ready, each collective's fitted link, each codec's cost, each
+scheme's error on each bucket's gradients -- predict the step of any plan on the exchange's
+timeline, and search for the best one. The same measurements give the same plan on every
+rank (docs/planner.md).
 
 The timeline, per step, times from the start of backward (a plan changes nothing before it):
 
@@ -23,7 +24,8 @@ a left-to-right fold whose state (E, Q, P, D) -- encodes so far, queue free, dec
 they started at 0, decode total -- grows monotonically with every input and sets the step
 monotonically. So a plan prefix whose state is no smaller in every component than another's
 (and no less lossy) can be dropped: `search` keeps only the Pareto front of these states over
-the buckets, exactly the plans an exhaustive search could still need (tests check it).
+the buckets, exactly the plans an exhaustive search could still need (tests check it), up to
+MAX_FRONT prefixes; beyond, the most promising of them (a beam, said in the plan).
 
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
@@ -478,10 +480,12 @@ def should_replan(predicted_s, measured_s, steps_since_plan, margin=REPLAN_MARGI
     """Re-plan when the median of the last `window` measured steps (finite ones) is off the
     plan's prediction by more than `margin` of it, and at least `every` steps have passed since
     the plan was applied. The median: one slow step (a checkpoint, a GC pause) is no drift."""
-    if not (isinstance(predicted_s, (int, float)) and math.isfinite(predicted_s) and predicted_s > 0):
+    if not (isinstance(predicted_s, (int, float)) and math.isfinite(predicted_s)
+            and predicted_s > 0):
         return Replan(False, f"no usable prediction ({predicted_s!r})")
     if steps_since_plan < every:
-        return Replan(False, f"{steps_since_plan} steps since the plan, re-plan at most every {every}")
+        return Replan(False, f"{steps_since_plan} steps since the plan, "
+                             f"re-plan at most every {every}")
     recent = sorted(t for t in list(measured_s)[-window:] if math.isfinite(t) and t > 0)
     if len(recent) < window:
         return Replan(False, f"{len(recent)} usable steps of the last {window}: too few to judge")
@@ -502,7 +506,8 @@ def fit_affine(points) -> Affine:
     pts = [(float(x), float(y)) for x, y in points]
     if not pts or any(not (math.isfinite(x) and math.isfinite(y) and x >= 0 and y >= 0)
                       for x, y in pts):
-        raise ValueError(f"codec timings must be finite (bytes >= 0, seconds >= 0) points, got {points!r}")
+        raise ValueError("codec timings must be finite (bytes >= 0, seconds >= 0) points, "
+                         f"got {points!r}")
     k = len(pts)
     mx, my = sum(x for x, _ in pts) / k, sum(y for _, y in pts) / k
     sxx = sum((x - mx) ** 2 for x, _ in pts)

@@ -75,7 +75,8 @@ def main():
         w.writerows(rows)
     for r in rows:
         if r["step"] == args.steps:
-            print(f"{r['model']:8} {r['bucket']:12} {r['bytes']:>9} {r['scheme']:6} {r['rel_error']:.3e}")
+            print(f"{r['model']:8} {r['bucket']:12} {r['bytes']:>9} {r['scheme']:6} "
+                  f"{r['rel_error']:.3e}")
 
 
 if __name__ == "__main__":
