@@ -371,3 +371,13 @@ def test_cli_reads_a_fitted_link(capsys):
     fit = str(plan_cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
     out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
     assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
+
+
+def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
+    import subprocess
+    import sys
+    code = ("import sys, hvd_compress.planner, hvd_compress.plan_cli; "
+            "bad = [m for m in ('torch', 'horovod') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
