@@ -1,0 +1,280 @@
+"""Ask before training: the predicted step of every fixed scheme and of the planner's plan.
+
+    python -m hvd_compress.plan_cli --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
+    python -m hvd_compress.plan_cli --model lab --nodes 2 \\
+        --link-fit results/lab/matrix-netem-100mbit/calibration/link_fit.json
+
+The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
+sibling of it rather than a flag of it because the planner imports the cost model, and the
+cost model never imports what sits above it (DESIGN.md).
+
+Where each input comes from (docs/planner.md):
+- buckets: the lab net's parameter shapes (costmodel.methods.MODEL_SHAPES) fused in backward
+  order up to 1 MiB of float32 by methods.groups_by_size, the function fusion.py calls;
+- backward's pace: forward+backward from a committed step benchmark (results/step/summary.csv,
+  the median over its rows for this model and rank count), two thirds of it backward (a
+  backward pass costs about two forwards); each bucket ready when backward has done the work
+  of every tensor up to its last one, a tensor's work taken as its values times the output
+  positions that use each (conv layers: the map's size), a FLOP count, not a measurement;
+- codec costs: per scheme and route, a + b * bytes solved from the same file's compress_ms and
+  decompress_ms on the two nets (a per call, b per fp32 byte), median over links;
+- errors: results/planner/bucket_errors.csv (scripts/bucket_errors.py), the largest per
+  bucket and scheme;
+- the link: --bandwidth and --latency for every collective, or per collective from a fit
+  (--link-fit, the JSON the network benchmark and the lab's calibration write).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from . import planner as pl
+from .costmodel import methods, units
+from .costmodel.model import Link
+from .registry import parse_label
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
+ERRORS = ROOT / "results" / "planner" / "bucket_errors.csv"
+# Parameter names of both lab nets, in parameter order (labs/mnist.py: Net, BasicNet).
+NAMES = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+         "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+# Output positions each parameter's values are used at, per sample (28x28 input): conv1 5x5
+# -> 24x24, conv2 on 12x12 -> 8x8 (Net); conv1 3x3 -> 26x26, conv2 -> 24x24 (BasicNet).
+POSITIONS = {"horovod": [576, 576, 64, 64, 1, 1, 1, 1], "basic": [676, 676, 576, 576, 1, 1, 1, 1]}
+BACKWARD_SHARE = 2 / 3
+# The step benchmark's rows that measured each candidate (results/step, scripts/bench_step.py).
+BENCH_ROWS = {"none:allreduce": "ours:none", "fp16:allreduce": "ours:fp16",
+              "bit16:alltoall": "ours:bit16:alltoall", "bit8:allgather": "ours:bit8:allgather",
+              "bit8:alltoall": "ours:bit8:alltoall"}
+BENCH_MODEL = {"horovod": "lab", "basic": "basic"}
+
+
+def model_buckets(model):
+    """[(name, values, [parameter indices])] in launch order: the optimizer's buckets."""
+    shapes = methods.MODEL_SHAPES[model]
+    backward = list(range(len(shapes)))[::-1]
+    groups = methods.groups_by_size([methods.numel(shapes[i]) for i in backward],
+                                    methods.FUSION_BYTES)
+    out = []
+    for g in groups:
+        members = [backward[j] for j in g]
+        out.append((NAMES[members[0]], sum(methods.numel(shapes[i]) for i in members), members))
+    return out
+
+
+def ready_times(model, backward_s):
+    """When each bucket is ready: the FLOP share of backward done by its last tensor."""
+    shapes = methods.MODEL_SHAPES[model]
+    work = [methods.numel(s) * k for s, k in zip(shapes, POSITIONS[model])]
+    total, done, out = sum(work), 0.0, []
+    for _, _, members in model_buckets(model):
+        done += sum(work[i] for i in members)
+        out.append(backward_s * done / total)
+    return out
+
+
+def _rows(path, model, n):
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["model"] == BENCH_MODEL.get(model, model)]
+    have = sorted({int(r["ranks"]) for r in rows})
+    if not have:
+        raise SystemExit(f"error: {path} has no rows for model {model!r}")
+    ranks = min(have, key=lambda k: (abs(k - n), k))
+    return [r for r in rows if int(r["ranks"]) == ranks], ranks
+
+
+def _median(values):
+    values = [v for v in values if math.isfinite(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def _num(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def pace_and_codecs(path, model, n):
+    """(forward+backward s, other s, {label: CodecCost}, ranks used) from a step benchmark."""
+    rows, ranks = _rows(path, model, n)
+    fwd_bwd = _median(_num(r["forward_backward_ms"]) for r in rows) / 1e3
+    other = _median(
+        _num(r["step_ms"]) - _num(r["forward_backward_ms"]) - _num(r["compress_ms"])
+        - _num(r["communicate_ms"]) - _num(r["decompress_ms"])
+        for r in rows if r["row"].startswith("ours")) / 1e3
+    codecs = {}
+    for text, row in BENCH_ROWS.items():
+        points = {}
+        for m in ("horovod", "basic"):
+            sel, _ = _rows(path, m, ranks)
+            sel = [r for r in sel if r["row"] == row]
+            if not sel:
+                continue
+            calls = (len(methods.MODEL_SHAPES[m]) if parse_label(text)[1].value == "allreduce"
+                     else len(model_buckets(m)))
+            nbytes = 4 * sum(methods.numel(s) for s in methods.MODEL_SHAPES[m])
+            points[m] = (calls, nbytes, _median(_num(r["compress_ms"]) for r in sel) / 1e3,
+                         _median(_num(r["decompress_ms"]) for r in sel) / 1e3)
+        if len(points) == 2:
+            codecs[text] = pl.CodecCost(_solve(points, 2), _solve(points, 3))
+    return fwd_bwd, max(other, 0.0), codecs, ranks
+
+
+def _solve(points, k):
+    """a per call, b per byte from two nets' per-step totals: calls * a + bytes * b = seconds;
+    held >= 0 (a negative one is set to 0 and the other fitted alone)."""
+    (c1, x1, *t1), (c2, x2, *t2) = points["horovod"], points["basic"]
+    y1, y2 = t1[k - 2], t2[k - 2]
+    det = c1 * x2 - c2 * x1
+    a = (y1 * x2 - y2 * x1) / det
+    b = (c1 * y2 - c2 * y1) / det
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return pl.Affine()
+    if a < 0:
+        return pl.Affine(0.0, max((y1 * x1 + y2 * x2) / (x1 * x1 + x2 * x2), 0.0))
+    if b < 0:
+        return pl.Affine(max((y1 * c1 + y2 * c2) / (c1 * c1 + c2 * c2), 0.0), 0.0)
+    return pl.Affine(a, b)
+
+
+def bucket_errors(path, model):
+    """{(bucket, scheme): the largest measured relative error} for this model."""
+    if not Path(path).exists():
+        return {}
+    out = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["model"] == model:
+                key = (r["bucket"], r["scheme"])
+                out[key] = max(out.get(key, 0.0), _num(r["rel_error"]))
+    return out
+
+
+def links_from_fit(path, n):
+    """{collective: Link} from a fit JSON ({"fits": [{collective, n, alpha_s, beta_s_per_byte}]}):
+    the fit at n ranks where there is one, else the one pooled over n."""
+    try:
+        fits = json.loads(Path(path).read_text())["fits"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: --link-fit {path}: {e}") from None
+    out = {}
+    for want_n in (None, n):              # pooled first, then the exact n overrides it
+        for f in fits:
+            if f.get("n") == want_n and f.get("collective") != "all" and f.get("beta_s_per_byte"):
+                out[f["collective"]] = Link(float(f["alpha_s"]), float(f["beta_s_per_byte"]))
+    if "allreduce" not in out:
+        raise SystemExit(f"error: --link-fit {path}: no allreduce fit for n = {n}")
+    return out
+
+
+def build(args):
+    """The Measurements for this model, link and rank count, and notes on where they came from."""
+    fwd_bwd, other, codecs, ranks = pace_and_codecs(args.step_results, args.model, args.nodes)
+    if args.compute is not None:
+        fwd_bwd = args.compute
+    backward = fwd_bwd * BACKWARD_SHARE
+    names = model_buckets(args.model)
+    ready = ready_times(args.model, backward)
+    buckets = [pl.Bucket(name, 4 * count, t) for (name, count, _), t in zip(names, ready)]
+    if args.link_fit:
+        links, link_text = links_from_fit(args.link_fit, args.nodes), f"fitted ({args.link_fit})"
+    else:
+        l = Link.from_bandwidth(args.latency, args.bandwidth)
+        links = {c: l for c in ("allreduce", "allgather", "alltoall")}
+        link_text = (f"{units.format_rate(args.bandwidth)}, alpha {units.format_time(args.latency)}"
+                     " per message, every collective")
+    errors = bucket_errors(args.errors, args.model)
+    m = pl.Measurements(args.nodes, buckets, backward, links, codecs, errors,
+                        fixed_s=fwd_bwd - backward + other)
+    notes = [f"link: {link_text}",
+             f"compute: forward+backward {units.format_time(fwd_bwd)}"
+             + (" (--compute)" if args.compute is not None else
+                f" ({args.step_results}, {ranks} ranks)")
+             + f", backward {BACKWARD_SHARE:.2f} of it; update and the rest "
+               f"{units.format_time(other)}",
+             f"codec costs: {args.step_results} ({ranks} ranks), a + b*bytes per scheme",
+             f"errors: {args.errors}" if errors else
+             f"errors: none measured ({args.errors} missing): every lossy scheme refused"]
+    return m, notes
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m hvd_compress.plan_cli",
+                                description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, choices=["lab", "horovod", "basic"],
+                   help="a lab network: lab (= horovod, 21,840 parameters) or basic (1.2 M)")
+    p.add_argument("--nodes", type=int, required=True, metavar="N", help="ranks n (>= 1)")
+    p.add_argument("--bandwidth", type=units.parse_rate, help="link rate, e.g. 100Mbit/s")
+    p.add_argument("--latency", type=units.parse_time, help="alpha per message, e.g. 1ms")
+    p.add_argument("--link-fit", metavar="FIT.json",
+                   help="per-collective alpha and beta fitted at this n (bench_fit.json form) "
+                        "instead of --bandwidth/--latency")
+    p.add_argument("--compute", type=units.parse_time,
+                   help="forward+backward per step (default: from --step-results)")
+    p.add_argument("--step-results", default=str(STEP_RESULTS), metavar="SUMMARY.csv")
+    p.add_argument("--errors", default=str(ERRORS), metavar="ERRORS.csv")
+    p.add_argument("--margin", type=float, default=pl.TIE_MARGIN,
+                   help=f"tie margin (default {pl.TIE_MARGIN})")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.model = "horovod" if args.model == "lab" else args.model
+    if args.nodes < 1:
+        parser.error("--nodes must be >= 1")
+    if not args.link_fit and (args.bandwidth is None or args.latency is None):
+        parser.error("give --bandwidth and --latency, or --link-fit FIT.json")
+    try:
+        m, notes = build(args)
+        plan = pl.search(m, margin=args.margin)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    fixed = [t for t in pl.DEFAULT_CANDIDATES if t == "none:allreduce" or t in m.codecs]
+    rows = [(t, pl.predict(m, pl.fixed_plan(m, t)).step_s) for t in fixed]
+    base = rows[0][1]
+    timeline = pl.predict(m, plan.schemes)
+    if args.format == "json":
+        print(json.dumps({"model": args.model, "n": args.nodes, "notes": notes,
+                          "fixed": {t: s for t, s in rows}, "plan": plan.as_dict(),
+                          "buckets": [dict(name=b.name, bytes=b.nbytes, ready_s=b.ready_s,
+                                           scheme=s, leaves_s=lv, done_s=d)
+                                      for b, s, lv, d in zip(m.buckets, plan.schemes,
+                                                             timeline.leaves_s, timeline.done_s)]},
+                         indent=2))
+        return 0
+    print(f"{args.model} net, n = {args.nodes}")
+    for note in notes:
+        print("  " + note)
+    print()
+    print("| scheme | predicted step | vs none |")
+    print("|---|---:|---:|")
+    for t, s in rows:
+        print(f"| {t} | {s * 1e3:.2f} ms | {s / base:.3f}x |")
+    print(f"| **plan** | {plan.predicted_s * 1e3:.2f} ms | {plan.predicted_s / base:.3f}x |")
+    print()
+    print("| bucket | fp32 bytes | ready | scheme | leaves | exchange done |")
+    print("|---|---:|---:|---|---:|---:|")
+    for b, s, lv, d in zip(m.buckets, plan.schemes, timeline.leaves_s, timeline.done_s):
+        print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
+              f"| {d * 1e3:.2f} ms |")
+    print(f"\nbackward ends {timeline.backward_end_s * 1e3:.2f} ms (encodes included); "
+          f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {args.margin:.0%}; "
+          f"search {'exact' if plan.exact else 'beam (front over MAX_FRONT)'}")
+    for (b, t), why in sorted(plan.refused.items()):
+        print(f"refused: {b} {t}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

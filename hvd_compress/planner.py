@@ -1,0 +1,523 @@
+"""Which scheme and route each bucket takes: the plan with the smallest predicted step.
+
+Pure (no torch, no Horovod; NumPy, as the cost model's fit): from a job's measurements --
+when backward makes each bucket ready, each collective's fitted link, each codec's cost, each
+scheme's error on each bucket's gradients -- predict the step of any plan on the exchange's
+timeline, and search for the best one. The same measurements give the same plan on every
+rank (docs/planner.md).
+
+The timeline, per step, times from the start of backward (a plan changes nothing before it):
+
+    produced_i = ready_i + enc_1 + ... + enc_i      the hook encodes the bucket in backward's
+                                                     thread, so each encode delays the rest
+    B'         = backward_s + enc_1 + ... + enc_k    backward's end, encodes included
+    Q_i        = max(Q_(i-1), produced_i) + w_i      Horovod's background thread runs the
+                                                     collectives one after another, in launch
+                                                     order; w_i: the bucket's collectives (a
+                                                     two-phase bucket's two, back to back, with
+                                                     the middle reduce between them)
+    decode     t = B'; t = max(t, Q_i) + dec_i       at step(), bucket by bucket
+    step       = fixed_s + t                         fixed_s: forward, update (no plan moves them)
+
+Unrolled, t = max(B' + D, P_k) with P_i = max(P_(i-1), Q_i) + dec_i, D = dec_1 + ... + dec_k:
+a left-to-right fold whose state (E, Q, P, D) -- encodes so far, queue free, decodes done if
+they started at 0, decode total -- grows monotonically with every input and sets the step
+monotonically. So a plan prefix whose state is no smaller in every component than another's
+(and no less lossy) can be dropped: `search` keeps only the Pareto front of these states over
+the buckets, exactly the plans an exhaustive search could still need (tests check it), up to
+MAX_FRONT prefixes; beyond, the most promising of them (a beam, said in the plan).
+
+A collective that runs while backward still computes takes the busy link's pace; after
+backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
+idle link's, where one was measured; a collective across that moment does the rest at idle pace
+(as costmodel.methods.exchange_seconds). The idle link is never taken slower than the busy one
+(noise would otherwise break the monotonicity the search relies on).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .costmodel import methods
+from .registry import label, parse_label, resolve_route
+
+__all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
+           "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",
+           "REPLAN_EVERY", "REPLAN_WINDOW", "MAX_FRONT", "candidates_for", "wire_units", "predict",
+           "fixed_plan", "search", "exhaustive", "should_replan", "Replan", "fit_affine"]
+
+# The candidates, in the fixed order that breaks every tie: least lossy first.
+# int8 is left out: it sends exactly bit8's bytes (so it never moves less), its stochastic
+# rounding costs more codec time, and its error is relative to each block's largest value,
+# not to each value (a value 100x below its block's max keeps ~1 significant bit where E4M3
+# keeps 4). It can be passed in `candidates` where a measurement says otherwise.
+DEFAULT_CANDIDATES = ("none:allreduce", "fp16:allreduce", "bit16:alltoall", "bit16:allgather",
+                      "bit8:allgather", "bit8:alltoall")
+# Accuracy guard: a bucket takes a lossy scheme only where that scheme's measured relative
+# error on the bucket's gradients (||decode(encode(g)) - g|| / ||g||, as the codec tests define
+# it) is at most this: E4M3's worst rounding of a value in its normal range, 2**-4
+# (docs/codecs.md). Above it some of the bucket's values fell below the format's normal range
+# after scaling (flushed or coarsely rounded): the scale does not fit the bucket.
+ERROR_BOUND = 2.0 ** -4
+# Plans predicted within this fraction of the fastest count as tied: the least lossy of them is
+# taken. 2%: below a measured step's own round-to-round spread (the benchmark asks < 3%), so the
+# faster of two such plans cannot be told apart by measuring, and within the 5% the issue allows.
+TIE_MARGIN = 0.02
+# Re-plan when the median measured step of the last REPLAN_WINDOW steps is off the prediction by
+# more than REPLAN_MARGIN, at most once every REPLAN_EVERY steps. 15%: the accuracy the
+# prediction is held to (issue 25); a drift inside it is no evidence that anything changed.
+REPLAN_MARGIN = 0.15
+REPLAN_WINDOW = 20
+REPLAN_EVERY = 100
+# The search keeps at most this many plan prefixes per bucket. Below it, it is exact (the tests
+# hold it to brute force); a front wider than this (tens of buckets whose trade-offs all
+# differ) keeps the prefixes with the smallest lower bound on their step (a beam), and the plan
+# says it is not proven optimal; it is still never slower than the best fixed plan, which is
+# always a candidate.
+MAX_FRONT = 128
+
+
+# ---------------------------------------------------------------- the measurements
+
+@dataclass(frozen=True)
+class Affine:
+    """seconds = a + b * fp32 bytes: a codec's fitted cost on one bucket."""
+
+    a: float = 0.0
+    b: float = 0.0
+
+    def __post_init__(self):
+        for name, v in (("a", self.a), ("b", self.b)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"codec cost {name} must be finite and >= 0, got {v!r}")
+
+    def seconds(self, nbytes: float) -> float:
+        return self.a + self.b * nbytes
+
+
+@dataclass(frozen=True)
+class CodecCost:
+    """One scheme-and-route's measured cost per bucket: `encode` in the gradient hook, `reduce`
+    between a two-phase bucket's two collectives (decode, sum, re-encode its chunk), `decode`
+    at step()."""
+
+    encode: Affine = Affine()
+    decode: Affine = Affine()
+    reduce: Affine = Affine()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A bucket in launch order: its name, float32 bytes, and when backward has produced it
+    (seconds from backward's start, hook work excluded; the slowest rank's)."""
+
+    name: str
+    nbytes: int
+    ready_s: float
+
+    def __post_init__(self):
+        if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0 \
+                or self.nbytes % 4:
+            raise ValueError(f"bucket {self.name!r}: float32 bytes must be a whole multiple of "
+                             f"4 >= 0, got {self.nbytes!r}")
+        if not (math.isfinite(self.ready_s) and self.ready_s >= 0):
+            raise ValueError(f"bucket {self.name!r}: ready time must be finite and >= 0 s, "
+                             f"got {self.ready_s!r}")
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Everything a plan is chosen from. `links`: {collective: Link or costmodel.fit.Fit} as
+    timed while backward runs, `links_idle` as timed after it (optional); collectives:
+    allreduce, allreduce_fp16 (Horovod's float16 sum; falls back to allreduce), allgather,
+    alltoall. `codecs`: {'bit8:allgather': CodecCost, ...} ('none:allreduce' defaults to free).
+    `errors`: {(bucket name, scheme name): measured relative error}."""
+
+    n: int
+    buckets: tuple
+    backward_s: float
+    links: dict
+    codecs: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+    links_idle: dict | None = None
+    fixed_s: float = 0.0
+
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"number of ranks must be an integer >= 1, got {self.n!r}")
+        object.__setattr__(self, "buckets", tuple(self.buckets))
+        if not self.buckets:
+            raise ValueError("no buckets to plan")
+        names = [b.name for b in self.buckets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"bucket names must be unique, got {names}")
+        last = max(b.ready_s for b in self.buckets)
+        for what, v in (("backward_s", self.backward_s), ("fixed_s", self.fixed_s)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{what} must be finite and >= 0 s, got {v!r}")
+        if self.backward_s < last:
+            raise ValueError(f"backward ends at {self.backward_s!r} s, before its last bucket "
+                             f"is ready ({last!r} s)")
+        if any(b.ready_s > a.ready_s for a, b in zip(self.buckets[1:], self.buckets)):
+            raise ValueError("buckets must be given in launch order (ready times non-decreasing)")
+
+
+# ---------------------------------------------------------------- one bucket, one option
+
+def wire_units(scheme: str, route, count: int, n: int):
+    """The collectives of one bucket of `count` values, as (collective, bytes) with bytes as
+    fit.py defines them: costmodel.methods' own reckoning, the one its tests hold to the
+    communicators' byte counts."""
+    route = resolve_route(scheme, route).value
+    return methods.exchange_units(scheme, [(count,)], n, route=route)[0]
+
+
+def _link(links, collective):
+    if collective not in links and collective == "allreduce_fp16":
+        collective = "allreduce"
+    if collective not in links:
+        raise ValueError(f"no link measured for collective {collective!r}; have "
+                         f"{', '.join(sorted(links))}")
+    x = links[collective]
+    return x.link() if callable(getattr(x, "link", None)) else x
+
+
+def _unit_seconds(unit, n, links):
+    return sum(methods.COLLECTIVE_COSTS[c](n, b).seconds(_link(links, c)) for c, b in unit)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One candidate for one bucket, with its costs worked out."""
+    label: str
+    index: int           # position in the candidate order: breaks ties
+    enc: float
+    mid: float
+    dec: float
+    phases: tuple        # ((busy s, idle s), ...): the bucket's collectives
+    loss: float          # bytes * measured error: what the tie-break minimises
+
+
+def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
+    scheme, route = parse_label(text)
+    if text == "none:allreduce" and text not in m.codecs:
+        cost = CodecCost()
+    elif text in m.codecs:
+        cost = m.codecs[text]
+    else:
+        raise ValueError(f"no codec cost measured for {text}")
+    count = bucket.nbytes // 4
+    idle = m.links_idle or m.links
+    phases = []
+    for c, b in wire_units(scheme, route, count, m.n):
+        busy = _unit_seconds([(c, b)], m.n, m.links)
+        phases.append((busy, min(busy, _unit_seconds([(c, b)], m.n, idle))))
+    err = 0.0 if scheme == "none" else m.errors.get((bucket.name, scheme), math.nan)
+    return _Option(text, index, cost.encode.seconds(bucket.nbytes),
+                   cost.reduce.seconds(bucket.nbytes), cost.decode.seconds(bucket.nbytes),
+                   tuple(phases), bucket.nbytes * err)
+
+
+def candidates_for(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND):
+    """Per bucket, the candidates it may take, in the given order, and why the others may not:
+    ([[label, ...] per bucket], {(bucket, label): reason}). none is always allowed."""
+    allowed, refused = [], {}
+    for bucket in m.buckets:
+        ok = []
+        for text in candidates:
+            scheme, route = parse_label(text)
+            text = label(scheme, route)
+            err = m.errors.get((bucket.name, scheme))
+            if scheme != "none" and text not in m.codecs:
+                refused[(bucket.name, text)] = "codec cost not measured"
+            elif scheme != "none" and err is None:
+                refused[(bucket.name, text)] = "error not measured"
+            elif scheme != "none" and not (math.isfinite(err) and err <= bound):
+                refused[(bucket.name, text)] = f"error {err:.3g} > bound {bound:.3g}"
+            else:
+                ok.append(text)
+        if "none:allreduce" not in ok:
+            ok.insert(0, "none:allreduce")
+        allowed.append(ok)
+    return allowed, refused
+
+
+# ---------------------------------------------------------------- the timeline
+
+def _run(start, phase, busy_until):
+    """End of a collective that starts at `start`: busy pace until `busy_until`, idle after."""
+    busy, idle = phase
+    if start + busy <= busy_until:
+        return start + busy
+    if start >= busy_until:
+        return start + idle
+    return busy_until + (1 - (busy_until - start) / busy) * idle
+
+
+def _advance(state, bucket, opt, backward_s):
+    """One bucket through the fold: (E, Q, P, D) -> the next (see the module docstring)."""
+    E, Q, P, D = state
+    E += opt.enc
+    clock = max(Q, bucket.ready_s + E)
+    busy_until = backward_s + E
+    for k, phase in enumerate(opt.phases):
+        if k:
+            clock += opt.mid
+        clock = _run(clock, phase, busy_until)
+    return (E, clock, max(P, clock) + opt.dec, D + opt.dec), clock
+
+
+def _finish(state, backward_s):
+    E, _, P, D = state
+    return max(backward_s + E + D, P)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A plan's predicted step and, per bucket, when it leaves and when its exchange is done
+    (seconds from backward's start)."""
+
+    step_s: float
+    backward_end_s: float
+    leaves_s: tuple
+    done_s: tuple
+
+
+def _options(m, plan, candidates=None):
+    order = {t: i for i, t in enumerate(candidates or DEFAULT_CANDIDATES)}
+    return [_option(m, b, label(*parse_label(t)), order.get(label(*parse_label(t)), len(order)))
+            for b, t in zip(m.buckets, plan)]
+
+
+def predict(m: Measurements, plan) -> Timeline:
+    """The predicted step of `plan` (a label per bucket, 'bit8:allgather' or 'bit8'), whether
+    or not the accuracy guard would allow it (fixed schemes are predicted as they are)."""
+    plan = tuple(plan)
+    if len(plan) != len(m.buckets):
+        raise ValueError(f"a plan needs one scheme per bucket: {len(m.buckets)}, got {len(plan)}")
+    state, leaves, done = (0.0, 0.0, 0.0, 0.0), [], []
+    for bucket, opt in zip(m.buckets, _options(m, plan)):
+        leaves.append(max(state[1], bucket.ready_s + state[0] + opt.enc))
+        state, clock = _advance(state, bucket, opt, m.backward_s)
+        done.append(clock)
+    return Timeline(m.fixed_s + _finish(state, m.backward_s), m.backward_s + state[0],
+                    tuple(leaves), tuple(done))
+
+
+def fixed_plan(m: Measurements, text: str):
+    """Every bucket on one scheme and route: the plan of a fixed choice."""
+    return (label(*parse_label(text)),) * len(m.buckets)
+
+
+# ---------------------------------------------------------------- the search
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen plan: a label per bucket, its predicted step, the fastest predicted step of
+    any allowed plan, how many plan prefixes the search kept at most (its front), the reasons
+    candidates were refused, and whether the search was exact (its front stayed within
+    MAX_FRONT)."""
+
+    buckets: tuple
+    schemes: tuple
+    predicted_s: float
+    fastest_s: float
+    loss: float
+    front: int
+    refused: dict
+    exact: bool = True
+
+    def as_dict(self):
+        return {"buckets": list(self.buckets), "schemes": list(self.schemes),
+                "predicted_s": self.predicted_s, "fastest_s": self.fastest_s,
+                "front": self.front, "exact": self.exact,
+                "refused": {f"{b} {t}": r for (b, t), r in sorted(self.refused.items())}}
+
+
+def _choose(finals, margin):
+    """The least lossy of the plans within `margin` of the fastest; then the faster; then the
+    earlier in the candidate order, bucket by bucket. finals: [(step, loss, indices, labels)]."""
+    fastest = min(f[0] for f in finals)
+    tied = [f for f in finals if f[0] <= fastest * (1 + margin)]
+    return min(tied, key=lambda f: (f[1], f[0], f[2])), fastest
+
+
+def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
+           margin=TIE_MARGIN) -> Plan:
+    """The plan with the smallest predicted step, or, among those within `margin` of it, the
+    least lossy (sum over buckets of bytes x measured error). Exact on this model: a Pareto-
+    front DP over the buckets in launch order (module docstring), in two passes: the fastest
+    step T* (state E, Q, P, D), then the least lossy plan within (1 + margin) T* (the loss a
+    fifth component). Each pass drops a prefix whose step can only end above its limit: the
+    best fixed plan's step, then (1 + margin) T*."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"tie margin must be in [0, 1), got {margin!r}")
+    allowed, refused = candidates_for(m, candidates, bound)
+    order = {label(*parse_label(t)): i for i, t in enumerate(candidates)}
+    opts = [[_option(m, b, t, order.get(t, len(order))) for t in texts]
+            for b, texts in zip(m.buckets, allowed)]
+    # an upper bound: the best plan taking one scheme everywhere it is allowed, else none
+    upper = min(_fold(m, [next((o for o in per if o.index == i), per[0]) for per in opts])
+                for i in sorted({o.index for per in opts for o in per}))
+    fixed = [_plan_row(m, [next((o for o in per if o.index == i), per[0]) for per in opts])
+             for i in sorted({o.index for per in opts for o in per})]
+    finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
+    fastest = min(f[0] for f in finals + fixed)
+    finals, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
+    best, fastest = _choose(finals + fixed, margin)
+    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+                max(w1, w2), refused, exact1 and exact2)
+
+
+def _plan_row(m, opts):
+    return (_fold(m, opts), sum(o.loss for o in opts), tuple(o.index for o in opts),
+            tuple(o.label for o in opts))
+
+
+def _fold(m, opts):
+    state = (0.0, 0.0, 0.0, 0.0)
+    for bucket, opt in zip(m.buckets, opts):
+        state, _ = _advance(state, bucket, opt, m.backward_s)
+    return m.fixed_s + _finish(state, m.backward_s)
+
+
+def _front(m, opts, limit, with_loss):
+    """The DP: [(step, loss, indices, labels)] of the plans left on the final front, and the
+    widest front. A prefix whose step must end above `limit` is dropped: what is left can only
+    add, at least the cheapest remaining encodes and decodes (backward's end, the decode
+    fold); with_loss=False keeps loss out of the dominance test (the first pass)."""
+    rest_enc = [0.0] * (len(opts) + 1)
+    rest_dec = [0.0] * (len(opts) + 1)
+    for i in range(len(opts) - 1, -1, -1):
+        rest_enc[i] = rest_enc[i + 1] + min(o.enc for o in opts[i])
+        rest_dec[i] = rest_dec[i + 1] + min(o.dec for o in opts[i])
+    front = {(0.0, 0.0, 0.0, 0.0, 0.0): ((), (), 0.0)}
+    widest, exact = 1, True
+    for i, (bucket, per) in enumerate(zip(m.buckets, opts)):
+        grown = {}
+        for key in sorted(front):                       # a fixed order: deterministic ties
+            idx, labels, loss = front[key]
+            for opt in per:
+                state, _ = _advance(key[:4], bucket, opt, m.backward_s)
+                E, _, P, D = state
+                least = max(m.backward_s + E + D + rest_enc[i + 1] + rest_dec[i + 1],
+                            P + rest_dec[i + 1])
+                if m.fixed_s + least > limit:
+                    continue
+                new = state + ((loss + opt.loss) if with_loss else 0.0,)
+                plan = (idx + (opt.index,), labels + (opt.label,), loss + opt.loss)
+                if new not in grown or plan[0] < grown[new][0]:
+                    grown[new] = plan
+        front = _pareto(grown)
+        widest = max(widest, len(front))
+        if len(front) > MAX_FRONT:
+            exact = False
+            lower = {k: (max(m.backward_s + k[0] + k[3] + rest_enc[i + 1] + rest_dec[i + 1],
+                             k[2] + rest_dec[i + 1]), k[4], front[k][0]) for k in front}
+            front = {k: front[k] for k in sorted(front, key=lower.get)[:MAX_FRONT]}
+    return [(m.fixed_s + _finish(k[:4], m.backward_s), loss, idx, labels)
+            for k, (idx, labels, loss) in sorted(front.items())], widest, exact
+
+
+def _pareto(states):
+    """Drop every state that another is no better than in any component (plans kept with it).
+    Sorted first, so a state can only be dominated by one before it; NumPy compares a state
+    with all kept ones at once."""
+    keys = sorted(states)
+    if not keys:
+        return {}
+    kept = np.empty((len(keys), len(keys[0])))
+    count = 0
+    out = {}
+    for k in keys:
+        row = np.asarray(k)
+        if count and np.any(np.all(kept[:count] <= row, axis=1)):
+            continue
+        kept[count] = row
+        count += 1
+        out[k] = states[k]
+    return out
+
+
+def exhaustive(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
+               margin=TIE_MARGIN) -> Plan:
+    """Every allowed plan, predicted one by one: the reference `search` is tested against
+    (options ** buckets plans: for a handful of buckets only)."""
+    import itertools
+    allowed, refused = candidates_for(m, candidates, bound)
+    order = {label(*parse_label(t)): i for i, t in enumerate(candidates)}
+    finals = []
+    for labels in itertools.product(*allowed):
+        opts = _options(m, labels, candidates)
+        state = (0.0, 0.0, 0.0, 0.0)
+        for bucket, opt in zip(m.buckets, opts):
+            state, _ = _advance(state, bucket, opt, m.backward_s)
+        finals.append((m.fixed_s + _finish(state, m.backward_s), sum(o.loss for o in opts),
+                       tuple(order.get(t, len(order)) for t in labels), labels))
+    best, fastest = _choose(finals, margin)
+    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+                len(finals), refused)
+
+
+# ---------------------------------------------------------------- re-planning
+
+@dataclass(frozen=True)
+class Replan:
+    """Whether to re-plan now, and why (or why not)."""
+
+    now: bool
+    reason: str
+    drift: float = math.nan
+
+    def __bool__(self):
+        return self.now
+
+
+def should_replan(predicted_s, measured_s, steps_since_plan, margin=REPLAN_MARGIN,
+                  window=REPLAN_WINDOW, every=REPLAN_EVERY) -> Replan:
+    """Re-plan when the median of the last `window` measured steps (finite ones) is off the
+    plan's prediction by more than `margin` of it, and at least `every` steps have passed since
+    the plan was applied. The median: one slow step (a checkpoint, a GC pause) is no drift."""
+    if not (isinstance(predicted_s, (int, float)) and math.isfinite(predicted_s)
+            and predicted_s > 0):
+        return Replan(False, f"no usable prediction ({predicted_s!r})")
+    if steps_since_plan < every:
+        return Replan(False, f"{steps_since_plan} steps since the plan, "
+                             f"re-plan at most every {every}")
+    recent = sorted(t for t in list(measured_s)[-window:] if math.isfinite(t) and t > 0)
+    if len(recent) < window:
+        return Replan(False, f"{len(recent)} usable steps of the last {window}: too few to judge")
+    mid = len(recent) // 2
+    median = recent[mid] if len(recent) % 2 else (recent[mid - 1] + recent[mid]) / 2
+    drift = (median - predicted_s) / predicted_s
+    if abs(drift) > margin:
+        return Replan(True, f"measured median {median:.4g} s is {drift:+.1%} off the predicted "
+                            f"{predicted_s:.4g} s (margin {margin:.0%})", drift)
+    return Replan(False, f"drift {drift:+.1%} within {margin:.0%}", drift)
+
+
+# ---------------------------------------------------------------- fitting codec costs
+
+def fit_affine(points) -> Affine:
+    """seconds = a + b * bytes by least squares on (bytes, seconds) points, a and b held >= 0
+    (a codec has no negative cost): what a job fits to its timed encodes of a few sizes."""
+    pts = [(float(x), float(y)) for x, y in points]
+    if not pts or any(not (math.isfinite(x) and math.isfinite(y) and x >= 0 and y >= 0)
+                      for x, y in pts):
+        raise ValueError("codec timings must be finite (bytes >= 0, seconds >= 0) points, "
+                         f"got {points!r}")
+    k = len(pts)
+    mx, my = sum(x for x, _ in pts) / k, sum(y for _, y in pts) / k
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:                                   # one size: all of it is per-call cost
+        return Affine(my, 0.0)
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    a = my - b * mx
+    if b < 0:
+        return Affine(my, 0.0)
+    if a < 0:
+        return Affine(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+    return Affine(a, b)
+

@@ -1,0 +1,383 @@
+"""The planner (hvd_compress/planner.py): its timeline, its search against brute force, the
+accuracy guard, determinism, the re-plan rule, the codec-cost fit. Pure: no torch, no Horovod."""
+import itertools
+import math
+import random
+
+import pytest
+
+from hvd_compress import planner as pl
+from hvd_compress.costmodel import methods
+from hvd_compress.costmodel.fit import Fit
+from hvd_compress.costmodel.model import Link
+
+pytestmark = pytest.mark.unit
+
+MiB = 1 << 20
+FREE = pl.CodecCost()
+
+
+def link(rate_bit_s, alpha=1e-3):
+    return Link.from_bandwidth(alpha, rate_bit_s / 8)
+
+
+def same_link(l):
+    return {c: l for c in ("allreduce", "allreduce_fp16", "allgather", "alltoall")}
+
+
+def codecs(enc_b=1e-9, dec_b=1e-9, a=1e-4):
+    cost = pl.CodecCost(pl.Affine(a, enc_b), pl.Affine(a, dec_b))
+    return {t: cost for t in pl.DEFAULT_CANDIDATES if t != "none:allreduce"}
+
+
+def errors(buckets, err=0.03):
+    return {(b.name, s): err for b in buckets for s in ("fp16", "bit16", "bit8")}
+
+
+def measurements(buckets, backward_s, l, n=2, **kw):
+    kw.setdefault("codecs", codecs())
+    kw.setdefault("errors", errors(buckets))
+    return pl.Measurements(n, buckets, backward_s, same_link(l), **kw)
+
+
+# ---------------------------------------------------------------- the timeline
+
+def test_one_bucket_on_free_codecs_is_backward_then_its_exchange():
+    b = [pl.Bucket("b0", 4 * MiB, 0.010)]
+    l = link(100e6, 0.0)
+    m = measurements(b, 0.010, l, codecs={}, fixed_s=0.005)
+    t = pl.predict(m, ["none"])
+    wire = methods.COLLECTIVE_COSTS["allreduce"](2, 4 * MiB).seconds(l)
+    assert t.step_s == pytest.approx(0.005 + 0.010 + wire)
+    assert t.leaves_s == (0.010,) and t.done_s[0] == pytest.approx(0.010 + wire)
+
+
+def test_an_exchange_hidden_behind_backward_costs_nothing():
+    # the first bucket leaves at 1 ms and is done long before backward ends at 1 s
+    b = [pl.Bucket("early", 64 * 1024, 0.001), pl.Bucket("last", 64 * 1024, 1.0)]
+    m = measurements(b, 1.0, link(1e9), codecs={})
+    t = pl.predict(m, ["none", "none"])
+    assert t.done_s[0] < 1.0
+    last_only = measurements(b[1:], 1.0, link(1e9), codecs={})
+    assert t.step_s == pytest.approx(pl.predict(last_only, ["none"]).step_s)
+
+
+def test_encode_delays_backward_and_every_later_bucket():
+    b = [pl.Bucket("b0", 4 * MiB, 0.0), pl.Bucket("b1", 4 * MiB, 0.020)]
+    enc = pl.CodecCost(encode=pl.Affine(0.003, 0.0))
+    m = measurements(b, 0.030, link(10e9, 0.0), codecs={"bit8:allgather": enc})
+    t = pl.predict(m, ["bit8:allgather", "bit8:allgather"])
+    assert t.backward_end_s == pytest.approx(0.036)
+    assert t.leaves_s[1] == pytest.approx(0.026)           # ready 20 ms + both encodes
+
+
+def test_the_queue_runs_one_collective_at_a_time():
+    # both ready at 0: the second waits for the first
+    b = [pl.Bucket("a", 4 * MiB, 0.0), pl.Bucket("b", 4 * MiB, 0.0)]
+    l = link(100e6, 0.0)
+    m = measurements(b, 0.0, l, codecs={})
+    t = pl.predict(m, ["none", "none"])
+    wire = methods.COLLECTIVE_COSTS["allreduce"](2, 4 * MiB).seconds(l)
+    assert t.leaves_s[1] == pytest.approx(wire) and t.step_s == pytest.approx(2 * wire)
+
+
+def test_decode_waits_for_backward_and_for_its_bucket():
+    b = [pl.Bucket("a", 1024, 0.0)]
+    dec = pl.CodecCost(decode=pl.Affine(0.002, 0.0))
+    m = measurements(b, 0.050, link(10e9, 0.0), codecs={"bit8:allgather": dec})
+    assert pl.predict(m, ["bit8"]).step_s == pytest.approx(0.052)
+
+
+def test_the_wire_bytes_are_the_cost_models():
+    for scheme, route in (("bit8", "allgather"), ("bit16", "alltoall"), ("none", None)):
+        units = pl.wire_units(scheme, route, 300_000, 4)
+        assert units == methods.exchange_units(scheme, [(300_000,)], 4,
+                                               route=route or "allreduce")[0]
+
+
+def test_a_fit_object_serves_as_a_link():
+    f = Fit("allreduce", alpha=1e-3, beta=1e-8, r2=1.0)
+    b = [pl.Bucket("a", 4 * MiB, 0.0)]
+    m1 = pl.Measurements(2, b, 0.0, {"allreduce": f})
+    m2 = pl.Measurements(2, b, 0.0, {"allreduce": Link(1e-3, 1e-8)})
+    assert pl.predict(m1, ["none"]) == pl.predict(m2, ["none"])
+
+
+def test_idle_link_after_backward():
+    b = [pl.Bucket("a", 4 * MiB, 0.0)]
+    busy, idle = link(100e6, 0.0), link(1e9, 0.0)
+    m = pl.Measurements(2, b, 0.0, same_link(busy), links_idle=same_link(idle))
+    wire_idle = methods.COLLECTIVE_COSTS["allreduce"](2, 4 * MiB).seconds(idle)
+    assert pl.predict(m, ["none"]).step_s == pytest.approx(wire_idle)
+
+
+# ---------------------------------------------------------------- the search
+
+def test_slow_wire_compresses_the_exposed_tail_and_leaves_the_hidden_bucket_alone():
+    # bucket 0 is ready at once and done long before backward's end; the last is ready at the end
+    b = [pl.Bucket("early", 256 * 1024, 0.0), pl.Bucket("tail", 4 * MiB, 0.200)]
+    m = measurements(b, 0.200, link(100e6))
+    plan = pl.search(m)
+    assert plan.schemes[0] == "none:allreduce"
+    assert plan.schemes[1].startswith("bit8")
+    assert plan.predicted_s < pl.predict(m, pl.fixed_plan(m, "none")).step_s
+
+
+def test_fast_wire_and_costly_codec_keeps_float32():
+    b = [pl.Bucket("a", 1 * MiB, 0.01), pl.Bucket("b", 1 * MiB, 0.02)]
+    m = measurements(b, 0.02, link(100e9, 1e-5), codecs=codecs(enc_b=2e-9, dec_b=2e-9, a=3e-4))
+    assert pl.search(m).schemes == ("none:allreduce", "none:allreduce")
+
+
+def test_the_plan_is_never_predicted_slower_than_any_fixed_scheme():
+    rng = random.Random(7)
+    for _ in range(30):
+        m = random_instance(rng, k=rng.randint(1, 6))
+        plan = pl.search(m, margin=0.0)
+        allowed, _ = pl.candidates_for(m)
+        for text in pl.DEFAULT_CANDIDATES:
+            if not all(text in ok for ok in allowed):      # the guard refuses it somewhere
+                continue
+            assert plan.predicted_s <= pl.predict(m, pl.fixed_plan(m, text)).step_s * (1 + 1e-12)
+
+
+def random_instance(rng, k):
+    t, buckets = 0.0, []
+    for i in range(k):
+        t += rng.choice([0.0, rng.uniform(0, 0.05)])
+        buckets.append(pl.Bucket(f"b{i}", 4 * rng.randint(1, 1_500_000), t))
+    backward = t + rng.uniform(0, 0.02)
+    rate = rng.choice([10e6, 100e6, 1e9, 20e9])
+    costs = {}
+    for text in pl.DEFAULT_CANDIDATES[1:]:
+        costs[text] = pl.CodecCost(pl.Affine(rng.uniform(0, 3e-4), rng.uniform(0, 3e-9)),
+                                   pl.Affine(rng.uniform(0, 3e-4), rng.uniform(0, 3e-9)),
+                                   pl.Affine(rng.uniform(0, 1e-4), rng.uniform(0, 1e-9)))
+    errs = {(b.name, s): rng.choice([0.001, 0.02, 0.05, 0.2])
+            for b in buckets for s in ("fp16", "bit16", "bit8")}
+    links = {c: Link(rng.uniform(0, 2e-3), 8 / (rate * rng.uniform(0.5, 1.0)))
+             for c in ("allreduce", "allreduce_fp16", "allgather", "alltoall")}
+    idle = None
+    if rng.random() < 0.5:
+        idle = {c: Link(l.alpha * rng.uniform(0.2, 1.5), l.beta * rng.uniform(0.3, 1.5))
+                for c, l in links.items()}
+    return pl.Measurements(rng.choice([2, 3, 4, 8]), buckets, backward, links, costs, errs,
+                           links_idle=idle, fixed_s=rng.uniform(0, 0.01))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_search_finds_the_exhaustive_optimum(seed):
+    rng = random.Random(seed)
+    m = random_instance(rng, k=rng.randint(3, 5))
+    margin = rng.choice([0.0, pl.TIE_MARGIN, 0.1])
+    dp, brute = pl.search(m, margin=margin), pl.exhaustive(m, margin=margin)
+    assert dp.fastest_s == pytest.approx(brute.fastest_s, rel=1e-12)
+    assert (dp.predicted_s, dp.loss) == pytest.approx((brute.predicted_s, brute.loss), rel=1e-12)
+    assert pl.predict(m, dp.schemes).step_s == pytest.approx(dp.predicted_s, rel=1e-12)
+    assert dp.exact and dp.front <= brute.front    # it kept fewer prefixes than there are plans
+    ties = [p for p in itertools.product(*pl.candidates_for(m)[0])
+            if pl.predict(m, p).step_s == brute.predicted_s]
+    if len(ties) == 1:                              # a unique optimum: the very same plan
+        assert dp.schemes == brute.schemes
+
+
+def test_tens_of_buckets_like_a_real_backward_are_searched_exactly():
+    # 30 buckets of 1 MB ready evenly through a 200 ms backward: the front stays small
+    bs = [pl.Bucket(f"b{i}", 1_000_000, 0.2 * (i + 1) / 30) for i in range(30)]
+    for rate, expect in ((10e6, "bit8:allgather"), (10e9, "none:allreduce")):
+        m = measurements(bs, 0.2, link(rate), codecs=codecs(5e-10, 5e-10, 1e-4))
+        plan = pl.search(m)
+        assert plan.exact and expect in plan.schemes
+        if rate == 10e9:
+            assert set(plan.schemes) == {"none:allreduce"}
+
+
+def test_a_wide_front_falls_back_to_a_beam_never_worse_than_a_fixed_plan():
+    m = random_instance(random.Random(0), k=10)          # adversarial: every trade-off differs
+    plan = pl.search(m, margin=0.0)
+    assert not plan.exact and plan.front > pl.MAX_FRONT
+    assert plan.predicted_s == pytest.approx(pl.predict(m, plan.schemes).step_s)
+    allowed, _ = pl.candidates_for(m)
+    for text in pl.DEFAULT_CANDIDATES:
+        if all(text in ok for ok in allowed):
+            assert plan.predicted_s <= pl.predict(m, pl.fixed_plan(m, text)).step_s
+
+
+def test_margin_prefers_the_less_lossy_plan_within_it_only():
+    # one bucket, the wire makes bit8 ~1% faster than bit16: inside 2% bit16 wins, at 0% bit8
+    b = [pl.Bucket("a", 4 * MiB, 0.100)]                      # ready as backward ends
+    m = measurements(b, 0.100, link(10e9, 0.0), codecs=codecs(enc_b=0, dec_b=0, a=0.0))
+    t8 = pl.predict(m, ["bit8:allgather"]).step_s
+    t16 = pl.predict(m, ["bit16:allgather"]).step_s
+    assert t8 < t16 <= t8 * 1.02
+    errs = {("a", "fp16"): 0.5, ("a", "bit16"): 1e-3, ("a", "bit8"): 0.03}
+    m = measurements(b, 0.100, link(10e9, 0.0), codecs=codecs(enc_b=0, dec_b=0, a=0.0),
+                     errors=errs)
+    assert pl.search(m, margin=0.0).schemes == ("bit8:allgather",)
+    assert pl.search(m, margin=0.02).schemes[0].startswith("bit16")
+
+
+# ---------------------------------------------------------------- the accuracy guard
+
+def test_a_scheme_over_the_error_bound_is_refused_and_said_why():
+    b = [pl.Bucket("tail", 4 * MiB, 0.0)]
+    errs = {("tail", "bit8"): 0.09, ("tail", "bit16"): 0.001, ("tail", "fp16"): 0.001}
+    m = measurements(b, 0.0, link(10e6), errors=errs)
+    plan = pl.search(m)
+    assert not plan.schemes[0].startswith("bit8")
+    assert "bound" in plan.refused[("tail", "bit8:allgather")]
+
+
+def test_unmeasured_error_or_codec_means_float32():
+    b = [pl.Bucket("tail", 4 * MiB, 0.0)]
+    assert pl.search(measurements(b, 0.0, link(10e6), errors={})).schemes == ("none:allreduce",)
+    assert pl.search(measurements(b, 0.0, link(10e6), codecs={})).schemes == ("none:allreduce",)
+    nan = {("tail", s): math.nan for s in ("fp16", "bit16", "bit8")}
+    assert pl.search(measurements(b, 0.0, link(10e6), errors=nan)).schemes == ("none:allreduce",)
+
+
+# ---------------------------------------------------------------- determinism, bad input
+
+def test_same_measurements_same_plan_whatever_the_dict_order():
+    rng = random.Random(11)
+    m = random_instance(rng, k=6)
+    shuffled = pl.Measurements(m.n, m.buckets, m.backward_s,
+                               dict(reversed(list(m.links.items()))),
+                               dict(reversed(list(m.codecs.items()))),
+                               dict(reversed(list(m.errors.items()))),
+                               links_idle=m.links_idle, fixed_s=m.fixed_s)
+    assert pl.search(m) == pl.search(shuffled) == pl.search(m)
+
+
+def test_exact_ties_go_to_the_first_candidate():
+    b = [pl.Bucket("a", 4, 0.0)]
+    free = {t: FREE for t in pl.DEFAULT_CANDIDATES}
+    zero = {("a", s): 0.0 for s in ("fp16", "bit16", "bit8")}
+    # a link so fast every option takes the same (zero-alpha, tiny-beta) time: none first
+    m = pl.Measurements(1, b, 0.0, same_link(Link(0.0, 1e-30)), free, zero)
+    assert pl.search(m).schemes == ("none:allreduce",)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(n=0), dict(buckets=()), dict(backward_s=math.nan), dict(backward_s=0.001),
+    dict(buckets=(pl.Bucket("a", 4, 0.0), pl.Bucket("a", 4, 0.0))),
+    dict(buckets=(pl.Bucket("a", 4, 0.01), pl.Bucket("b", 4, 0.0))),
+])
+def test_bad_measurements_are_refused_with_a_clear_error(bad):
+    kw = dict(n=2, buckets=(pl.Bucket("a", 4, 0.002),), backward_s=0.002,
+              links=same_link(link(1e9)))
+    kw.update(bad)
+    with pytest.raises(ValueError):
+        pl.Measurements(**kw)
+
+
+@pytest.mark.parametrize("bad", [dict(nbytes=3), dict(nbytes=-4), dict(ready_s=-1.0),
+                                 dict(ready_s=math.inf)])
+def test_bad_buckets_are_refused(bad):
+    with pytest.raises(ValueError):
+        pl.Bucket(**{"name": "a", "nbytes": 4, "ready_s": 0.0, **bad})
+
+
+def test_a_missing_link_is_named():
+    m = pl.Measurements(2, [pl.Bucket("a", 4, 0.0)], 0.0, {"allreduce": link(1e9)},
+                        codecs(), {("a", "bit8"): 0.01})
+    with pytest.raises(ValueError, match="allgather"):
+        pl.predict(m, ["bit8:allgather"])
+
+
+def test_codec_costs_cannot_be_negative_or_nan():
+    for a, b in ((-1.0, 0.0), (0.0, math.nan)):
+        with pytest.raises(ValueError):
+            pl.Affine(a, b)
+
+
+# ---------------------------------------------------------------- re-planning
+
+def test_replan_on_drift_beyond_the_margin_only():
+    steps = [0.130] * pl.REPLAN_WINDOW
+    r = pl.should_replan(0.100, steps, steps_since_plan=500)
+    assert r and r.drift == pytest.approx(0.30)
+    assert not pl.should_replan(0.100, [0.110] * pl.REPLAN_WINDOW, 500)
+    assert pl.should_replan(0.100, [0.080] * pl.REPLAN_WINDOW, 500)     # faster counts too
+
+
+def test_replan_at_most_every_n_steps_and_not_on_a_few_slow_steps():
+    steps = [0.100] * (pl.REPLAN_WINDOW - 3) + [5.0] * 3                   # a checkpoint
+    assert not pl.should_replan(0.100, steps, 500)
+    assert not pl.should_replan(0.100, [0.3] * pl.REPLAN_WINDOW, pl.REPLAN_EVERY - 1)
+    assert pl.should_replan(0.100, [0.3] * pl.REPLAN_WINDOW, pl.REPLAN_EVERY)
+
+
+def test_replan_needs_enough_usable_steps_and_a_prediction():
+    nan_steps = [0.3] * (pl.REPLAN_WINDOW - 1) + [math.nan]
+    assert not pl.should_replan(0.100, nan_steps, 500)
+    assert not pl.should_replan(math.nan, [0.3] * pl.REPLAN_WINDOW, 500)
+    assert not pl.should_replan(0.0, [0.3] * pl.REPLAN_WINDOW, 500)
+
+
+# ---------------------------------------------------------------- codec cost fit
+
+def test_fit_affine_recovers_a_line_and_holds_at_zero():
+    pts = [(x, 1e-4 + 2e-9 * x) for x in (1e4, 1e5, 1e6, 4e6)]
+    f = pl.fit_affine(pts)
+    assert (f.a, f.b) == pytest.approx((1e-4, 2e-9))
+    assert pl.fit_affine([(1e6, 0.003)]) == pl.Affine(0.003, 0.0)
+    neg = pl.fit_affine([(1e3, 0.0), (1e6, 0.002), (2e6, 0.0045)])  # intercept would be < 0
+    assert neg.a == 0.0 and neg.b > 0
+    with pytest.raises(ValueError):
+        pl.fit_affine([(1e6, math.nan)])
+
+
+# ---------------------------------------------------------------- the CLI (ask before training)
+
+def run_cli(capsys, *args):
+    from hvd_compress import plan_cli
+    assert plan_cli.main(list(args) + ["--format", "json"]) == 0
+    import json
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_buckets_are_the_optimizers_and_ready_in_launch_order(capsys):
+    from hvd_compress import plan_cli
+    for model in ("horovod", "basic"):
+        counts = [methods.numel(s) for s in methods.MODEL_SHAPES[model]]
+        assert [c for _, c, _ in plan_cli.model_buckets(model)] == methods.buckets(counts)
+    out = run_cli(capsys, "--model", "basic", "--nodes", "2", "--bandwidth", "100Mbit/s",
+                  "--latency", "1ms")
+    ready = [b["ready_s"] for b in out["buckets"]]
+    assert [b["name"] for b in out["buckets"]] == ["fc2.bias", "fc1.weight", "conv2.bias"]
+    assert ready == sorted(ready) and ready[0] < 0.1 * ready[-1]   # the convs' work comes last
+
+
+@pytest.mark.parametrize("rate, wire_bound", [("10Mbit/s", True), ("100Gbit/s", False)])
+def test_cli_plan_is_no_slower_than_any_fixed_scheme_and_compresses_only_a_slow_wire(
+        capsys, rate, wire_bound):
+    out = run_cli(capsys, "--model", "basic", "--nodes", "2", "--bandwidth", rate,
+                  "--latency", "100us", "--margin", "0")
+    plan = out["plan"]
+    assert plan["predicted_s"] <= min(out["fixed"].values()) * (1 + 1e-12)
+    big = plan["schemes"][1]                                         # fc1.weight, 4.7 MB
+    assert big.startswith("bit8") if wire_bound else big == "none:allreduce"
+
+
+def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path):
+    out = run_cli(capsys, "--model", "lab", "--nodes", "2", "--bandwidth", "10Mbit/s",
+                  "--latency", "1ms", "--errors", str(tmp_path / "missing.csv"))
+    assert out["plan"]["schemes"] == ["none:allreduce"]
+
+
+def test_cli_reads_a_fitted_link(capsys):
+    from hvd_compress import plan_cli
+    fit = str(plan_cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
+    out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
+    assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
+
+
+def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
+    import subprocess
+    import sys
+    code = ("import sys, hvd_compress.planner, hvd_compress.plan_cli; "
+            "bad = [m for m in ('torch', 'horovod') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
