@@ -221,3 +221,24 @@ def test_the_command_grades_a_class_into_one_table(tmp_path):
     assert len(rows) == 1 + 14 * len(kits)
     assert main(["grade", str(tmp_path / "class" / "solution"), "--steps", "codecs"]) == 0
     assert main(["grade", str(tmp_path / "nowhere")]) == 2
+
+
+def test_the_exhaustive_check_on_a_range_of_inputs(tmp_path):
+    """`grade --exhaustive` walks every float32 bit pattern; here 2**18 of them around 1.0
+    and the top of the range (NaN payloads, Inf)."""
+    from labs.classroom.codec_checks import exhaustive_check
+    from labs.classroom.rank_job import kit_on_path
+    import importlib
+    for name, passes in (("solution", True), ("truncation", False)):
+        folder = classroom_kit.init(tmp_path / name)
+        if name == "solution":
+            classroom_kit.install_solution(folder)
+        else:
+            seed(folder, BY_NAME[name])
+        with kit_on_path(folder):
+            module = importlib.import_module("compression")
+            for inputs in (range(0x3F800000 - (1 << 17), 0x3F800000 + (1 << 17)),
+                           range(0xFF800000 - (1 << 17), 0xFF800000 + (1 << 17))):
+                check = exhaustive_check(module, chunk=1 << 16, inputs=inputs)
+                assert check.passed is passes, check.en
+    assert "encode_e4m3 differs from the reference at float32 bits 0xFF8" in check.en   # a NaN

@@ -19,7 +19,7 @@ from .rank_job import kit_on_path
 # The quick trainer run the grader makes at 2 and 4 processes, and the accuracy documented for
 # it (docs/instructor.md): 1 epoch of the first 2048 training images, scored on the first 1000
 # test images of Fashion-MNIST.
-QUICK = dict(train_samples=2048, test_samples=1000, epochs=1, min_accuracy=0.60)
+QUICK = dict(train_samples=2048, test_samples=1000, epochs=1, min_accuracy=0.45)
 
 
 @dataclass
