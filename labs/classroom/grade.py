@@ -1,7 +1,7 @@
 """Grade kits: every step's checks, in one process where they can run there, on Horovod ranks
 where they need them (a whole class shares one launch per world size)."""
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from labs.kit.data import DATASETS

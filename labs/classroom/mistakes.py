@@ -5,7 +5,6 @@ Each mistake edits a solution kit: code appended to compression.py (the last def
 name wins), or a line of train.py replaced.
 """
 from dataclasses import dataclass
-from pathlib import Path
 
 from .kit import install_solution
 

@@ -12,14 +12,12 @@ step and after the last), so a student's trainer needs no cooperation to be chec
 import functools
 import hashlib
 import json
-import os
 import runpy
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import horovod.torch as hvd
