@@ -5,6 +5,10 @@
 #
 # Idempotent: the Horovod wheel is built once (~4-15 min on 2 cores) and cached outside the
 # clone, keyed by Horovod, torch, Python and the patches; a second run takes seconds.
+#
+#   bash scripts/setup.sh --wheel-only PATCH_DIR   # only build (or find) the Horovod wheel of
+#                                                  # PATCH_DIR's series, print its folder: the
+#                                                  # classroom's grader builds a student's patch
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -12,6 +16,12 @@ HOROVOD_VERSION=0.28.1
 CACHE=${HVD_COMPRESS_CACHE:-$HOME/.cache/hvd-compress}
 VENV=${HVD_COMPRESS_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
+PATCHES=$ROOT/patches
+WHEEL_ONLY=0
+if [ "${1:-}" = --wheel-only ]; then
+  [ -n "${2:-}" ] && [ -f "$2/series" ] || { echo "usage: setup.sh --wheel-only PATCH_DIR (with a series file)" >&2; exit 2; }
+  WHEEL_ONLY=1; PATCHES=$(cd "$2" && pwd)
+fi
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -19,9 +29,14 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 # One setup at a time per cache: a second one (another checkout, the lab and the tests started
 # together) waits here instead of building Horovod twice into the same folder.
 mkdir -p "$CACHE"
-exec 9>"$CACHE/setup.lock"
-flock -w 3600 9 || die "another scripts/setup.sh has held $CACHE/setup.lock for an hour"
+take_lock() {
+  exec 9>"$CACHE/setup.lock"
+  flock -w 3600 9 || die "another scripts/setup.sh has held $CACHE/setup.lock for an hour"
+}
+# (--wheel-only takes it only to build: finding a cached wheel needs no lock)
+[ "$WHEEL_ONLY" = 1 ] || take_lock
 
+if [ "$WHEEL_ONLY" = 0 ]; then
 # 1. System packages: Open MPI for Horovod's MPI controller, a C++ toolchain and cmake for the
 #    Horovod build, ccache so a patch change rebuilds in a minute, iproute2 for the emulated
 #    network, and Debian's Fashion-MNIST: the only full data set this offline machine can have.
@@ -47,12 +62,15 @@ if [ "$(cat "$VENV/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
   "$PY" -c "import torch, numpy" || die "requirements did not install"
   echo "$req_hash" > "$VENV/.requirements-hash"
 fi
+elif [ ! -x "$PY" ]; then
+  die "no $VENV: run scripts/setup.sh first"
+fi
 
 # 3. Horovod: build the patched sdist into a cached wheel once, install it into the venv.
 torch_version=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 py_tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-patch_list=$(grep -v '^\s*#' "$ROOT/patches/series" | sed '/^\s*$/d')
-patch_hash=$(cd "$ROOT/patches" && cat series $patch_list | sha256sum | cut -c1-12)
+patch_list=$(grep -v '^\s*#' "$PATCHES/series" | sed '/^\s*$/d')
+patch_hash=$(cd "$PATCHES" && cat series $patch_list | sha256sum | cut -c1-12)
 key="horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$patch_hash"
 wheel_dir="$CACHE/wheels/$key"
 
@@ -69,8 +87,10 @@ build_horovod_wheel() {
   tar xzf "$sdist" -C "$work"
   src="$work/horovod-$HOROVOD_VERSION"
   for p in $patch_list; do
-    log "applying patches/$p"
-    patch -p1 -d "$src" --forward --quiet < "$ROOT/patches/$p" || die "patches/$p does not apply"
+    # a course patch not written yet (a student's kit: text, no diff) changes nothing
+    grep -q '^+++ ' "$PATCHES/$p" || { log "skipping $PATCHES/$p: no diff in it yet"; continue; }
+    log "applying $PATCHES/$p"
+    patch -p1 -d "$src" --forward --quiet < "$PATCHES/$p" || die "$PATCHES/$p does not apply"
   done
   log "building Horovod $HOROVOD_VERSION against torch $torch_version (takes minutes; log: $CACHE/build.log)"
   mkdir -p "$work/wheel"
@@ -84,6 +104,14 @@ build_horovod_wheel() {
   rm -rf "$wheel_dir.tmp" && mv "$work/wheel" "$wheel_dir.tmp" && mv "$wheel_dir.tmp" "$wheel_dir"
 }
 
+if [ "$WHEEL_ONLY" = 1 ]; then
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    take_lock
+    ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 || build_horovod_wheel
+  fi
+  echo "$wheel_dir"
+  exit 0
+fi
 if [ "$(cat "$VENV/.horovod-key" 2>/dev/null)" != "$key" ]; then
   ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 || build_horovod_wheel
   log "installing the cached Horovod wheel ($key)"

@@ -43,6 +43,12 @@ ALGORITHMS = {
 REQUIRED = ["ranks", "train_time_s", "final_test_accuracy", "step_ms", "forward_backward_ms",
             "compress_ms", "communicate_ms", "decompress_ms", "update_ms", "bytes_per_step"]
 
+# Forward+backward is the same work in every row of one device count (same network, batch and
+# data; the schemes differ only after it). When two rows' forward+backward differ by more than
+# this, the host ran them in different states (a slower hour, a busy neighbour), and a ratio of
+# their step times measures the host as much as the scheme: the report says so beside it.
+STATE_TOLERANCE = 0.15
+
 
 MODELS = {
     "basic": "pytorch/examples' mnist/main.py network (2 conv layers 32/64, dropout, 9216 -> "
@@ -223,6 +229,50 @@ def _ratio(rows, run, base, column="step_ms"):
     return math.nan if a is None or b is None else getattr(a, column) / getattr(b, column)
 
 
+def state_shift(row, base):
+    """forward+backward of `row` relative to `base`'s, minus 1 (the same work in both)."""
+    return row.forward_backward_ms / base.forward_backward_ms - 1
+
+
+def state_note(row, base):
+    """'' when the two rows ran in one machine state, else a note that says they did not, and
+    the ratio of what is left of the step once forward+backward is taken out."""
+    shift = state_shift(row, base)
+    if abs(shift) <= STATE_TOLERANCE:
+        return ""
+    rest = (row.step_ms - row.forward_backward_ms) / (base.step_ms - base.forward_backward_ms)
+    return (f" [measured in a different machine state: forward+backward, the same work in both "
+            f"rows, took {100 * shift:+.0f}% in this row; the rest of the step (exchange and "
+            f"codecs) is x{rest:.2f} of float32's]")
+
+
+def pays_sentence(n, scheme, on_link, on_loop, loop_note, break_even, rate):
+    """One line of 'where compression pays': the two measured ratios, the model's break-even,
+    and, where a measurement disagrees with the model, that disagreement, never a verdict a
+    number beside it contradicts."""
+    text = (f"- {n} processes, {scheme}: step x{on_link:.2f} of float32's at "
+            f"{network.rate_text(rate)} ({'pays' if on_link < 1 else 'does not pay'} there), "
+            f"x{on_loop:.2f} over loopback ({'faster' if on_loop < 1 else 'not faster'} there)"
+            f"{loop_note}")
+    if break_even <= 0:
+        return text + "; the model says it never pays (it saves no bytes)."
+    if math.isinf(break_even):
+        text += ("; the model (the link's alpha-beta terms and decoding) finds no fixed cost "
+                 "above float32's, so no break-even rate")
+        if on_loop >= 1:
+            text += (f"; the measured x{on_loop:.2f} over loopback says it does not pay at every "
+                     f"rate on this host: the model leaves out costs loopback shows"
+                     + (" (and the rows ran in different machine states)" if loop_note else ""))
+    else:
+        text += (f"; the model puts the break-even at {network.rate_text(break_even)}: it pays "
+                 f"on links slower than that")
+    model_pays_here = break_even > rate
+    if model_pays_here != (on_link < 1):
+        text += (f"; measured at {network.rate_text(rate)} it "
+                 f"{'does not pay' if on_link >= 1 else 'pays'}, against the model")
+    return text + "."
+
+
 def network_section(net_path, calibration, loop_frame, skipped=None):
     """The parallel rows again over an emulated link: step times as ratios to float32 and to
     Horovod's fp16 on that link and over loopback, each exchange predicted beside the measured
@@ -263,11 +313,16 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
         p = preds[row.run]
         fp32, fp16 = run_name(row.ranks, "none"), run_name(row.ranks, "fp16")
         judged = "" if p.judged else " (not judged: < 5 ms)"
-        pays = "—" if row.compression == "none" else network.rate_text(p.break_even_bps)
+        pays = ("—" if row.compression == "none" else
+                "none in the model" if math.isinf(p.break_even_bps) else
+                network.rate_text(p.break_even_bps))
+        shifted = (row.run in loop and fp32 in loop
+                   and abs(state_shift(loop[row.run], loop[fp32])) > STATE_TOLERANCE)
         lines.append(
             f"| {algorithm(row)} | {row.ranks} | {row.step_ms:.1f} | "
             f"{_ratio(net, row.run, fp32):.2f} | {_ratio(net, row.run, fp16):.2f} | "
-            f"{_ratio(loop, row.run, fp32):.2f} | {p.measured_ms:.1f} | {p.predicted_ms:.1f} | "
+            f"{_ratio(loop, row.run, fp32):.2f}{' †' if shifted else ''} | {p.measured_ms:.1f} | "
+            f"{p.predicted_ms:.1f} | "
             f"{100 * p.error:+.0f}%{judged} | {row.bytes_per_step:,.0f} | "
             f"{row.wire_bytes_per_step:,.0f} | {row.wire_bytes_per_step / row.bytes_per_step:.3f} | "
             f"{pays} | `{row.run}` |")
@@ -294,8 +349,13 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "idle-core fit where there is one): T(b) = L + D + 8 W / b, "
               "b* = 8 (W_32 - W_k) / ((L_k + D_k) - (L_32 + D_32)), with W the bytes a step's "
               "collectives move (their beta terms at the calibrated rate), L their alpha terms "
-              "(`break_even_rate`). 'any rate': compression costs no fixed time more than "
-              "float32.",
+              "(`break_even_rate`). 'none in the model': in the model, compression costs no "
+              "fixed time more than float32, so it has no break-even rate (a statement about "
+              "the link's terms; the loopback column is what this host measured).",
+              f"- †: this loopback row and float32's ran in different machine states "
+              f"(forward+backward, the same work, differs by more than "
+              f"{100 * STATE_TOLERANCE:.0f}%); its ratio measures the host as much as the "
+              f"scheme. 'Where compression pays' below gives the rest of the step apart.",
               "- Bytes on the wire: each process's eth0 transmit counter "
               "(/sys/class/net/eth0/statistics/tx_bytes in its namespace), read before and "
               "after the training loop of each epoch, per process and step.",
@@ -352,16 +412,9 @@ def where_it_pays(net, loop, preds, rate):
             if run not in net or fp32 not in net:
                 continue
             on_link, on_loop = _ratio(net, run, fp32), _ratio(loop, run, fp32)
-            verdict = ("pays" if on_link < 1 else "does not pay")
-            be = preds[run].break_even_bps
-            lines.append(
-                f"- {n} processes, {scheme}: step x{on_link:.2f} of float32's at "
-                f"{network.rate_text(rate)} ({verdict} there), x{on_loop:.2f} over loopback"
-                + ("; the model says it pays at any rate (it costs no more fixed time than "
-                   "float32)." if math.isinf(be) else
-                   "; the model says it never pays (it saves no bytes)." if be <= 0 else
-                   f"; the model puts the break-even at {network.rate_text(be)}: it pays on "
-                   f"links slower than that."))
+            note = state_note(loop[run], loop[fp32]) if run in loop and fp32 in loop else ""
+            lines.append(pays_sentence(n, scheme, on_link, on_loop, note,
+                                       preds[run].break_even_bps, rate))
     return "\n".join(lines)
 
 
@@ -389,7 +442,8 @@ def findings(frame, cpus):
                 f"{other.bytes_per_step:,.0f} vs {base.bytes_per_step:,.0f} bytes per step "
                 f"(x{other.bytes_per_step / base.bytes_per_step:.3f}), step "
                 f"{other.step_ms:.2f} ms vs {base.step_ms:.2f} ms "
-                f"(x{other.step_ms / base.step_ms:.2f}), of which compress+decompress "
+                f"(x{other.step_ms / base.step_ms:.2f}){state_note(other, base)}, of which "
+                f"compress+decompress "
                 f"{other.compress_ms + other.decompress_ms:.2f} ms; accuracy "
                 f"{100 * other.final_test_accuracy:.2f}% vs "
                 f"{100 * base.final_test_accuracy:.2f}%.")

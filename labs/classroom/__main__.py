@@ -1,0 +1,85 @@
+"""Command line of labs.classroom (see the package docstring)."""
+import argparse
+import sys
+from pathlib import Path
+
+from .checks import STEPS
+from .grade import GradeError, Options, QUICK, find_kits, grade
+from .kit import KitError, init, install_solution
+from .mistakes import MISTAKES, seed
+from .sheet import csv_text, markdown
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m labs.classroom", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("init", help="write a student's kit into DIR")
+    p.add_argument("dir")
+    p.add_argument("--force", action="store_true", help="write into a folder that is not empty")
+    p = sub.add_parser("grade", help="grade kits, or folders of kits: one table")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--steps", default=",".join(STEPS),
+                   help=f"comma-separated, from {','.join(STEPS)} (default: all)")
+    p.add_argument("--lang", choices=["en", "zh", "both"], default="en")
+    p.add_argument("--out", default=None, help="folder for grades.md / grades.csv (default: the "
+                   "single path given, else the current folder)")
+    p.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "mnist"])
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--train-samples", type=int, default=QUICK["train_samples"],
+                   help="training images for the grader's runs (0: all; default %(default)s)")
+    p.add_argument("--test-samples", type=int, default=QUICK["test_samples"])
+    p.add_argument("--epochs", type=int, default=QUICK["epochs"])
+    p.add_argument("--min-accuracy", type=float, default=QUICK["min_accuracy"],
+                   help="accuracy rank 0's model must reach (default %(default)s, documented "
+                        "for the default run)")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="also every one of the 2**32 float32 inputs (minutes per kit)")
+    p = sub.add_parser("build", help="build a kit's patched Horovod (cached by the patches' hash)")
+    p.add_argument("dir")
+    p = sub.add_parser("demo", help="the grader graded: solution, untouched kit and seeded "
+                                    "mistakes as kits in DIR")
+    p.add_argument("dir")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "init":
+            print(f"wrote the kit into {init(args.dir, args.force)}: see its README.md")
+            return 0
+        if args.command == "demo":
+            root = Path(args.dir)
+            init(root / "untouched")
+            install_solution(init(root / "solution"))
+            for mistake in MISTAKES:
+                seed(init(root / mistake.name), mistake)
+            print(f"wrote {2 + len(MISTAKES)} kits into {root}: python -m labs.classroom grade {root}")
+            return 0
+        if args.command == "build":
+            from .intree import build, patch_check
+            check = patch_check(args.dir)
+            if not check.passed:
+                print(check.en, file=sys.stderr)
+                return 1
+            wheel, error = build(args.dir)
+            print(wheel or "\n".join(error), file=sys.stderr if error else sys.stdout)
+            return 0 if wheel else 1
+        kits = find_kits(args.paths)
+        options = Options(steps=tuple(s for s in args.steps.split(",") if s), dataset=args.dataset,
+                          data_dir=args.data_dir, train_samples=args.train_samples,
+                          test_samples=args.test_samples, epochs=args.epochs,
+                          min_accuracy=args.min_accuracy, exhaustive=args.exhaustive)
+        results = grade(kits, options)
+    except (GradeError, KitError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or (args.paths[0] if len(args.paths) == 1 else "."))
+    out.mkdir(parents=True, exist_ok=True)
+    for lang in (["en", "zh"] if args.lang == "both" else [args.lang]):
+        text = markdown(results, lang)
+        (out / ("grades.md" if lang == "en" else "grades.zh.md")).write_text(text, encoding="utf-8")
+        print(text)
+    (out / "grades.csv").write_text(csv_text(results), encoding="utf-8")
+    return 0 if all(c.passed for checks in results.values() for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The grader graded under real horovodrun: a class of kits in one launch per world size.
+
+The solution passes every check of the trainer (2 and 4 processes), the exchange and the
+in-tree route (the project's own patch: the cached wheel, no build); the untouched kit fails
+every check of those steps with its reason; each seeded trainer or exchange mistake fails its
+own check. Half the grader's quick run, to keep the file cheap: 1 epoch of the first 1024 training
+images scored on the first 500 test images, where the solution reaches 57.8% at 2 processes
+and 46.8% at 4 (deterministic: seeds, shards and Gloo's sum order are fixed), so 40% is
+asked. The file costs three launches: the class at 2 processes, the solution at 4, the
+in-tree script.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from labs.classroom import kit as classroom_kit
+from labs.classroom.grade import Options, find_kits, grade
+from labs.classroom.intree import intree_checks
+from labs.classroom.mistakes import BY_NAME, seed
+from labs.classroom.report_checks import report_checks
+
+pytestmark = pytest.mark.multiprocess
+
+SMALL = dict(train_samples=1024, test_samples=500, min_accuracy=0.40)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class (solution, untouched, the seeded mistakes) at 2 processes, in one launch;
+    the solution's trainer again at 4."""
+    root = tmp_path_factory.mktemp("class")
+    solution = classroom_kit.install_solution(classroom_kit.init(root / "solution")).resolve()
+    classroom_kit.init(root / "untouched")
+    for name in ("no_sampler", "no_broadcast", "averaged_codes"):
+        seed(classroom_kit.init(root / name), BY_NAME[name])
+    results = grade(find_kits([root]), Options(steps=("trainer", "exchange"), sizes=(2,), **SMALL))
+    results[solution] += grade([solution], Options(steps=("trainer",), sizes=(4,), **SMALL))[solution]
+    return root, {kit.name: {c.name: c for c in checks} for kit, checks in results.items()}
+
+
+def test_the_solution_passes_every_check(graded):
+    root, by_kit = graded
+    checks = by_kit["solution"]
+    assert len(checks) == 2 * 6 + 2
+    assert [name for name, c in checks.items() if not c.passed] == []
+    assert checks["trainer.np4.accuracy"].details["accuracy"] >= SMALL["min_accuracy"]
+    # its own runs fill its report (the grader's runs are the student's too)
+    kit = root / "solution"
+    subprocess.run([sys.executable, "report.py"], cwd=kit, check=True, capture_output=True)
+    assert all(c.passed for c in report_checks(kit))
+
+
+def test_the_untouched_kit_fails_every_check_with_its_reason(graded):
+    _, by_kit = graded
+    checks = by_kit["untouched"]
+    assert len(checks) == 6 + 2
+    passed = [name for name, c in checks.items() if c.passed]
+    # the serial trainer runs and learns on every rank: only that much passes
+    assert set(passed) <= {"trainer.np2.runs", "trainer.np2.accuracy"}
+    assert "TrainLog" in checks["trainer.np2.logs"].en
+    assert "DistributedSampler" in checks["trainer.np2.shard"].en
+    assert "broadcast_parameters" in checks["trainer.np2.broadcast"].en
+    assert "not checked" in checks["trainer.np2.average"].en
+    assert "not written yet" in checks["exchange.Bit8Compressor"].en or \
+        "NotImplementedError" in checks["exchange.Bit8Compressor"].en
+
+
+@pytest.mark.parametrize("name", ["no_sampler", "no_broadcast", "averaged_codes"])
+def test_each_seeded_mistake_fails_its_check_with_its_reason(graded, name):
+    _, by_kit = graded
+    mistake, checks = BY_NAME[name], by_kit[name]
+    assert not checks[mistake.check].passed
+    assert mistake.words in checks[mistake.check].en, checks[mistake.check].en
+    others = {"no_sampler": "trainer.np2.broadcast", "no_broadcast": "trainer.np2.shard",
+              "averaged_codes": "trainer.np2.average"}[name]
+    assert checks[others].passed, checks[others].en
+
+
+def test_the_solution_passes_the_in_tree_route_and_the_untouched_kit_fails_it(tmp_path):
+    solution = classroom_kit.install_solution(classroom_kit.init(tmp_path / "solution"))
+    checks = intree_checks(solution)
+    assert [c.name for c in checks] == ["intree.patch", "intree.build", "intree.allreduce",
+                                        "intree.optimizer"]
+    assert [c.en for c in checks if not c.passed] == []
+    untouched = intree_checks(classroom_kit.init(tmp_path / "untouched"))
+    assert not any(c.passed for c in untouched) and "holds no diff yet" in untouched[0].en
