@@ -1,8 +1,9 @@
 """Tests of the collectives benchmark (labs/netem/bench.py; scripts/bench_collectives.py wraps
 it): argument parsing and the analysis on synthetic numbers (pure), then a tiny real run with
-horovodrun (2 ranks, 2 sizes, few repetitions) whose CSVs pandas reads and the cost model fits, and, as root, the same under netem with the
-NIC byte counters.  No timing target lives here (machines are noisy): only that times are
-positive and the files are whole.
+horovodrun (2 ranks, 2 sizes, few repetitions) whose CSVs pandas reads and the cost model fits,
+and, as root, the same under netem with the NIC byte counters; the timing loop's repetitions on
+real ranks (tests/workers/bench_checks.py, in the 2-rank jobs of tests/hvdrun.py). No timing
+target lives here (machines are noisy): only that times are positive and the files are whole.
 """
 import json
 import math
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from hvdrun import across_ranks, passed_checks
 from labs import netem
 from labs.netem import bench
 
@@ -25,6 +27,7 @@ KiB, MiB = 2**10, 2**20
 
 # ---------------------------------------------------------------- pure parts
 
+@pytest.mark.unit
 def test_parse_sizes_ranges_and_lists():
     assert bench.parse_sizes("1KiB:64KiB") == [1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB]
     assert bench.parse_sizes("1KiB:8KiB:x2") == [1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB]
@@ -35,6 +38,7 @@ def test_parse_sizes_ranges_and_lists():
             bench.parse_sizes(bad)
 
 
+@pytest.mark.unit
 def test_parse_schemes():
     assert bench.parse_schemes(["bit8:allgather", "none:allreduce"]) == [
         ("bit8", "allgather"), ("none", "allreduce")]
@@ -44,6 +48,7 @@ def test_parse_schemes():
             bench.parse_schemes(bad)
 
 
+@pytest.mark.unit
 def test_scheme_names_come_from_the_registry():
     from hvd_compress.registry import COURSE_SCHEMES, SCHEMES, label
     assert {f"{name}:{route}" for name in COURSE_SCHEMES for route in SCHEMES[name].routes} \
@@ -53,12 +58,14 @@ def test_scheme_names_come_from_the_registry():
     assert label("bit8", "alltoall") in bench.DEFAULT_SCHEMES
 
 
+@pytest.mark.unit
 def test_output_paths_are_named_after_out():
     p = bench.output_paths(Path("r/x.csv"))
     assert p["schemes"] == Path("r/x_schemes.csv") and p["plot"] == Path("r/x.png")
     assert p["summary"] == Path("r/x_summary.csv") and p["fit"] == Path("r/x_fit.json")
 
 
+@pytest.mark.unit
 def test_summarize_matches_numpy_quantiles():
     rng = np.random.default_rng(0)
     secs = rng.lognormal(-5, 0.3, size=40)
@@ -71,6 +78,7 @@ def test_summarize_matches_numpy_quantiles():
     assert s["min_s"] <= s["p10_s"] <= s["median_s"] <= s["p90_s"] <= s["max_s"]
 
 
+@pytest.mark.unit
 def test_fit_recovers_a_synthetic_link_and_ratios_use_the_same_run():
     # Primitives made from a known link: alpha 100 us, 1 GB/s; the fit must give them back,
     # and a scheme twice as slow as allreduce must show a time ratio of 2.
@@ -144,6 +152,7 @@ def _check_outputs(out, n_values):
     return prim, schemes
 
 
+@pytest.mark.multiprocess
 def test_tiny_loopback_run_then_costmodel_fit(tmp_path):
     out = tmp_path / "bench.csv"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -167,6 +176,7 @@ def test_tiny_loopback_run_then_costmodel_fit(tmp_path):
     assert bench.output_paths(out)["summary"].exists()
 
 
+@pytest.mark.unit
 def test_worker_refuses_to_run_without_a_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
     r = subprocess.run([sys.executable, str(BENCH_PY), "--out", str(tmp_path / "x.csv")],
@@ -177,6 +187,7 @@ def test_worker_refuses_to_run_without_a_launcher(tmp_path):
 CAPS = netem.probe_capabilities()
 
 
+@pytest.mark.netns
 @pytest.mark.skipif(not (CAPS.netns and CAPS.tbf),
                     reason=f"cannot emulate a network here: {CAPS.problem or 'no tbf qdisc'}")
 def test_tiny_netem_run_counts_wire_bytes(tmp_path):
@@ -194,26 +205,13 @@ def test_tiny_netem_run_counts_wire_bytes(tmp_path):
     assert not math.isnan(pd.read_csv(bench.output_paths(out)["summary"])["wire_tx_bytes"].max())
 
 
-def test_time_cases_gives_each_case_its_own_repetitions():
-    # Real Horovod, one process: a 0.5 ms case and a 40 ms one with a budget of 0.1 s each
-    # get about 200 (capped at 30; still 30 if a loaded machine stretches the sleep to 3 ms)
-    # and about 2 (raised to 3) repetitions, interleaved.
-    import time
-    import torch
-    import horovod.torch as hvd
-    hvd.init()
-    order = []
-
-    def case(name, seconds):
-        def run():
-            order.append(name)
-            time.sleep(seconds)
-        return bench.Case("primitive", name, run, lambda out: 0.0, row={"collective": name})
-    rows = bench.time_cases(hvd, torch, [case("small", 0.0005), case("large", 0.04)], warmup=1,
-                            min_reps=3, max_reps=30, budget_s=0.1, wire=lambda: math.nan)
-    small, large = rows
-    assert len(small) == 30 and len(large) == 3
-    assert [r["rep"] for r in small] == list(range(30))
-    assert all(r["seconds"] >= 0.0005 for r in small) and all(r["seconds"] >= 0.04 for r in large)
-    timed = order[4:]                    # after one check and one warm-up of each
-    assert timed[:6] == ["small", "large"] * 3 and set(timed[6:]) == {"small"}
+@pytest.mark.multiprocess
+@across_ranks("bench_checks")
+def test_time_cases_gives_each_case_its_own_repetitions(controller, np, request):
+    # On real ranks (tests/workers/bench_checks.py): a 0.5 ms case gets the cap (30), a 0.4 s
+    # one the floor (3), timed in interleaved rounds, the same rows on every rank.
+    names = passed_checks(request)
+    for what in ("small_case_gets_max_reps", "large_case_gets_min_reps", "reps_numbered",
+                 "seconds_at_least_the_sleep", "rounds_interleaved", "small_alone_after_large_is_done",
+                 "same_rows_on_every_rank"):
+        assert f"time_cases.{what}" in names

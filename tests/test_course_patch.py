@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,9 +25,9 @@ def test_patches_apply_in_series_order():
         assert "\n--- a/" in text and "\n+++ b/" in text
 
 
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("gloo", 4), ("mpi", 2)])
-def test_course_route(controller, np, tmp_path):
-    env = {"HOROVOD_FUSION_THRESHOLD": "0"} if np > 2 else {}
-    names = run_worker("course_route.py", np, controller, tmp_path, env)
+@pytest.mark.multiprocess
+@across_ranks("course_route")
+def test_course_route(controller, np, request):
+    names = passed_checks(request)
     assert "optimizer.bit8.equals_plugin" in names and "optimizer.bit16.equals_plugin" in names
     assert sum(n.endswith("fp16_identical") for n in names) == 24

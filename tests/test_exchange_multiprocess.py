@@ -15,17 +15,19 @@ The worker (tests/workers/exchange_checks.py) asserts on every rank that
   identical on all ranks; exchanging from gradient hooks during backward gives the same bits as
   one exchange after backward (several buckets, so overlap is real); skip_synchronize works.
 With more than 2 ranks a ring allreduce's summation order depends on how Horovod fused the
-tensors, so those runs disable Horovod's fusion (HOROVOD_FUSION_THRESHOLD=0) to compare bits.
+tensors, so those jobs disable Horovod's fusion (HOROVOD_FUSION_THRESHOLD=0) to compare bits.
+The worker runs in the shared job of each configuration (tests/hvdrun.py).
 """
 import pytest
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]   # the exchange alone: a minute or more
 
 
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)])
-def test_exchange_across_ranks(controller, np, tmp_path):
-    env = {"HOROVOD_FUSION_THRESHOLD": "0"} if np > 2 else {}
-    names = run_worker("exchange_checks.py", np, controller, tmp_path, env)
+@across_ranks("exchange_checks")
+def test_exchange_across_ranks(controller, np, request):
+    names = passed_checks(request)
     assert len(names) > 250, f"the worker ran only {len(names)} checks"
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         assert any(n.startswith(route) and n.endswith("equals_simulation") for n in names), route

@@ -1,13 +1,16 @@
 """Gradients as views of their bucket (no copy back, no copy in when zeroed in place), on real
-ranks: the worker tests/workers/grad_views.py says what it checks."""
+ranks: the worker tests/workers/grad_views.py says what it checks (it runs in the shared job of
+each configuration, tests/hvdrun.py)."""
 import pytest
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
+
+pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("mpi", 2), ("gloo", 4)])
-def test_gradients_are_bucket_views(controller, np, tmp_path):
-    names = run_worker("grad_views.py", np, controller, tmp_path)
+@across_ranks("grad_views")
+def test_gradients_are_bucket_views(controller, np, request):
+    names = passed_checks(request)
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         for what in ("grads_are_bucket_views", "zeroed_in_place_stay_views",
                      "same_bits_either_zeroing", "identical_on_all_ranks"):

@@ -1,12 +1,14 @@
 """PowerSGD (hvd_compress/powersgd.py): the one-process algorithm, and the communicator on real
-ranks under horovodrun (Gloo and MPI, 2 and 4 ranks; tests/workers/powersgd_checks.py)."""
+ranks under horovodrun (Gloo and MPI, 2 and 4 ranks; tests/workers/powersgd_checks.py, in the
+shared job of each configuration: tests/hvdrun.py)."""
 import pytest
 import torch
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
 from hvd_compress.powersgd import PowerSGD, approximate, initial_q, matrix_shape, powersgd_bytes
 
 
+@pytest.mark.unit
 def test_full_rank_is_the_exact_mean():
     gen = torch.Generator().manual_seed(0)
     ms = [torch.randn(7, 5, generator=gen) for _ in range(3)]
@@ -14,6 +16,7 @@ def test_full_rank_is_the_exact_mean():
     assert torch.allclose(approx, sum(ms) / 3, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_low_rank_is_the_projection_onto_p():
     """Rank 1 of a rank-1 mean is exact; of a full-rank mean it is not (and the error is what
     error feedback carries)."""
@@ -26,6 +29,7 @@ def test_low_rank_is_the_projection_onto_p():
     assert torch.linalg.matrix_rank(approx) == 1
 
 
+@pytest.mark.unit
 def test_shapes_and_bytes():
     assert matrix_shape((5,)) is None and matrix_shape(()) is None
     assert matrix_shape((32, 1, 3, 3)) == (32, 9)
@@ -34,20 +38,22 @@ def test_shapes_and_bytes():
     assert powersgd_bytes([(32, 1, 3, 3)], 2, 1) == 0
 
 
+@pytest.mark.unit
 def test_initial_q_is_the_same_on_every_rank_and_differs_by_name():
     assert torch.equal(initial_q("a", 9, 2, 0), initial_q("a", 9, 2, 0))
     assert not torch.equal(initial_q("a", 9, 2, 0), initial_q("b", 9, 2, 0))
 
 
+@pytest.mark.unit
 def test_rank_must_be_positive():
     with pytest.raises(ValueError, match="rank must be >= 1"):
         PowerSGD(rank=0)
 
 
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("gloo", 4), ("mpi", 2), ("mpi", 4)])
-def test_powersgd_across_ranks(controller, np, tmp_path):
-    env = {"HOROVOD_FUSION_THRESHOLD": "0"} if np > 2 else {}
-    names = run_worker("powersgd_checks.py", np, controller, tmp_path, env)
+@pytest.mark.multiprocess
+@across_ranks("powersgd_checks")
+def test_powersgd_across_ranks(controller, np, request):
+    names = passed_checks(request)
     for rk in (1, 2, 8):
         for step in range(3):
             for what in ("equals_reference", "identical_on_all_ranks", "bytes_equal_formula"):

@@ -1,18 +1,20 @@
 """int8 and onebit (hvd_compress/quantizers.py, codecs/onebit.py): the sign codec bit by bit,
-packets and messages, corrupt input, the optimizer's default error feedback, and both on real
-ranks under horovodrun (tests/workers/quantizer_checks.py)."""
+packets and messages, corrupt input, and both on real ranks under horovodrun, with the
+optimizer's default error feedback (tests/workers/quantizer_checks.py, in the shared job of each
+configuration: tests/hvdrun.py)."""
 import numpy as np
 import pytest
 import torch
 
 import hvd_compress as hc
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
 from hvd_compress.codecs import onebit
 from hvd_compress.costmodel import methods
 from hvd_compress.memory import ResidualMemory
 from hvd_compress.quantizers import Int8Compressor, OneBitCompressor
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 16, 17, 255, 256, 257, 1000])
 def test_sign_pack_unpack_exact_for_every_length(n):
     negative = torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.5
@@ -23,6 +25,7 @@ def test_sign_pack_unpack_exact_for_every_length(n):
     assert packed.tolist() == np.packbits(negative.numpy(), bitorder="little").tolist()
 
 
+@pytest.mark.unit
 def test_onebit_decodes_to_block_mean_with_sign():
     x = torch.tensor([1.0, -3.0, 0.0, -0.0, 2.0])
     signs = torch.empty(1, dtype=torch.uint8)
@@ -35,6 +38,7 @@ def test_onebit_decodes_to_block_mean_with_sign():
                        torch.stack([third, -third, third, torch.tensor(1.0), torch.tensor(1.0)]))
 
 
+@pytest.mark.unit
 def test_onebit_residual_is_exactly_x_minus_decoded():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
     message = torch.zeros(OneBitCompressor.message_bytes(1000), dtype=torch.uint8)
@@ -47,6 +51,7 @@ def test_onebit_residual_is_exactly_x_minus_decoded():
                           x.abs()[:768].view(3, 256).sum(1), rtol=1e-5)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("comp", [Int8Compressor, OneBitCompressor])
 @pytest.mark.parametrize("shape", [(0,), (1,), (3, 5), (300,), (2, 257)])
 def test_packets_round_trip_shape_dtype_and_size(comp, shape):
@@ -60,6 +65,7 @@ def test_packets_round_trip_shape_dtype_and_size(comp, shape):
         assert (y - x).abs().max() <= tol
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("comp", [Int8Compressor, OneBitCompressor])
 def test_corrupt_packets_and_messages_raise(comp):
     packet, ctx = comp.compress(torch.randn(300))
@@ -80,6 +86,7 @@ def test_corrupt_packets_and_messages_raise(comp):
         comp.compress(torch.tensor([1.0, float("inf")]))
 
 
+@pytest.mark.unit
 def test_message_sizes_equal_the_cost_models():
     for n in (1, 5, 256, 1000, 21840):
         assert Int8Compressor.message_bytes(n) == methods.message_bytes("int8", n)
@@ -88,6 +95,7 @@ def test_message_sizes_equal_the_cost_models():
         assert hc.Compression.bit16.message_bytes(n) == methods.message_bytes("bit16", n)
 
 
+@pytest.mark.unit
 def test_int8_two_streams_are_repeatable():
     Int8Compressor.reseed(3)
     a = Int8Compressor.compress(torch.randn(500, generator=torch.Generator().manual_seed(0)))[0]
@@ -97,6 +105,7 @@ def test_int8_two_streams_are_repeatable():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+@pytest.mark.unit
 def test_int8_against_e4m3_on_real_gradients():
     """A real gradient (the lab's network, one batch): int8's unbiased rounding against bit8's
     E4M3 at the same block. Recorded, with the direction the docs state: E4M3 keeps relative
@@ -121,23 +130,10 @@ def test_int8_against_e4m3_on_real_gradients():
     assert errors["bit8_small"] < errors["int8_small"]                 # E4M3 wins on small values
 
 
-def test_optimizer_error_feedback_defaults():
-    import horovod.torch as hvd
-    hvd.init()
-    params = lambda: torch.nn.Linear(2, 2).parameters()   # noqa: E731
-    on = hc.DistributedOptimizer(torch.optim.SGD(params(), lr=0.1), compression=hc.Compression.onebit)
-    off = hc.DistributedOptimizer(torch.optim.SGD(params(), lr=0.1), compression=hc.Compression.onebit,
-                                  error_feedback=False)
-    int8 = hc.DistributedOptimizer(torch.optim.SGD(params(), lr=0.1), compression=hc.Compression.int8)
-    assert on._memory is not None and off._memory is None and int8._memory is None
-    with pytest.raises(ValueError, match="onebit cannot travel by alltoall"):
-        hc.DistributedOptimizer(torch.optim.SGD(params(), lr=0.1), compression=hc.Compression.onebit,
-                                route="alltoall")
-
-
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("gloo", 4), ("mpi", 2), ("mpi", 4)])
-def test_int8_and_onebit_across_ranks(controller, np, tmp_path):
-    names = run_worker("quantizer_checks.py", np, controller, tmp_path)
+@pytest.mark.multiprocess
+@across_ranks("quantizer_checks")
+def test_int8_and_onebit_across_ranks(controller, np, request):
+    names = passed_checks(request)
     for tag in ("int8.allgather", "int8.alltoall", "onebit.allgather"):
         for step in range(3):
             for numel in (1000, 5, 777):
@@ -145,6 +141,9 @@ def test_int8_and_onebit_across_ranks(controller, np, tmp_path):
                              "bytes_equal_formula"):
                     assert f"{tag}.step{step}.n{numel}.{what}" in names
     assert "onebit.allgather.residual_is_x_minus_decoded" in names
-    assert "onebit.error_feedback_on_by_default" in names
+    # the optimizer's defaults (once test_optimizer_error_feedback_defaults, in this process)
+    for what in ("onebit.error_feedback_on_by_default", "onebit.error_feedback_off_when_asked",
+                 "int8.no_error_feedback_by_default", "onebit.alltoall_refused_clearly"):
+        assert what in names
     for method in ("int8", "onebit"):
         assert f"{method}.identical_on_all_ranks" in names and f"{method}.loss_falls" in names

@@ -1,4 +1,6 @@
-"""Odd gradients and disagreeing ranks across 2 real ranks (horovodrun, Gloo and MPI)."""
+"""Odd gradients and disagreeing ranks across 2 real ranks (horovodrun, Gloo and MPI): the odd
+gradients in the shared job of each configuration (tests/hvdrun.py), the disagreeing ranks in
+launches of their own (they must fail)."""
 import subprocess
 import sys
 import time
@@ -6,12 +8,14 @@ import time
 import pytest
 
 from labs.kit.launch import horovodrun_command, launch_env
-from hvdrun import WORKERS, run_worker
+from hvdrun import WORKERS, across_ranks, passed_checks
+
+pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_odd_gradients_across_two_ranks(controller, tmp_path):
-    names = run_worker("odd_gradients.py", 2, controller, tmp_path)
+@across_ranks("odd_gradients")
+def test_odd_gradients_across_two_ranks(controller, np, request):
+    names = passed_checks(request)
     for route in ("none.None", "fp16.None", "bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         for what in ("nan_stays_nan", "inf_stays_inf", "sparse_refused_clearly", "only_rank0.value"):
             assert f"{route}.{what}" in names

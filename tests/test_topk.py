@@ -1,15 +1,17 @@
 """Top-K sparsification (hvd_compress/topk.py): selection, residual, sparse sum, and the
-communicator on real ranks under horovodrun (tests/workers/topk_checks.py)."""
+communicator on real ranks under horovodrun (tests/workers/topk_checks.py, in the shared job of
+each configuration: tests/hvdrun.py)."""
 import math
 
 import pytest
 import torch
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
 from hvd_compress.memory import ResidualMemory
 from hvd_compress.topk import TopK, scatter_sum, select, topk_bytes
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("numel,ratio", [(1, 0.01), (100, 0.01), (1000, 0.013), (4097, 0.5), (50, 1.0)])
 def test_select_takes_exactly_the_k_largest(numel, ratio):
     gen = torch.Generator().manual_seed(numel)
@@ -24,6 +26,7 @@ def test_select_takes_exactly_the_k_largest(numel, ratio):
         assert g.abs()[chosen].min() >= g.abs()[~chosen].max()
 
 
+@pytest.mark.unit
 def test_ties_go_to_the_lowest_indices_and_nan_counts_as_largest():
     g = torch.tensor([0.5, -2.0, 0.5, 0.5, float("nan"), 0.1, -0.5])
     assert select(g, 3).tolist() == [0, 1, 4]          # NaN, 2.0, then the first 0.5
@@ -31,6 +34,7 @@ def test_ties_go_to_the_lowest_indices_and_nan_counts_as_largest():
     assert select(torch.zeros(4), 2).tolist() == [0, 1]
 
 
+@pytest.mark.unit
 def test_residual_is_what_was_not_sent():
     g = torch.tensor([3.0, -1.0, 0.2, -4.0, 0.0])
     idx = select(g, 2)
@@ -42,6 +46,7 @@ def test_residual_is_what_was_not_sent():
     assert torch.equal(mem.compensate("w", torch.zeros(5)), residual)
 
 
+@pytest.mark.unit
 def test_sparse_sum_equals_the_dense_sum_of_what_was_sent():
     gen = torch.Generator().manual_seed(3)
     gs = [torch.randn(300, generator=gen) for _ in range(3)]
@@ -54,6 +59,7 @@ def test_sparse_sum_equals_the_dense_sum_of_what_was_sent():
     assert torch.equal(scatter_sum(idxs, [g[i] for g, i in zip(gs, idxs)], 300), dense)
 
 
+@pytest.mark.unit
 def test_bytes_and_bad_ratio():
     assert topk_bytes([1000, 10], 0.01, 2) == 8 * (10 + 1)
     assert topk_bytes([1000], 0.01, 4) == 3 * 8 * 10
@@ -63,9 +69,10 @@ def test_bytes_and_bad_ratio():
             TopK(bad)
 
 
-@pytest.mark.parametrize("controller,np", [("gloo", 2), ("gloo", 4), ("mpi", 2), ("mpi", 4)])
-def test_topk_across_ranks(controller, np, tmp_path):
-    names = run_worker("topk_checks.py", np, controller, tmp_path)
+@pytest.mark.multiprocess
+@across_ranks("topk_checks")
+def test_topk_across_ranks(controller, np, request):
+    names = passed_checks(request)
     for ratio in (0.01, 0.1, 1.0):
         for step in range(3):
             for what in ("equals_reference_bit_for_bit", "identical_on_all_ranks", "bytes_equal_formula"):

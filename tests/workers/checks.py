@@ -1,12 +1,28 @@
-"""Tiny assertion log for worker scripts that run under horovodrun.
+"""Tiny assertion log for worker modules that run under horovodrun.
 
-Each rank appends `name` per passed check to $HVDC_CHECK_DIR/rank<r>.txt (stdout of several
-MPI ranks interleaves on one line, so the tests read these files instead), and raises on the
-first failure so the launcher exits non-zero.
+Each rank appends one line per passed check to $HVDC_CHECK_DIR/rank<r>.txt (stdout of several
+MPI ranks interleaves on one line, so the tests read these files instead), and raises
+CheckFailed on the first failure. The driver (suite.py) frames each module's checks with
+BEGIN/END lines and writes a FAILED line (and the traceback beside it) when a module raises,
+so the test side can tell a module that passed from one that failed, was cut short, or never
+ran (tests/hvdrun.py reads the logs).
 """
 import os
+import time
+import traceback
+from pathlib import Path
+
+BEGIN, END, FAILED, DONE = "## BEGIN ", "## END ", "## FAILED ", "ALL CHECKS DONE"
 
 _rank = None
+
+
+class CheckFailed(AssertionError):
+    """A check that did not hold: carries its name and detail for the FAILED line."""
+
+    def __init__(self, name, detail):
+        super().__init__(f"rank {_rank}: {name} failed {detail}")
+        self.check, self.detail = name, detail
 
 
 def start(rank):
@@ -15,20 +31,52 @@ def start(rank):
     _path().write_text("")
 
 
-def _path():
-    from pathlib import Path
-    return Path(os.environ["HVDC_CHECK_DIR"]) / f"rank{_rank}.txt"
+def _path(suffix="txt"):
+    return Path(os.environ["HVDC_CHECK_DIR"]) / f"rank{_rank}.{suffix}"
+
+
+def _write(line):
+    with open(_path(), "a") as f:          # closed at once: a rank killed next still left it
+        f.write(line + "\n")
 
 
 def check(name, cond, detail=""):
     if not cond:
-        raise AssertionError(f"rank {_rank}: {name} failed {detail}")
-    with open(_path(), "a") as f:
-        f.write(name + "\n")
+        raise CheckFailed(name, detail)
+    _write(name)
+
+
+def begin(module):
+    _write(f"{BEGIN}{time.time():.6f} {module}")          # times: what each module costs
+
+
+def end(module):
+    _write(f"{END}{time.time():.6f} {module}")
+
+
+def failed(module, err):
+    """Record why `module` stopped on this rank: one line for the test's message, with the time
+    (the first rank to fail is the cause, the others may fail because it left), and the whole
+    traceback in rank<r>.traceback."""
+    if isinstance(err, CheckFailed):
+        what = f"check {err.check!r} failed: {err.detail}"
+    else:
+        what = f"{type(err).__name__}: {err}"
+    _write(f"{FAILED}{time.time():.6f} {module}: " + " ".join(what.split()))
+    _path("traceback").write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
 def done():
-    check("ALL CHECKS DONE", True)
+    _write(DONE)
+
+
+def main(run):
+    """A worker module run alone (python tests/workers/<module>.py under horovodrun)."""
+    import horovod.torch as hvd
+    hvd.init()
+    start(hvd.rank())
+    run(hvd)
+    done()
 
 
 def same_everywhere(tensors):

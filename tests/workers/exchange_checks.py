@@ -1,11 +1,11 @@
-"""Run under horovodrun: checks the compressed gradient exchange across real ranks.
+"""Run under horovodrun (tests/workers/suite.py, or alone): checks the compressed gradient
+exchange across real ranks.
 
-Every rank logs each check that holds (tests/workers/checks.py) and raises (non-zero exit) on
-the first that does not; tests/test_exchange_multiprocess.py launches it with 2, 3 and 4
-ranks under Gloo and MPI and reads the logs.
+Every rank logs each check that holds (tests/workers/checks.py) and raises on the first that
+does not; tests/test_exchange_multiprocess.py reads the logs of the jobs with 2, 3 and 4 ranks
+under Gloo and MPI. With more than 2 ranks the job runs with HOROVOD_FUSION_THRESHOLD=0
+(tests/hvdrun.py says why).
 """
-import sys
-
 import torch
 import horovod.torch as hvd
 
@@ -16,11 +16,7 @@ import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.communicators import make_communicator, _chunk_bounds
 
-hvd.init()
-N, RANK = hvd.size(), hvd.rank()
-checks.start(RANK)
-
-
+N = RANK = None                   # this job's world size and rank, set by run()
 
 
 def rank_tensors(seed):
@@ -243,9 +239,14 @@ def check_advance():
                       torch.equal(bucket.result(j).reshape(-1), expected[i].reshape(-1)))
 
 
-check_allreduce_routes()
-check_packet_routes()
-check_advance()
-check_optimizer()
-checks.done()
-sys.exit(0)
+def run(hvd):
+    global N, RANK
+    N, RANK = hvd.size(), hvd.rank()
+    check_allreduce_routes()
+    check_packet_routes()
+    check_advance()
+    check_optimizer()
+
+
+if __name__ == "__main__":
+    checks.main(run)

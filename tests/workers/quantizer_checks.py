@@ -1,9 +1,11 @@
-"""int8 and onebit on real ranks (hvd_compress/quantizers.py): through several steps, every rank
-holds the same bits, equal BIT FOR BIT to a one-process reference that replays every rank's
-encoding (int8: with that rank's own rounding stream) and the route's reduction; bytes counted
-equal the cost model's formula; the optimizer trains with each, onebit with error feedback."""
+"""Run under horovodrun (tests/workers/suite.py, or alone): int8 and onebit on real ranks
+(hvd_compress/quantizers.py): through several steps, every rank holds the same bits, equal BIT
+FOR BIT to a one-process reference that replays every rank's encoding (int8: with that rank's
+own rounding stream) and the route's reduction; bytes counted equal the cost model's formula;
+the optimizer trains with each, onebit with error feedback."""
+import re
+
 import torch
-import horovod.torch as hvd
 
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
@@ -13,9 +15,7 @@ from hvd_compress.memory import ResidualMemory
 from hvd_compress.quantizers import Int8Compressor
 import checks
 
-hvd.init()
-rank, world = hvd.rank(), hvd.size()
-checks.start(rank)
+rank = world = None               # this job's rank and world size, set by run()
 SEED = 7
 NUMELS = (1000, 5, 777)          # not multiples of 8 or of the block; 5: one short block
 
@@ -71,46 +71,66 @@ def own_decoded(comp, route, msg, numel):
     return comp.decode_chunks(msg, [a for a, _ in chunks] + [chunks[-1][1]], out)
 
 
-for comp, route, feedback in ((hc.Compression.int8, "allgather", False),
-                              (hc.Compression.int8, "alltoall", False),
-                              (hc.Compression.onebit, "allgather", True)):
-    tag = f"{comp.name}.{route}"
-    comm = make_communicator(comp, route)          # (its warm-up encodes: before the reseed)
-    Int8Compressor.reseed(SEED)
-    streams = Streams()
-    memory = ResidualMemory() if feedback else None
-    residual = {(r, n): torch.zeros(n) for r in range(world) for n in NUMELS}
-    for step in range(3):
-        for numel in NUMELS:
-            name = f"t{numel}"
-            mine = Int8Compressor._generators
-            out = comm.reduce([grads(step, rank, numel)], [name], memory)[0]
-            sent = comm.pop_stats()["bytes_sent"]
-            xs = [grads(step, r, numel) + residual[(r, numel)] for r in range(world)]
-            ref, msgs = reference(comp, route, xs, streams)
-            Int8Compressor._generators = mine          # this rank's own stream goes on
-            if feedback:
-                for r in range(world):
-                    residual[(r, numel)] = xs[r] - own_decoded(comp, route, msgs[r], numel)
-            where = f"{tag}.step{step}.n{numel}"
-            checks.check(f"{where}.equals_reference_bit_for_bit", torch.equal(out, ref),
-                         f"max diff {(out - ref).abs().max()}")
-            checks.check(f"{where}.identical_on_all_ranks", checks.same_everywhere([out]))
-            if route == "allgather":
-                formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
-                checks.check(f"{where}.bytes_equal_formula", sent == formula, f"{sent} != {formula}")
-            else:                                   # per rank it depends on the chunk: the mean
-                total = hvd.allreduce(torch.tensor(float(sent)), op=hvd.Sum, name=f"{where}.sent")
-                formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
-                checks.check(f"{where}.bytes_equal_formula", float(total) / world == formula,
-                             f"{float(total) / world} != {formula}")
-    if feedback:
-        checks.check(f"{tag}.residual_is_x_minus_decoded",
-                     all(torch.equal(memory.residuals[f"t{n}"], residual[(rank, n)]) for n in NUMELS))
+def run(hvd):
+    global rank, world
+    rank, world = hvd.rank(), hvd.size()
+    for comp, route, feedback in ((hc.Compression.int8, "allgather", False),
+                                  (hc.Compression.int8, "alltoall", False),
+                                  (hc.Compression.onebit, "allgather", True)):
+        tag = f"{comp.name}.{route}"
+        comm = make_communicator(comp, route)          # (its warm-up encodes: before the reseed)
+        Int8Compressor.reseed(SEED)
+        streams = Streams()
+        memory = ResidualMemory() if feedback else None
+        residual = {(r, n): torch.zeros(n) for r in range(world) for n in NUMELS}
+        for step in range(3):
+            for numel in NUMELS:
+                name = f"t{numel}"
+                mine = Int8Compressor._generators
+                out = comm.reduce([grads(step, rank, numel)], [name], memory)[0]
+                sent = comm.pop_stats()["bytes_sent"]
+                xs = [grads(step, r, numel) + residual[(r, numel)] for r in range(world)]
+                ref, msgs = reference(comp, route, xs, streams)
+                Int8Compressor._generators = mine          # this rank's own stream goes on
+                if feedback:
+                    for r in range(world):
+                        residual[(r, numel)] = xs[r] - own_decoded(comp, route, msgs[r], numel)
+                where = f"{tag}.step{step}.n{numel}"
+                checks.check(f"{where}.equals_reference_bit_for_bit", torch.equal(out, ref),
+                             f"max diff {(out - ref).abs().max()}")
+                checks.check(f"{where}.identical_on_all_ranks", checks.same_everywhere([out]))
+                if route == "allgather":
+                    formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
+                    checks.check(f"{where}.bytes_equal_formula", sent == formula, f"{sent} != {formula}")
+                else:                                   # per rank it depends on the chunk: the mean
+                    total = hvd.allreduce(torch.tensor(float(sent)), op=hvd.Sum, name=f"{where}.sent")
+                    formula = bytes_per_step(comp.name, [(numel,)], world, route=route)
+                    checks.check(f"{where}.bytes_equal_formula", float(total) / world == formula,
+                                 f"{float(total) / world} != {formula}")
+        if feedback:
+            checks.check(f"{tag}.residual_is_x_minus_decoded",
+                         all(torch.equal(memory.residuals[f"t{n}"], residual[(rank, n)]) for n in NUMELS))
 
-opt = hc.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1),
-                              compression=hc.Compression.onebit)
-checks.check("onebit.error_feedback_on_by_default", opt._memory is not None)
-checks.trains("int8", hc.Compression.int8, steps=30)
-checks.trains("onebit", hc.Compression.onebit, steps=30)
-checks.done()
+    # the optimizer's defaults: error feedback on for onebit, off when asked, off for int8;
+    # onebit refuses the two-phase route with a clear error
+    def sgd():
+        return torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1)
+    opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit)
+    checks.check("onebit.error_feedback_on_by_default", opt._memory is not None)
+    opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit, error_feedback=False)
+    checks.check("onebit.error_feedback_off_when_asked", opt._memory is None)
+    opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.int8)
+    checks.check("int8.no_error_feedback_by_default", opt._memory is None)
+    try:
+        hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit, route="alltoall")
+        refusal = "no error"
+    except ValueError as err:
+        refusal = str(err)
+    checks.check("onebit.alltoall_refused_clearly", bool(re.search("onebit cannot travel by alltoall", refusal)),
+                 refusal)
+    checks.trains("int8", hc.Compression.int8, steps=30)
+    checks.trains("onebit", hc.Compression.onebit, steps=30)
+
+
+if __name__ == "__main__":
+    checks.main(run)

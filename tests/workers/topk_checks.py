@@ -1,16 +1,13 @@
-"""Top-K on real ranks (hvd_compress/topk.py): through several steps with error feedback, every
-rank holds the same bits, equal BIT FOR BIT to the one-process reference (select, scatter_sum
-in rank order, / n); bytes counted equal the formula; the optimizer trains with it."""
+"""Run under horovodrun (tests/workers/suite.py, or alone): Top-K on real ranks
+(hvd_compress/topk.py): through several steps with error feedback, every rank holds the same
+bits, equal BIT FOR BIT to the one-process reference (select, scatter_sum in rank order, / n);
+bytes counted equal the formula; the optimizer trains with it."""
 import torch
-import horovod.torch as hvd
 
 import hvd_compress as hc
 from hvd_compress.topk import TopK, TopKCommunicator, scatter_sum, select, topk_bytes
 import checks
 
-hvd.init()
-rank, world = hvd.rank(), hvd.size()
-checks.start(rank)
 SHAPES = [(6, 4), (5,), (3, 2, 2, 2), (1000,), (1,)]
 NAMES = [f"t{i}" for i in range(len(SHAPES))]
 
@@ -22,32 +19,37 @@ def grads(step, r):
     return out
 
 
-for ratio in (0.01, 0.1, 1.0):
-    method = TopK(ratio)
-    comm = TopKCommunicator(method)
-    residual = {(r, n): torch.zeros(torch.Size(s).numel()) for r in range(world) for n, s in zip(NAMES, SHAPES)}
-    for step in range(3):
-        out = comm.reduce(grads(step, rank), NAMES)
-        every = [grads(step, r) for r in range(world)]
-        exact = True
-        for i, (name, shape) in enumerate(zip(NAMES, SHAPES)):
-            idxs, vals = [], []
-            for r in range(world):
-                g = every[r][i].reshape(-1) + residual[(r, name)]
-                idx = select(g, method.k(g.numel()))
-                idxs.append(idx)
-                vals.append(g[idx])
-                left = g.clone()
-                left[idx] = 0
-                residual[(r, name)] = left
-            ref = scatter_sum(idxs, vals, g.numel()).div_(world).view(shape) if world > 1 else \
-                scatter_sum(idxs, vals, g.numel()).view(shape)
-            exact &= torch.equal(out[i], ref)
-        checks.check(f"ratio{ratio}.step{step}.equals_reference_bit_for_bit", exact)
-        checks.check(f"ratio{ratio}.step{step}.identical_on_all_ranks", checks.same_everywhere(out))
-        sent = comm.pop_stats()["bytes_sent"]
-        formula = topk_bytes([torch.Size(s).numel() for s in SHAPES], ratio, world)
-        checks.check(f"ratio{ratio}.step{step}.bytes_equal_formula", sent == formula, f"{sent} != {formula}")
+def run(hvd):
+    rank, world = hvd.rank(), hvd.size()
+    for ratio in (0.01, 0.1, 1.0):
+        method = TopK(ratio)
+        comm = TopKCommunicator(method)
+        residual = {(r, n): torch.zeros(torch.Size(s).numel()) for r in range(world) for n, s in zip(NAMES, SHAPES)}
+        for step in range(3):
+            out = comm.reduce(grads(step, rank), NAMES)
+            every = [grads(step, r) for r in range(world)]
+            exact = True
+            for i, (name, shape) in enumerate(zip(NAMES, SHAPES)):
+                idxs, vals = [], []
+                for r in range(world):
+                    g = every[r][i].reshape(-1) + residual[(r, name)]
+                    idx = select(g, method.k(g.numel()))
+                    idxs.append(idx)
+                    vals.append(g[idx])
+                    left = g.clone()
+                    left[idx] = 0
+                    residual[(r, name)] = left
+                ref = scatter_sum(idxs, vals, g.numel()).div_(world).view(shape) if world > 1 else \
+                    scatter_sum(idxs, vals, g.numel()).view(shape)
+                exact &= torch.equal(out[i], ref)
+            checks.check(f"ratio{ratio}.step{step}.equals_reference_bit_for_bit", exact)
+            checks.check(f"ratio{ratio}.step{step}.identical_on_all_ranks", checks.same_everywhere(out))
+            sent = comm.pop_stats()["bytes_sent"]
+            formula = topk_bytes([torch.Size(s).numel() for s in SHAPES], ratio, world)
+            checks.check(f"ratio{ratio}.step{step}.bytes_equal_formula", sent == formula, f"{sent} != {formula}")
 
-checks.trains("optimizer", hc.Compression.topk(0.1), steps=30)
-checks.done()
+    checks.trains("optimizer", hc.Compression.topk(0.1), steps=30)
+
+
+if __name__ == "__main__":
+    checks.main(run)
