@@ -25,7 +25,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
-from labs.kit.flags import DEFAULTS, check_args, compression_of, scale_block
+from labs.kit.flags import DEFAULTS, add_compression_flags, check_args, compression_of, scale_block
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
 from labs.kit.table import config_name
@@ -56,24 +56,8 @@ def parse_args(argv=None):
                         help="disables CUDA training")
     parser.add_argument("--use-adasum", action="store_true", default=False,
                         help="use Horovod's Adasum reduction (stock optimizer, not timed)")
-    compression = parser.add_mutually_exclusive_group()
-    compression.add_argument("--fp16-allreduce", action="store_true", default=False,
-                             help="fp16 compression during allreduce (Horovod's cast)")
-    compression.add_argument("--bit16-allreduce", action="store_true", default=False,
-                             help="16-bit float gradients (hvd_compress Bit16Compressor)")
-    compression.add_argument("--bit8-allreduce", action="store_true", default=False,
-                             help="8-bit float gradients (hvd_compress Bit8Compressor)")
-    # --- the other methods the course names (hvd_compress: quantizers.py, topk.py, powersgd.py)
-    compression.add_argument("--int8-allreduce", action="store_true", default=False,
-                             help="8-bit integer gradients, a scale per block, stochastic rounding")
-    compression.add_argument("--onebit-allreduce", action="store_true", default=False,
-                             help="1-bit signs and a magnitude per block, with error feedback")
-    compression.add_argument("--topk-allreduce", type=float, default=None, metavar="RATIO",
-                             help="send the RATIO x numel largest gradient values of each tensor "
-                                  "(e.g. 0.01), with error feedback")
-    compression.add_argument("--powersgd-allreduce", type=int, default=None, metavar="RANK",
-                             help="rank-RANK PowerSGD approximation of each matrix (e.g. 2), "
-                                  "with error feedback")
+    # --- one switch per compression scheme (hvd_compress/registry.py, plugins included) ---
+    add_compression_flags(parser.add_mutually_exclusive_group())
     # --- the course's additions ---
     parser.add_argument("--route", choices=["plugin", "horovod"], default="plugin",
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from conftest import MNIST_DIR, ROOT
 
+from hvd_compress import codecs
+from hvd_compress.codecs import blocks
 from labs.kit import matrix as run_matrix, report as fill_report, runlog, table
 from labs.kit.launch import horovodrun_command, launch_env
 
@@ -131,6 +133,9 @@ def test_manifest_is_complete(runs, ranks, compression):
         assert manifest["controller"] == "gloo"
     # the compressor's default route: bit8 by allgather (the course's design), bit16 two-phase
     assert manifest["reduction"] == {"none": "allreduce", "bit8": "allgather", "bit16": "alltoall"}[compression]
+    # which implementation coded the gradients: the native kernel where it is built
+    fmt = {"bit8": "E4M3", "bit16": "FP16"}.get(compression)
+    assert manifest["codec_path"] == (blocks.codec_path(getattr(codecs, fmt)) if fmt else "torch")
     for key in ("python", "torch", "horovod", "mpi", "numpy"):
         assert manifest["versions"][key] and manifest["versions"][key] != "none"
     assert manifest["cpu_model"] and manifest["hostname"]

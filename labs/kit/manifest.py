@@ -25,6 +25,18 @@ def collective(optimizer, args, world_size):
     return optimizer.communicator.route.value
 
 
+def codec_path(optimizer, args):
+    """Which implementation coded the gradients: 'native' (the C++ kernel) or 'torch' (its
+    fallback, about 5x slower: a kernel not built for this torch warns once and shows here)."""
+    comm = getattr(optimizer, "communicator", None)
+    if comm is not None:
+        return comm.codec_path()
+    from hvd_compress import registry           # Horovod's own optimizer: the course's patch
+    compression = registry.scheme(args.compression).load()   # codes with the plugin's classes
+    path = getattr(compression, "codec_path", None)
+    return path() if path is not None else "torch"
+
+
 def error_feedback_on(optimizer):
     """Does this run carry residuals (asked for, or the method's default)?"""
     comm = getattr(optimizer, "communicator", None)
@@ -60,6 +72,7 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "horovod_env": horovod_settings(), "step_timeout_s": args.step_timeout,
         "network": emulated_network(),
         "error_feedback": error_feedback_on(optimizer), "adasum": args.use_adasum,
+        "codec_path": codec_path(optimizer, args),
         "method_parameter": args.topk_allreduce if args.compression == "topk" else
         args.powersgd_allreduce if args.compression == "powersgd" else None,
         # in the order the optimizer holds them; the cost model plans buckets from these

@@ -9,17 +9,25 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hvd_compress.costmodel.methods import METHOD_DEFAULTS
-from hvd_compress.registry import run_name
+from hvd_compress.registry import COURSE_SCHEMES, METHODS, SCHEMES, run_name
 
 from .flags import DEFAULTS
 
-# The trainer's flag for each scheme, in the order the matrix runs them.
-SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
-                "bit8": ["--bit8-allreduce"]}
+
+
+def scheme_flags(name):
+    """The trainer's flags that pick scheme `name` (its registry entry's flag, with the
+    method's default parameter where it takes one)."""
+    entry = SCHEMES[name]
+    if not entry.flag:
+        return []
+    return [entry.flag] if entry.parameter is None else [entry.flag, f"{entry.parameter:g}"]
+
+
+# The trainer's flags for each scheme, in the order the matrix runs them.
+SCHEME_FLAGS = {name: scheme_flags(name) for name in COURSE_SCHEMES}
 # The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
-METHOD_FLAGS = {"int8": ["--int8-allreduce"], "onebit": ["--onebit-allreduce"],
-                "topk": ["--topk-allreduce", f"{METHOD_DEFAULTS['topk']:g}"],
-                "powersgd": ["--powersgd-allreduce", str(METHOD_DEFAULTS["powersgd"])]}
+METHOD_FLAGS = {name: scheme_flags(name) for name in METHODS}
 RANKS = (2, 4)
 # A run of the network that is not the default is named so: np2-bit8-small (Horovod's small
 # example network; "-horovod" already names Horovod's own optimizer, --route horovod).
