@@ -1,5 +1,5 @@
 """BlockCodec: the message, chunk and two-phase logic of every codec of blocks of values,
-written once (bit8, bit16, int8 and onebit are small subclasses).
+written once (bit8, bit16, int8, onebit and bfloat16 are small subclasses).
 
 A bucket message is
 

@@ -34,6 +34,7 @@ import math
 import torch
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
+from .bfloat16 import BF16Compressor
 from .blockcodec import BlockCodec
 from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
 from .quantizers import Int8Compressor, OneBitCompressor
@@ -41,6 +42,7 @@ from .registry import HEADER_BYTES
 from .roles import flat_float32 as _flat_float32
 
 __all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor",
+           "BF16Compressor",
            "Compression", "HEADER_BYTES", "packet_bytes", "compressor_name", "read_header"]
 
 FLAG_INF_AT_MAX = 1
@@ -187,6 +189,7 @@ class Compression:
     bit8 = Bit8Compressor       # scaled E4M3 codes, reduced in float32
     int8 = Int8Compressor       # int8 codes, a scale per block, stochastic rounding
     onebit = OneBitCompressor   # sign bits and a mean magnitude per block, error feedback
+    bf16 = BF16Compressor       # bfloat16 codes, reduced in float32 (Horovod's allreduce has none)
 
     # Methods that are not a codec of values but a communicator of their own (imported when
     # called: Horovod's patched source imports this module while horovod.torch loads).

@@ -179,6 +179,11 @@ for _entry in (
     Scheme("onebit", 1, (Route.ALLGATHER,),
            "sign bits, mean |x| per block, error feedback on by default",
            "hvd_compress.quantizers:OneBitCompressor", "--onebit-allreduce", _sign_bits),
+    # Horovod's allreduce has no bfloat16 (horovod#4047): decoded and summed in float32.
+    Scheme("bf16", 16, (Route.ALLTOALL, Route.ALLGATHER),
+           "bfloat16 codes (round to nearest even), no scales, reduced in float32",
+           "hvd_compress.bfloat16:BF16Compressor", "--bf16-allreduce", _two_bytes,
+           block_scales=False),
     Scheme("topk", 64, (Route.ALLGATHER,),
            "the ratio x numel largest |g| as index + value pairs, error feedback",
            "hvd_compress.topk:TopK", "--topk-allreduce", parameter=0.01,
