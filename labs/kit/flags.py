@@ -2,11 +2,12 @@
 ranges and combinations, each refused with a message that says what to do instead."""
 import argparse
 import math
+import warnings
 
 from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "scale_block", "add_compression_flags",
-           "check_args", "compression_of"]
+__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "scale_block",
+           "add_compression_flags", "check_args", "compression_of"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
@@ -55,8 +56,40 @@ def scale_block(text):
     return int(text)
 
 
+# --route once named the optimizer (plugin | horovod) and --reduction the collective; the words
+# are now the API's: --optimizer, and --route as in DistributedOptimizer(route=). The old
+# spellings still work, with a warning naming the new one: --route takes no value of both.
+OLD_OPTIMIZER_VALUES = ("plugin", "horovod")
+
+
+def _renamed(old, new):
+    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=3)
+
+
+def new_spellings(parser, args):
+    """args.optimizer ('plugin' or 'horovod') and args.route (the collective or None), from
+    the flags or their old spellings (--route plugin|horovod, --reduction)."""
+    if args.route in OLD_OPTIMIZER_VALUES:
+        _renamed(f"--route {args.route}", f"--optimizer {args.route}")
+        if args.optimizer not in (None, args.route):
+            parser.error(f"--route {args.route} (the old spelling of --optimizer) and "
+                         f"--optimizer {args.optimizer} disagree")
+        args.optimizer, args.route = args.route, None
+    if getattr(args, "reduction", None) is not None:
+        _renamed(f"--reduction {args.reduction}", f"--route {args.reduction}")
+        if args.route not in (None, args.reduction):
+            parser.error(f"--reduction {args.reduction} (the old spelling of --route) and "
+                         f"--route {args.route} disagree")
+        args.route = args.reduction
+    if hasattr(args, "reduction"):
+        del args.reduction
+    args.optimizer = args.optimizer or "plugin"
+
+
 def check_args(parser, args):
-    """Values and combinations argparse cannot check; adds args.compression."""
+    """Values and combinations argparse cannot check; adds args.compression, and reads the
+    old spellings of --optimizer and --route."""
+    new_spellings(parser, args)
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
                  "max_steps", "split_test", "steps_per_epoch"):
         value = getattr(args, flag)
@@ -84,20 +117,20 @@ def check_args(parser, args):
     if args.use_adasum and args.error_feedback:
         parser.error("--error-feedback is not available with --use-adasum")
     routes = [r.value for r in entry.routes] if packets else []
-    if args.reduction and args.reduction not in routes:
-        parser.error("--reduction only applies to --bit8/--bit16/--int8-allreduce (allgather or "
-                     "alltoall) and --onebit-allreduce (allgather), not to "
-                     f"{args.compression} with {args.reduction}")
+    if args.route and args.route not in routes:
+        parser.error("--route only applies to --bit8/--bit16/--int8/--bf16-allreduce (allgather "
+                     "or alltoall) and --onebit-allreduce (allgather), not to "
+                     f"{args.compression} with {args.route}")
     if args.error_feedback is not None and not (packets or entry.parameter is not None):
         parser.error("--error-feedback needs a compressed exchange (--bit8, --bit16, --int8, "
                      "--onebit, --topk or --powersgd-allreduce)")
-    if args.route == "horovod" and args.compression not in ("none", "fp16", "bit8", "bit16"):
-        parser.error("--route horovod is Horovod's own optimizer with the course's patch: it "
+    if args.optimizer == "horovod" and args.compression not in registry.COURSE_SCHEMES:
+        parser.error("--optimizer horovod is Horovod's own optimizer with the course's patch: it "
                      "knows --fp16, --bit16 and --bit8-allreduce; the other methods need "
-                     "--route plugin")
-    if args.route == "horovod" and (args.reduction == "alltoall" or args.error_feedback):
-        parser.error("--route horovod is Horovod's own optimizer with the course's allgather "
-                     "route: --reduction alltoall and --error-feedback need --route plugin")
+                     "--optimizer plugin")
+    if args.optimizer == "horovod" and (args.route == "alltoall" or args.error_feedback):
+        parser.error("--optimizer horovod is Horovod's own optimizer with the course's allgather "
+                     "route: --route alltoall and --error-feedback need --optimizer plugin")
     if args.resume and not args.out:
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
 

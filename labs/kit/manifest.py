@@ -18,7 +18,7 @@ def collective(optimizer, args, world_size):
     """The collective that really carries the gradients (the compressor's default included)."""
     if args.use_adasum:
         return "adasum"
-    if args.route == "horovod":
+    if args.optimizer == "horovod":
         if world_size == 1:
             return "none"               # Horovod's optimizer skips the exchange at size 1
         return "allgather" if args.compression in ("bit8", "bit16") else "allreduce"
@@ -67,7 +67,11 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "config": config, "status": "running", "reason": None,
         "args": dict(vars(args)), "world_size": world_size,
         "compression": args.compression,
-        "route": "horovod" if args.use_adasum else args.route,
+        "optimizer": "horovod" if args.use_adasum else args.optimizer,
+        # the collective; "route" and "reduction" are the first records' names (the optimizer
+        # and the collective), kept so that runs recorded before and after read alike
+        "collective": collective(optimizer, args, world_size),
+        "route": "horovod" if args.use_adasum else args.optimizer,
         "reduction": collective(optimizer, args, world_size),
         "horovod_env": horovod_settings(), "step_timeout_s": args.step_timeout,
         "network": emulated_network(),
