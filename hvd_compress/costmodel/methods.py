@@ -9,9 +9,13 @@ the two), from the gradients' shapes alone (no torch here):
     bit8      allgather            (n-1) * (4 ceil(numel/B) + pad4(numel))   bucket
     bit16     allgather | 2-phase  2 bytes a value instead of 1              bucket
     int8      allgather | 2-phase  as bit8                                   bucket
+    bf16      2-phase | allgather  2 bytes a value, no block scales          bucket
     onebit    allgather            (n-1) * (4 ceil(numel/B) + pad4(ceil(numel/8)))   bucket
     topk      allgather            (n-1) * 8 k,  k = max(1, ceil(ratio numel))       tensor
     powersgd  ring allreduce       2(n-1)/n * 4 (rows + cols) r per matrix,  4 numel per vector
+
+Each scheme's bytes come from its registry entry (hvd_compress/registry.py: code_bytes for the
+packet schemes, step_bytes for top-k and PowerSGD), so a scheme added there is counted here.
 
 B is the scale block (256 values); pad4 rounds up to a multiple of 4 bytes; the two-phase
 route sends 2(n-1)/n of the bucket's messages on average over ranks. Buckets: the tensors in
