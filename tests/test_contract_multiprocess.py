@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_contract_on_two_ranks(tmp_path):
-    names = run_worker("contract_checks.py", 2, "gloo", tmp_path, timeout=600)
+    names = run_worker("contract_checks.py", 2, "gloo", tmp_path, timeout=300)
     for name in ("one_file.trains.loss_falls", "e5m2.alltoall.bytes_are_the_cost_models",
                  "bf16.alltoall.tensor1.equals_float32_sum", "hook_error.step_raises_the_real_error",
                  "wrap_twice.only_the_new_hooks_fire", "close.same_bits_without_hooks"):
