@@ -8,8 +8,9 @@
                                   compression=hc.Compression.bit8)
 
 Layers, bottom to top: codecs (pure bit functions) -> compressors (Horovod's Compressor
-interface) -> communicators (which collective carries them) -> optimizer; roles.py states the
-contract between them, registry.py the names of routes and schemes. Names are loaded
+interface; blockcodec.py writes the bucket messages once) -> communicators (which collective
+carries them; exchange.py, the frame they share) -> optimizer; roles.py states the contract
+between them, registry.py each scheme's one entry (docs/extending.md adds one). Names are loaded
 lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source
 can import `hvd_compress.compressors` without a circular import.
 """

@@ -22,172 +22,37 @@ Every rank ends with bit-identical results: all decode the same codes in rank or
 communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
 what they can count.
 """
-import time
-from contextlib import contextmanager
-
 import torch
 import horovod.torch as hvd
 
+from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 from .codecs import SCALE_BLOCK
 from .compressors import Compression, compressor_name
-from .costmodel.methods import chunk_bounds
-from .fusion import Bucket
-from .registry import SCHEMES, Route, resolve_route
-from .roles import Communicator, PacketCompressor
+from .exchange import (POLL_SLEEP_S, CommunicatorBase, Exchange, Stats,  # noqa: F401 (re-exported)
+                       launch_next_phases, wait_for)
+from .registry import SCHEMES, Route, load_plugins, resolve_route
+from .roles import PacketCompressor
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
            "DEFAULT_FUSION_BYTES", "wait_for", "launch_next_phases"]
 
-# Buckets of at most 1 MiB of float32 (Horovod fuses up to 64 MiB, DDP buckets 25 MiB): small
-# enough that the first buckets leave while backward still computes the rest. A tensor larger
-# than this travels alone.
-DEFAULT_FUSION_BYTES = 1 << 20
 _WARMED = set()
-# How long wait_for() sleeps between polls: doubling from the first value up to the second.
-POLL_SLEEP_S = (50e-6, 1e-3)
 
 
-def wait_for(handle):
-    """hvd.synchronize(handle), but waiting by sleeping between polls instead of spinning.
-
-    Why: Horovod's synchronize() loops on std::this_thread::yield() until the handle is done
-    (horovod/torch/mpi_ops_v2.cc, WaitAndClear). A rank that waits so keeps its core busy, and
-    the core is what the other ranks' backward and Horovod's background thread (which does
-    the reduction) need when there are as many processes as cores or more: 4 ranks on this
-    2-core machine spent 35% of the CPU in the kernel, at ~30,000 preemptions a second each.
-    Sleeping adds at most POLL_SLEEP_S[1] to a wait; a finished handle's synchronize()
-    returns at once (and raises its error, if any).
-    """
-    sleeps = _poll_sleeps()
-    while not hvd.poll(handle):
-        time.sleep(next(sleeps))
-    return hvd.synchronize(handle)
-
-
-def _poll_sleeps():
-    """The sleeps between polls: POLL_SLEEP_S[0] doubling up to POLL_SLEEP_S[1]."""
-    delay, longest = POLL_SLEEP_S
-    while True:
-        yield delay
-        delay = min(2 * delay, longest)
-
-
-def launch_next_phases(communicator, exchanges):
-    """Wait until no exchange is still in phase 1, calling communicator.progress(ex) on each as
-    soon as its phase 1 completes; sleeps between polls as wait_for does (the sleeps count as
-    communicate_s).
-
-    Why not finish bucket by bucket: finish(bucket 0) would wait for its phase 2 before bucket
-    1's phase 2 is even launched, though bucket 1's phase 1 may have completed long before;
-    the link would idle between the phases of consecutive buckets.
-    """
-    pending, sleeps = [ex for ex in exchanges if ex.phase == 1], _poll_sleeps()
-    while pending:
-        for ex in pending:
-            communicator.progress(ex)
-        pending = [ex for ex in pending if ex.phase == 1]
-        if pending:
-            with communicator.stats.timing("communicate_s"):
-                time.sleep(next(sleeps))
-
-
-class Stats:
-    """Seconds spent compressing, waiting for communication, decompressing; bytes sent; how
-    long collectives were in flight while backward still ran (overlap_s); how much of the
-    work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
-    decompress_s); the span of each step's exchange, first launch to last result (exchange_s,
-    the optimizer's) and first launch to last launch (launch_span_s), since the last pop. The
-    two-phase route's middle step (decode, sum and re-encode a chunk, one native call) counts
-    as decompress_s."""
-    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
-              "in_backward_s", "exchange_s", "launch_span_s")
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.values = {f: 0.0 for f in self.FIELDS}
-        self.values["bytes_sent"] = 0
-
-    @contextmanager
-    def timing(self, field):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.values[field] += time.perf_counter() - start
-
-    def pop(self):
-        out = dict(self.values)
-        self.reset()
-        return out
-
-
-class Exchange:
-    """One bucket's collective in flight: its handle, phase and launch time."""
-    __slots__ = ("bucket", "handle", "phase", "launched", "ctx")
-
-    def __init__(self, bucket, handle, ctx=None, phase=1):
-        self.bucket, self.handle, self.ctx, self.phase = bucket, handle, ctx, phase
-        self.launched = time.perf_counter()
-
-
-class _Base(Communicator):
+class _Base(CommunicatorBase):
     fuses = True                     # one flat float32 buffer per bucket
 
     def __init__(self, compression, op=hvd.Average, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK):
-        if op not in (hvd.Average, hvd.Sum):
-            raise ValueError("compressed gradient exchange supports op=hvd.Average or hvd.Sum "
-                             f"(got {op!r}); use hvd.DistributedOptimizer for Adasum")
-        self.compression = compression
-        self.op = op
+        super().__init__(compression, op)
         self.scale_block = scale_block
         threshold = DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None else int(fusion_threshold_bytes)
         # One scale per tensor (scale_block=None, the course's packets) means one tensor per bucket.
         self.fusion_threshold_bytes = threshold if scale_block else 0
-        self.stats = Stats()
-
-    def pop_stats(self):
-        return self.stats.pop()
-
-    @property
-    def reduction(self):
-        """The route's name: the first version's word for it, kept for its callers."""
-        return self.route.value
 
     def describe(self):
         return f"{compressor_name(self.compression)}/{self.route.value}"
-
-    def _tag(self, name):
-        # The route is part of the name, so ranks that disagree on it never match silently.
-        return f"hvdc.{self.describe()}.{name}"
-
-    def plan(self, names, tensors, prefix=""):
-        """[(member indices, Bucket)] for these tensors, in the order given."""
-        return Bucket.plan(names, tensors, self.fusion_threshold_bytes, flat=self.fuses, prefix=prefix)
-
-    def reduce(self, tensors, names, memory=None):
-        """Exchange `tensors` now (start every bucket, then finish each); reduced tensors in
-        the same order, shapes and dtypes. The optimizer does the same from its hooks."""
-        planned = self.plan(names, tensors)
-        exchanges = []
-        for group, bucket in planned:
-            with self.stats.timing("compress_s"):
-                for j, i in enumerate(group):
-                    bucket.put(j, tensors[i])
-            exchanges.append(self.start(bucket, memory))
-        self.advance(exchanges)
-        results = [None] * len(tensors)
-        for (group, bucket), ex in zip(planned, exchanges):
-            self.finish(ex)
-            for j, i in enumerate(group):
-                results[i] = bucket.result(j)
-        return results
-
-    def progress(self, exchange):
-        """Move a multi-phase exchange on if its current phase is done; never blocks."""
 
     def _average(self, values, n):
         if self.op == hvd.Average and n > 1:
@@ -229,9 +94,11 @@ class AllreduceCommunicator(_Base):
 
 class _PacketBase(_Base):
     """The packet routes: compensate -> encode one message per destination -> remember."""
+    takes_memory = True
 
     def __init__(self, compression, *args, **kwargs):
         super().__init__(compression, *args, **kwargs)
+        self.device = torch.device("cpu")
         if compression not in _WARMED:
             # The codecs probe torch's casts once per device (about a second); do it here,
             # not inside the first timed training step.
@@ -240,6 +107,12 @@ class _PacketBase(_Base):
 
     def _block(self, numel):
         return self.scale_block or max(numel, 1)
+
+    def codec_path(self):
+        """'native' where the C++ kernel codes this bucket's values, else 'torch' (its fallback,
+        about 5x slower; a missing kernel warns once, codecs/blocks.py)."""
+        path = getattr(self.compression, "codec_path", None)
+        return path(self.device) if path is not None else "torch"
 
     def _layout(self, bucket, pieces):
         """The bucket's message, made once: one message per piece (a, b) of the buffer (the
@@ -256,6 +129,7 @@ class _PacketBase(_Base):
         """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
         with error feedback, compensate first and remember what the codes dropped."""
         comp, x = self.compression, bucket.buffer
+        self.device = x.device
         message, sizes, bounds = self._layout(bucket, pieces)
         if memory is not None:
             memory.compensate(bucket.name, x, inplace=True)
@@ -289,7 +163,7 @@ class AllgatherCommunicator(_PacketBase):
                                              self._block(bucket.numel), self._divisor(n))
 
 
-_chunk_bounds = chunk_bounds        # the cost model's, so formula and code cut alike
+_chunk_bounds = chunk_bounds        # its first name (tests/workers use it)
 
 
 class AlltoallCommunicator(_PacketBase):
@@ -347,24 +221,24 @@ _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCom
 def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
                       scale_block=SCALE_BLOCK, *, reduction=None):
     """The communicator for `compression` over `route` (None: the scheme's default, see
-    registry.SCHEMES). The one place where a route is chosen. `reduction=` is the old name of
-    `route=`, still accepted."""
+    registry.SCHEMES). The one place where a route is chosen. A method that is not a codec of
+    values (top-k, PowerSGD) declares its own: `compression.communicator(op)`. `reduction=` is
+    the old name of `route=`, still accepted."""
     if reduction is not None:
         if route is not None and Route.parse(route) != Route.parse(reduction):
             raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
         route = reduction
-    from .powersgd import PowerSGD, PowerSGDCommunicator
-    if isinstance(compression, PowerSGD):        # low rank: two dependent allreduces per matrix
-        if route is not None and Route.parse(route) != Route.ALLREDUCE:
-            raise ValueError(f"PowerSGD travels by allreduce, not {route!r}")
-        return PowerSGDCommunicator(compression, op=op)
-    from .topk import TopK, TopKCommunicator
-    if isinstance(compression, TopK):            # sparse pairs: summed after an allgather
-        if route is not None and Route.parse(route) != Route.ALLGATHER:
-            raise ValueError(f"top-k travels by allgather, not {route!r}")
-        return TopKCommunicator(compression, op=op)
+    own = getattr(compression, "communicator", None)
+    if callable(own):                            # a method with a collective of its own
+        comm = own(op=op)
+        if route is not None and Route.parse(route) != comm.route:
+            raise ValueError(f"{compressor_name(compression)} travels by {comm.route.value}, "
+                             f"not {route!r}")
+        return comm
     name = compressor_name(compression)
     packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
+    if name not in SCHEMES:
+        load_plugins()
     if name in SCHEMES:
         route = resolve_route(name, route)
     else:                                        # a user's compressor: by what it can do

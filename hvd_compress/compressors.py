@@ -25,21 +25,24 @@ needs the flag.
 
 Both run on the codec's block kernels (codecs/blocks.py): a packet is one block as long as
 the tensor, so the per-tensor interface and the optimizer's bucket path share one encoder and
-one decoder. The bucket path (`encode_message` / `decode_messages`) puts one scale per block
-of `codecs.SCALE_BLOCK` values in front of the codes; a negative scale marks a block whose
-largest code means +-Inf, the same rule as the packet's flag.
+one decoder. The bucket path is blockcodec.BlockCodec's (one scale per block of
+`codecs.SCALE_BLOCK` values in front of the codes, on the native kernel where it is built); a
+negative scale marks a block whose largest code means +-Inf, the same rule as the packet's flag.
 """
 import math
 
 import torch
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
+from .bfloat16 import BF16Compressor
+from .blockcodec import BlockCodec
 from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
 from .quantizers import Int8Compressor, OneBitCompressor
 from .registry import HEADER_BYTES
-from .roles import PacketCompressor, flat_float32 as _flat_float32, pad4 as _pad4
+from .roles import flat_float32 as _flat_float32
 
 __all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor",
+           "BF16Compressor",
            "Compression", "HEADER_BYTES", "packet_bytes", "compressor_name", "read_header"]
 
 FLAG_INF_AT_MAX = 1
@@ -59,17 +62,46 @@ def read_header(packet: torch.Tensor):
     return scale, flags
 
 
-class _BlockScaledCompressor(PacketCompressor):
-    """Shared shape of Bit8/Bit16: a power-of-two scale per block, then the format's codes."""
-    code_bytes = 1               # bytes per value
-    name = "scaled"
+class ScaledFloatCompressor(BlockCodec):
+    """Shared shape of Bit8/Bit16: a power-of-two scale per block, then the format's codes
+    (codecs/blocks.py), on the native kernel where it is built."""
+    fmt = None                   # the codec's number format (codecs.E4M3, codecs.FP16)
+
+    @classmethod
+    def encode_blocks(cls, flat, codes, scales, block):
+        blocks.encode(flat, cls.fmt, codes, scales, block=block)
+
+    @classmethod
+    def decode_blocks(cls, codes, scales, out, block):
+        blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block)
+
+    @classmethod
+    def kernel(cls, *messages):
+        """The native kernel if it takes every one of these messages whole (built, CPU, rows
+        4-byte aligned); a missing kernel warns once (codecs/blocks.py)."""
+        if all(blocks.native_message_ok(m, cls.fmt) for m in messages):
+            return blocks.native.module()
+        if messages and messages[0].device.type == "cpu":
+            blocks.note_missing_kernel(cls.fmt)
+        return None
+
+    @classmethod
+    def codec_path(cls, device="cpu"):
+        return blocks.codec_path(cls.fmt, device)
+
+    @classmethod
+    def message_views(cls, message, numel, block=SCALE_BLOCK):
+        """(codes, scales) of a message (or of each row of a 2-D batch of messages), as views;
+        float16 codes as int16."""
+        codes, scales = super().message_views(message, numel, block)
+        return cls._codes(codes), scales
 
     # ---- per tensor: Horovod's interface, one self-describing packet -----------------------
     @classmethod
     def compress(cls, tensor):
         """Encode a floating-point tensor into a packet; ctx = (shape, dtype) to restore it."""
         x = _flat_float32(tensor)
-        packet = torch.empty(HEADER_BYTES + cls.code_bytes * x.numel(), dtype=torch.uint8,
+        packet = torch.empty(HEADER_BYTES + cls.fmt.code_bytes * x.numel(), dtype=torch.uint8,
                              device=x.device)
         scale = packet[0:4].view(torch.float32)          # the header's scale, written in place
         scale.fill_(1.0)
@@ -87,10 +119,11 @@ class _BlockScaledCompressor(PacketCompressor):
         if flags and cls.fmt.has_inf:
             raise ValueError(f"corrupt packet header: {cls.__name__} never sets flags")
         raw = packet[HEADER_BYTES:]
-        if raw.numel() % cls.code_bytes:
+        width = cls.fmt.code_bytes
+        if raw.numel() % width:
             raise ValueError(f"{cls.__name__} packet has {raw.numel()} code bytes, "
-                             f"not a multiple of {cls.code_bytes}")
-        numel = raw.numel() // cls.code_bytes
+                             f"not a multiple of {width}")
+        numel = raw.numel() // width
         if out is None:
             out = torch.empty(numel, dtype=torch.float32, device=packet.device)
         signed = torch.tensor([-scale if flags & FLAG_INF_AT_MAX else scale], device=packet.device)
@@ -98,138 +131,39 @@ class _BlockScaledCompressor(PacketCompressor):
 
     @classmethod
     def packet_bytes(cls, numel: int) -> int:
-        return HEADER_BYTES + cls.code_bytes * numel
-
-    # ---- per bucket: the optimizer's path, [scales | codes | pad to 4 bytes] --------------
-    @classmethod
-    def message_bytes(cls, numel: int, block=SCALE_BLOCK) -> int:
-        """Bytes of a bucket message: float32 scales, codes, padded to a multiple of 4 so
-        that rows of a gathered buffer can be viewed as float32 without copying."""
-        return 4 * blocks.num_blocks(numel, block or max(numel, 1)) + _pad4(cls.code_bytes * numel)
-
-    @classmethod
-    def encode_message(cls, flat, message, block=SCALE_BLOCK):
-        """Encode contiguous float32 `flat` into `message` (message_bytes long), one pass."""
-        numel = flat.numel()
-        if numel == 0:
-            return message
-        block = block or numel
-        if blocks.native_message_ok(message, cls.fmt):      # one call, no views made
-            blocks.native.module().encode_message(flat, message, cls.fmt.name, int(block))
-            return message
-        codes, scales = cls._split(message, numel, block)
-        blocks.encode(flat, cls.fmt, codes, scales, block=block)
-        return message
-
-    @classmethod
-    def decode_message(cls, message, numel, out, block=SCALE_BLOCK):
-        """Decode one message into float32 `out` (numel values)."""
-        return cls.decode_messages(message.view(1, -1), numel, out, block)
-
-    @classmethod
-    def decode_messages(cls, messages, numel, out, block=SCALE_BLOCK, divisor=1):
-        """Decode n messages (rows of a 2-D uint8 tensor, rank order), sum them into `out` in
-        float32, rank by rank, and divide by `divisor` (n to average), in one pass:
-        bit-identical on every rank, and to summing first and dividing after."""
-        if numel == 0:
-            return out
-        block = block or numel
-        if blocks.native_message_ok(messages, cls.fmt):
-            blocks.native.module().decode_messages(messages, int(numel), out, cls.fmt.name,
-                                                   int(block), float(divisor))
-            return out
-        codes, scales = cls._split(messages, numel, block)
-        blocks.decode_accumulate(codes, scales, cls.fmt, out, block=block)
-        return out.div_(divisor) if divisor != 1 else out
-
-    # ---- runs of messages: the chunks of a bucket, one message each, one after another -----
-    @classmethod
-    def chunks_bytes(cls, bounds, block=SCALE_BLOCK):
-        """Bytes of the messages of chunks [bounds[k], bounds[k+1]) (block None: one per chunk)."""
-        return sum(cls.message_bytes(b - a, block or max(b - a, 1)) for a, b in zip(bounds, bounds[1:]))
-
-    @classmethod
-    def encode_chunks(cls, flat, message, bounds, block=SCALE_BLOCK):
-        """Encode chunk k = flat[bounds[k]:bounds[k+1]] into the k-th message of `message`;
-        block None: one scale per chunk. One call for the whole bucket."""
-        if blocks.native_message_ok(message, cls.fmt):
-            blocks.native.module().encode_chunks(flat, message, list(bounds), cls.fmt.name, int(block or 0))
-            return message
-        offset = 0
-        for a, b in zip(bounds, bounds[1:]):
-            size = cls.message_bytes(b - a, block or max(b - a, 1))
-            cls.encode_message(flat[a:b], message[offset:offset + size], block or max(b - a, 1))
-            offset += size
-        return message
-
-    @classmethod
-    def decode_chunks(cls, message, bounds, out, block=SCALE_BLOCK):
-        """The inverse of encode_chunks: chunk k's values into out[bounds[k]:bounds[k+1]]."""
-        if blocks.native_message_ok(message, cls.fmt):
-            blocks.native.module().decode_chunks(message, list(bounds), out, cls.fmt.name, int(block or 0))
-            return out
-        offset = 0
-        for a, b in zip(bounds, bounds[1:]):
-            size = cls.message_bytes(b - a, block or max(b - a, 1))
-            cls.decode_message(message[offset:offset + size], b - a, out[a:b], block or max(b - a, 1))
-            offset += size
-        return out
-
-    @classmethod
-    def reduce_encode(cls, messages, numel, message, block=SCALE_BLOCK, divisor=1):
-        """n ranks' messages of one chunk (rows) decoded, summed in rank order, divided by
-        `divisor` and encoded again into `message`: the two-phase route's middle, one call."""
-        block = block or max(numel, 1)
-        if blocks.native_message_ok(messages, cls.fmt) and blocks.native_message_ok(message, cls.fmt):
-            blocks.native.module().reduce_encode(messages, int(numel), message, cls.fmt.name,
-                                                 int(block), float(divisor))
-            return message
-        total = torch.empty(numel, dtype=torch.float32, device=messages.device)
-        cls.decode_messages(messages, numel, total, block, divisor)
-        return cls.encode_message(total, message, block)
-
-    @classmethod
-    def message_views(cls, message, numel, block=SCALE_BLOCK):
-        """(codes, scales) of a message (or of each row of a 2-D batch of messages), as views:
-        the layout, for callers that keep them from step to step."""
-        return cls._split(message, numel, block)
-
-    @classmethod
-    def _split(cls, message, numel, block):
-        nb = blocks.num_blocks(numel, block or max(numel, 1))
-        scales = message[..., :4 * nb].view(torch.float32)
-        return cls._codes(message[..., 4 * nb:4 * nb + cls.code_bytes * numel]), scales
+        return HEADER_BYTES + cls.fmt.code_bytes * numel
 
     @classmethod
     def _codes(cls, raw):
         """uint8 bytes viewed as the format's codes (int16 for float16; copied if misaligned)."""
-        if cls.code_bytes == 1:
+        if cls.fmt.code_bytes == 1:
             return raw
-        if raw.storage_offset() % cls.code_bytes:
+        if raw.storage_offset() % cls.fmt.code_bytes:
             raw = raw.clone()
         return raw.view(blocks.code_dtype(cls.fmt))
 
 
-class Bit8Compressor(_BlockScaledCompressor):
+_BlockScaledCompressor = ScaledFloatCompressor      # its first name
+
+
+class Bit8Compressor(ScaledFloatCompressor):
     """float32 -> scaled OCP E4M3 (torch.float8_e4m3fn bits), 1 byte per value + 8-byte header.
 
     Relative error <= 2**-4 for values that land in E4M3's normal range after scaling;
     NaN stays NaN and +-Inf stays +-Inf (see the module docstring).
     """
-    code_bytes = 1
     bits = 8
     name = "bit8"
     fmt = E4M3
 
 
-class Bit16Compressor(_BlockScaledCompressor):
+class Bit16Compressor(ScaledFloatCompressor):
     """float32 -> scaled IEEE float16 bits, 2 bytes per value + 8-byte header.
 
     Unlike Horovod's `Compression.fp16` (a plain cast, summed in float16 by allreduce), the
     values are scaled first, so gradients below float16's normal range (6.1e-5) keep their
     11 significant bits, and ranks reduce in float32. Relative error <= 2**-11 for normal values.
     """
-    code_bytes = 2
     bits = 16
     name = "bit16"
     fmt = FP16
@@ -255,6 +189,7 @@ class Compression:
     bit8 = Bit8Compressor       # scaled E4M3 codes, reduced in float32
     int8 = Int8Compressor       # int8 codes, a scale per block, stochastic rounding
     onebit = OneBitCompressor   # sign bits and a mean magnitude per block, error feedback
+    bf16 = BF16Compressor       # bfloat16 codes, reduced in float32 (Horovod's allreduce has none)
 
     # Methods that are not a codec of values but a communicator of their own (imported when
     # called: Horovod's patched source imports this module while horovod.torch loads).

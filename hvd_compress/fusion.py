@@ -8,7 +8,7 @@ https://pytorch.org/docs/stable/notes/ddp.html#internal-design).
 """
 import torch
 
-from .costmodel.methods import groups_by_size
+from .bucketing import groups_by_size
 
 __all__ = ["buckets_by_size", "Bucket"]
 
@@ -17,7 +17,8 @@ def buckets_by_size(tensors, threshold_bytes):
     """Split range(len(tensors)) into consecutive buckets of at most `threshold_bytes` float32.
 
     A tensor larger than the threshold gets a bucket of its own; a threshold of 0 puts every
-    tensor in its own bucket (no fusion). The cost model plans from the same function.
+    tensor in its own bucket (no fusion). The cost model plans from the same function
+    (bucketing.py).
     """
     return groups_by_size([t.numel() for t in tensors], threshold_bytes)
 

@@ -29,6 +29,7 @@ How a step goes, and why:
 import os
 import time
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -37,6 +38,7 @@ import horovod.torch as hvd
 from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
 from .compressors import Compression, compressor_name
+from .exchange import wait_for
 from .memory import ResidualMemory
 
 __all__ = ["DistributedOptimizer"]
@@ -50,17 +52,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._communicator = make_communicator(compression, route, op, fusion_threshold_bytes,
                                                scale_block)
-        # top-k and PowerSGD keep their own residuals (on by default: TopK/PowerSGD's
-        # error_feedback), so only the packet routes take the optimizer's memory; None is
-        # the method's own default (on for onebit, off for the others)
-        own_memory = hasattr(self._communicator, "memory")
+        # What the communicator can do is declared (roles.Communicator): the packet routes take
+        # the optimizer's memory; top-k and PowerSGD keep their own residuals (on by default:
+        # TopK/PowerSGD's error_feedback). None is the method's own default (on for onebit).
+        comm = self._communicator
         if error_feedback is None:
-            error_feedback = bool(getattr(compression, "error_feedback", False)) and not own_memory
-        if error_feedback and self._communicator.fuses is False and not own_memory:
+            error_feedback = bool(getattr(compression, "error_feedback", False)) and comm.takes_memory
+        if error_feedback and not (comm.takes_memory or comm.own_memory):
             raise ValueError("error_feedback needs a packet compressor "
                              "(Compression.bit8, .bit16, .int8 or .onebit), not "
                              f"{compressor_name(compression)}")
-        self._memory = ResidualMemory() if error_feedback and not own_memory else None
+        self._memory = ResidualMemory() if error_feedback and comm.takes_memory else None
+        self._failure = None                     # an error raised in a gradient hook
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.sparse_as_dense = sparse_as_dense
@@ -80,8 +83,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # worker that joins later would wait alone): there the check is skipped.
         if os.environ.get("HOROVOD_ELASTIC") != "1":
             _check_ranks_agree(self._describe_setup())
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
-                       for _, p in self._params]
+        self._hooks = []
+        _take_hooks(self)
 
     def _describe_setup(self):
         return {"compression": compressor_name(self._compression),
@@ -134,7 +137,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._communicator.stats.values["compress_s"] += self._last_launch - start
             if self._first_launch is None:
                 self._first_launch = self._last_launch
-            self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
+            try:
+                self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
+            except BaseException as err:         # kept for synchronize(), then raised here
+                self._failure = err
+                raise
 
     def _progress(self):
         for exchange in self._in_flight.values():
@@ -142,7 +149,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ---- at step() ------------------------------------------------------------------------
     def synchronize(self):
-        """Finish the exchange of every gradient and write the reduced ones into `p.grad`."""
+        """Finish the exchange of every gradient and write the reduced ones into `p.grad`.
+
+        If a bucket failed to start in a gradient hook, or an exchange fails here, the error
+        is raised (the real one) after what is still in flight has been waited for, and the
+        optimizer is ready for the next step; this step's gradients are not exchanged."""
+        if self._failure is not None:
+            err, self._failure = self._failure, None
+            self._abandon_step()
+            err.add_note("hvd_compress: raised in a gradient hook during backward; this step's "
+                         "exchange was abandoned and the optimizer is ready for the next one")
+            raise err
+        try:
+            self._synchronize()
+        except BaseException:
+            self._abandon_step()
+            raise
+
+    def _abandon_step(self):
+        """Wait for the collectives still in flight (their results are dropped) and forget the
+        step, so that the next backward starts afresh."""
+        for exchange in self._in_flight.values():
+            try:
+                wait_for(exchange.handle)
+            except Exception:                    # its own error: the caller raises the first
+                pass
+        self._reset_step()
+        self._synchronized = False
+
+    def _synchronize(self):
         now = time.perf_counter()
         stats = self._communicator.stats.values
         stats["overlap_s"] += sum(now - ex.launched for ex in self._in_flight.values())
@@ -214,12 +249,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def communicator(self):
         return self._communicator
 
+    def close(self):
+        """Remove this optimizer's gradient hooks (step() still exchanges every gradient, at
+        synchronize(), without overlapping backward). Also `with hc.DistributedOptimizer(...)`."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for _, p in self._params:
+            if _owner(p) is self:
+                del _OWNERS[id(p)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def compression_state_dict(self):
         """This rank's own compression state: error-feedback residuals, PowerSGD's Q. It differs
         from rank to rank, so a checkpoint keeps one per rank (labs/kit/recorder.py does)."""
         state = {"residuals": self._memory.state_dict() if self._memory is not None else {}}
-        if hasattr(self._communicator, "state_dict"):
-            state["communicator"] = self._communicator.state_dict()
+        own = self._communicator.state_dict()
+        if own is not None:
+            state["communicator"] = own
         return state
 
     def reset_compression_state(self):
@@ -227,11 +279,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elastic training does when the ranks change (labs/elastic.py says why)."""
         if self._memory is not None:
             self._memory.load_state_dict({})
-        comm = self._communicator
-        if getattr(comm, "memory", None) is not None:
-            comm.memory.load_state_dict({})
-        if hasattr(comm, "qs"):
-            comm.qs = {}
+        self._communicator.reset_state()
         self._reset_step()
         self._synchronized = False
 
@@ -240,6 +288,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._memory.load_state_dict(state["residuals"])
         if "communicator" in state:
             self._communicator.load_state_dict(state["communicator"])
+
+
+# id(parameter) -> (weak reference to it, to the optimizer whose hooks it carries). Not an
+# attribute of the parameter: a pickled or deep-copied model must not carry it.
+_OWNERS = {}
+
+
+def _owner(p):
+    """The optimizer whose hooks parameter p carries, if any."""
+    param, owner = _OWNERS.get(id(p), (lambda: None, lambda: None))
+    return owner() if param() is p else None
+
+
+def _take_hooks(optimizer):
+    """Hook every parameter of `optimizer`. Wrapping parameters again hands them to the new
+    optimizer: the previous one is closed, so two sets of hooks never fire under the same names."""
+    previous = {id(owner): owner for _, p in optimizer._params
+                for owner in [_owner(p)] if owner is not None and owner is not optimizer}
+    for owner in previous.values():
+        warnings.warn("these parameters were already wrapped by another "
+                      "hvd_compress.DistributedOptimizer: its gradient hooks are removed (it "
+                      "was closed); call close() on an optimizer you replace", stacklevel=4)
+        owner.close()
+    for key in [k for k, (param, _) in _OWNERS.items() if param() is None]:
+        del _OWNERS[key]                         # parameters that are gone
+    for _, p in optimizer._params:
+        optimizer._hooks.append(p.register_post_accumulate_grad_hook(optimizer._on_gradient))
+        _OWNERS[id(p)] = (weakref.ref(p), weakref.ref(optimizer))
 
 
 def _ordered_named_params(param_groups, named_parameters):

@@ -25,10 +25,9 @@ import zlib
 import torch
 import horovod.torch as hvd
 
-from .communicators import launch_next_phases, wait_for
-from .costmodel.methods import bytes_per_step
-from .registry import Route
-from .tensorwise import Step, TensorwiseCommunicator
+from .exchange import Exchange, launch_next_phases, wait_for
+from .registry import Route, powersgd_step_bytes
+from .tensorwise import TensorwiseCommunicator, check_device
 
 __all__ = ["PowerSGD", "PowerSGDCommunicator", "powersgd_bytes", "approximate"]
 
@@ -44,6 +43,10 @@ class PowerSGD:
 
     def __repr__(self):
         return f"PowerSGD(rank={self.rank})"
+
+    def communicator(self, op=hvd.Average):
+        """PowerSGD carries its own collectives (two dependent allreduces), declared here."""
+        return PowerSGDCommunicator(self, op=op)
 
     def __eq__(self, other):
         return isinstance(other, PowerSGD) and (self.rank, self.error_feedback, self.seed) == \
@@ -64,15 +67,16 @@ def matrix_shape(shape):
 def powersgd_bytes(shapes, rank, world):
     """Bytes one rank sends per step (ring allreduce: 2(N-1)/N of each tensor): (n + m) r float32
     per matrix, every value of every vector; the cost model's formula (costmodel/methods.py),
-    which the communicator's own count must equal."""
-    return bytes_per_step("powersgd", [tuple(s) for s in shapes], world, rank)
+    which the communicator's own count must equal (registry.powersgd_step_bytes)."""
+    return powersgd_step_bytes([tuple(s) for s in shapes], world, rank)
 
 
-def initial_q(name, m, r, seed):
+def initial_q(name, m, r, seed, device="cpu"):
     """The first Q of a tensor: Gaussian, from a generator seeded by its name, so that every rank
-    starts from the same Q without a broadcast."""
+    starts from the same Q without a broadcast (drawn on the CPU, the same bits on every
+    device, then moved to the gradient's)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    return torch.randn(m, r, generator=gen)
+    return torch.randn(m, r, generator=gen).to(device)
 
 
 def orthonormal(p):
@@ -115,13 +119,14 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         """Vectors: launch their allreduce (phase 0). Matrices: compensate, P = M Q, launch P's."""
         memory = self._memory(memory)
         grad = bucket.tensor
+        check_device("PowerSGD", grad)
         nm = matrix_shape(grad.shape)
         with self.stats.timing("compress_s"):
             if nm is None or 0 in nm:
                 flat = grad.detach().to(torch.float32).reshape(-1).clone()
                 self._count(flat)
                 handle = hvd.allreduce_async_(flat, name=self._tag(bucket.name, "v"), op=hvd.Average)
-                return Step(bucket, handle, memory, phase=0)
+                return Exchange(bucket, handle, phase=0, memory=memory)
             n, m = nm
             r = min(self.compression.rank, n, m)
             matrix = grad.detach().to(torch.float32).reshape(n, m)
@@ -129,11 +134,14 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
                 matrix = memory.compensate(bucket.name, matrix)
             q = self.qs.get(bucket.name)
             if q is None or q.shape != (m, r):
-                q = self.qs[bucket.name] = initial_q(bucket.name, m, r, self.compression.seed)
+                q = self.qs[bucket.name] = initial_q(bucket.name, m, r, self.compression.seed,
+                                                     matrix.device)
+            elif q.device != matrix.device:        # a checkpoint's Q, loaded on the CPU
+                q = self.qs[bucket.name] = q.to(matrix.device)
             p = matrix @ q
         self._count(p)
         handle = hvd.allreduce_async_(p, name=self._tag(bucket.name, "p"), op=hvd.Average)
-        return Step(bucket, handle, memory, phase=1, ctx=[matrix, None])
+        return Exchange(bucket, handle, ctx=[matrix, None], phase=1, memory=memory)
 
     def progress(self, step, wait=False):
         """P reduced (or wait=True): orthogonalise, Q = M^T P, launch Q's allreduce."""
@@ -176,3 +184,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.qs = {k: v.clone() for k, v in state["qs"].items()}
+
+    def reset_state(self):
+        super().reset_state()
+        self.qs = {}

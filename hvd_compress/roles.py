@@ -1,14 +1,18 @@
-"""The three roles of a compressed gradient exchange, as GRACE states them, in one place.
+"""The contract between the layers, declared: what a compressor, a memory and a communicator
+provide, and what the optimizer may ask of them. GRACE states three roles; so do we.
 
-    Memory        compensate(name, x) before compressing; remember(name, x, kept) after
-    Compressor    Horovod's two static methods; a PacketCompressor adds the bucket kernels
-    Communicator  start(bucket) launches the collective; advance(exchanges) starts the later
-                  phases of multi-phase routes; finish(exchange) leaves the reduced values
-                  in the bucket
+    Memory          compensate(name, x) before compressing; remember(name, x, kept) after
+    Compressor      Horovod's two static methods: compress(t) -> (c, ctx), decompress(c, ctx)
+    PacketCompressor  codes allreduce cannot sum: six methods (below), the rest derived
+    Communicator    start(bucket) launches a collective; advance(exchanges) launches later
+                    phases; finish(exchange) leaves the reduced values in the bucket; it
+                    declares what it can do (fuses, takes_memory, own_memory) and counts
+                    what it sends (pop_stats)
 
-One step serves every route (communicators.py): compensate -> compress -> remember ->
-collective -> decompress. Which Communicator carries a scheme is decided in one place,
-`communicators.make_communicator`, from the names in registry.py.
+One step serves every route: compensate -> compress -> remember -> collective -> decompress.
+Which Communicator carries a scheme is decided in one place, `communicators.make_communicator`,
+from the scheme's entry in registry.py (a method such as top-k declares its own communicator).
+docs/extending.md walks through writing one.
 """
 import torch
 from horovod.torch.compression import Compressor
@@ -20,18 +24,53 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 class PacketCompressor(Compressor):
     """Codes that allreduce cannot sum (a sum of float8 codes is meaningless): every rank
-    decodes every rank's codes and reduces in float32.
+    decodes every rank's codes and reduces in float32. All methods are classmethods.
 
-    Per tensor (Horovod's interface, the course's in-tree route): `compress(tensor) ->
-    (packet, ctx)`, a self-describing uint8 packet; `decompress(packet, ctx)`;
-    `decode_packet(packet, out=)` -> flat float32; `packet_bytes(numel)`.
-    Per bucket (the optimizer's hot path; one pass each, a scale per block of values):
-    `message_bytes(numel, block)`, `encode_message(flat, message, block)`,
-    `decode_messages(messages, numel, out, block)` (rank-order sum of n rows).
+    Must provide (blockcodec.BlockCodec provides all six for a codec of blocks of values):
+      compress(tensor) -> (packet, ctx)      per tensor, Horovod's interface: a self-describing
+                                             1-D uint8 packet; ctx restores shape and dtype
+      decode_packet(packet, out=None)        -> the packet's values, flat float32
+      packet_bytes(numel) -> int             a packet's size
+      message_bytes(numel, block) -> int     per bucket (the optimizer's path): a message's
+                                             size, a multiple of 4 bytes
+      encode_message(flat, message, block)   contiguous float32 -> `message` (uint8), one pass
+      decode_messages(messages, numel, out, block, divisor=1)
+                                             rows = ranks' messages, in rank order: their sum
+                                             in float32 / divisor, into `out` (overwritten);
+                                             a message too short or corrupt raises ValueError
+    block: values per scale (None: one scale for the whole message). Derived from these six
+    (override for speed): decompress, decode_message, chunks_bytes, encode_chunks,
+    decode_chunks (a bucket cut into chunks, one message each, back to back) and
+    reduce_encode (the two-phase route's middle).
     """
+    name = None          # the scheme's name (registry.SCHEMES)
     bits = None          # bits per value on the wire
-    fmt = None           # the codec's number format (codecs.E4M3, codecs.FP16)
 
+    @classmethod
+    def compress(cls, tensor):
+        raise NotImplementedError
+
+    @classmethod
+    def decode_packet(cls, packet, out=None):
+        raise NotImplementedError
+
+    @classmethod
+    def packet_bytes(cls, numel):
+        raise NotImplementedError
+
+    @classmethod
+    def message_bytes(cls, numel, block):
+        raise NotImplementedError
+
+    @classmethod
+    def encode_message(cls, flat, message, block):
+        raise NotImplementedError
+
+    @classmethod
+    def decode_messages(cls, messages, numel, out, block, divisor=1):
+        raise NotImplementedError
+
+    # ---- derived --------------------------------------------------------------------------
     @classmethod
     def decompress(cls, packet, ctx):
         """Decode a packet back to a tensor of the original shape and dtype (ctx), checking
@@ -42,6 +81,49 @@ class PacketCompressor(Compressor):
             raise ValueError(f"corrupt packet: {values.numel()} values for a tensor of shape "
                              f"{tuple(shape)} ({shape.numel()} values)")
         return values.view(shape).to(dtype)
+
+    @classmethod
+    def decode_message(cls, message, numel, out, block):
+        """Decode one message into float32 `out` (numel values)."""
+        return cls.decode_messages(message.view(1, -1), numel, out, block)
+
+    @classmethod
+    def chunk_messages(cls, bounds, block):
+        """(a, b, offset, size) of each chunk [a, b) of `bounds` and its message."""
+        offset = 0
+        for a, b in zip(bounds, bounds[1:]):
+            size = cls.message_bytes(b - a, block or max(b - a, 1))
+            yield a, b, offset, size
+            offset += size
+
+    @classmethod
+    def chunks_bytes(cls, bounds, block):
+        """Bytes of the messages of chunks [bounds[k], bounds[k+1]) (block None: one scale
+        per chunk)."""
+        return sum(size for *_, size in cls.chunk_messages(bounds, block))
+
+    @classmethod
+    def encode_chunks(cls, flat, message, bounds, block):
+        """Encode chunk k = flat[bounds[k]:bounds[k+1]] into the k-th message of `message`."""
+        for a, b, offset, size in cls.chunk_messages(bounds, block):
+            cls.encode_message(flat[a:b], message[offset:offset + size], block or max(b - a, 1))
+        return message
+
+    @classmethod
+    def decode_chunks(cls, message, bounds, out, block):
+        """The inverse of encode_chunks: chunk k's values into out[bounds[k]:bounds[k+1]]."""
+        for a, b, offset, size in cls.chunk_messages(bounds, block):
+            cls.decode_message(message[offset:offset + size], b - a, out[a:b], block or max(b - a, 1))
+        return out
+
+    @classmethod
+    def reduce_encode(cls, messages, numel, message, block, divisor=1):
+        """n ranks' messages of one chunk (rows) decoded, summed in rank order, divided by
+        `divisor` and encoded again into `message`: the two-phase route's middle."""
+        block = block or max(numel, 1)
+        total = torch.empty(numel, dtype=torch.float32, device=messages.device)
+        cls.decode_messages(messages, numel, total, block, divisor)
+        return cls.encode_message(total, message, block)
 
 
 def flat_float32(tensor: torch.Tensor) -> torch.Tensor:
@@ -64,23 +146,49 @@ def pad4(nbytes: int) -> int:
 class Memory:
     """Error feedback's state (memory.py): what compression dropped, per bucket name."""
 
-    def compensate(self, name, x):
-        """x plus what the previous step dropped (x itself when there is nothing)."""
+    def compensate(self, name, x, inplace=False):
+        """x plus what the previous step dropped (x itself when there is nothing);
+        inplace=True adds into x (a bucket's own float32 buffer)."""
         raise NotImplementedError
 
     def remember(self, name, compensated, kept):
         """Store compensated - kept: exactly what this step's codes dropped."""
         raise NotImplementedError
 
+    def state_dict(self):
+        raise NotImplementedError
+
+    def load_state_dict(self, state):
+        raise NotImplementedError
+
 
 class Communicator:
-    """Carries buckets over one collective route (registry.Route) and counts the bytes."""
+    """Carries buckets over one collective route (registry.Route) and counts the bytes.
+
+    Declared, for the optimizer to read (never inferred from what attributes exist):
+      route                  registry.Route
+      fuses                  buckets are flat float32 buffers holding several gradients
+                             (False: one gradient per bucket, bound as it is)
+      takes_memory           start() accepts the optimizer's Memory (error feedback)
+      own_memory             it keeps its own error feedback (top-k, PowerSGD), if any
+      fusion_threshold_bytes, scale_block   its bucket size and values per scale
+    """
     route = None
+    fuses = False
+    takes_memory = False
+    own_memory = False
+
+    def plan(self, names, tensors, prefix=""):
+        """[(member indices, fusion.Bucket)] for these tensors, in the order given."""
+        raise NotImplementedError
 
     def start(self, bucket, memory=None):
         """Compress the bucket (with error feedback if `memory`) and launch its collective;
         return an exchange handle. Called from a gradient hook, so it must not block."""
         raise NotImplementedError
+
+    def progress(self, exchange):
+        """Launch the exchange's next phase if its current one is done; never blocks."""
 
     def advance(self, exchanges):
         """Before the finishes: launch each exchange's later phase the moment its earlier one
@@ -89,3 +197,17 @@ class Communicator:
     def finish(self, exchange):
         """Wait for the exchange and write the reduced values into its bucket."""
         raise NotImplementedError
+
+    def pop_stats(self):
+        """{compress_s, communicate_s, decompress_s, bytes_sent, ...} since the last call."""
+        raise NotImplementedError
+
+    def state_dict(self):
+        """State a checkpoint must keep (this rank's), or None when there is none."""
+        return None
+
+    def load_state_dict(self, state):
+        """Restore what state_dict() returned."""
+
+    def reset_state(self):
+        """Forget the state (elastic training, when the ranks change)."""

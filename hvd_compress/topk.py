@@ -21,10 +21,9 @@ import math
 import torch
 import horovod.torch as hvd
 
-from .communicators import wait_for
-from .costmodel.methods import bytes_per_step, topk_k
-from .registry import Route
-from .tensorwise import Step, TensorwiseCommunicator
+from .exchange import Exchange, wait_for
+from .registry import Route, topk_count, topk_step_bytes
+from .tensorwise import TensorwiseCommunicator, check_device
 
 __all__ = ["TopK", "TopKCommunicator", "select", "topk_bytes", "scatter_sum"]
 
@@ -40,7 +39,11 @@ class TopK:
 
     def k(self, numel):
         """How many values of a tensor of `numel` are sent: ceil(ratio * numel), at least 1."""
-        return topk_k(numel, self.ratio)
+        return topk_count(numel, self.ratio)
+
+    def communicator(self, op=hvd.Average):
+        """Top-k carries its own collective (an allgather of pairs), declared here."""
+        return TopKCommunicator(self, op=op)
 
     def __repr__(self):
         return f"TopK(ratio={self.ratio})"
@@ -54,8 +57,8 @@ class TopK:
 
 def topk_bytes(numels, ratio, world):
     """Bytes one rank sends per step: (n-1) x 8k per tensor (int32 index + float32 value);
-    the cost model's formula (costmodel/methods.py)."""
-    return bytes_per_step("topk", [(n,) for n in numels], world, TopK(ratio).ratio)
+    the registry's formula, which the cost model reads and the communicator's count must equal."""
+    return topk_step_bytes([(n,) for n in numels], world, TopK(ratio).ratio)
 
 
 def select(flat, k):
@@ -63,7 +66,7 @@ def select(flat, k):
     by lowest index), as int64. Linear time: the k-th magnitude, then everything above it and
     the first of those equal to it."""
     if k == 0:
-        return torch.empty(0, dtype=torch.int64)
+        return torch.empty(0, dtype=torch.int64, device=flat.device)
     mag = flat.abs().nan_to_num(nan=math.inf)
     kth = torch.kthvalue(mag, flat.numel() - k + 1).values
     above = (mag > kth).nonzero().view(-1)
@@ -71,9 +74,13 @@ def select(flat, k):
     return torch.cat([above, tied]).sort().values
 
 
-def scatter_sum(indices, values, numel):
-    """sum over rows r, in order, of a dense vector holding values[r] at indices[r]."""
-    out = torch.zeros(numel, dtype=torch.float32)
+def scatter_sum(indices, values, numel, device=None):
+    """sum over rows r, in order, of a dense vector holding values[r] at indices[r] (rows of a
+    tensor or a list of them; on the values' device)."""
+    if device is None:
+        device = values.device if isinstance(values, torch.Tensor) else \
+            (values[0].device if len(values) else "cpu")
+    out = torch.zeros(numel, dtype=torch.float32, device=device)
     for idx, val in zip(indices, values):
         out.index_add_(0, idx.long(), val)
     return out
@@ -89,21 +96,22 @@ class TopKCommunicator(TensorwiseCommunicator):
     def start(self, bucket, memory=None):
         memory = self._memory(memory)
         with self.stats.timing("compress_s"):
+            check_device("top-k", bucket.tensor)
             flat = bucket.tensor.detach().to(torch.float32).reshape(-1)
             if memory is not None:
                 flat = memory.compensate(bucket.name, flat)
             k = self.compression.k(flat.numel())
             idx = select(flat, k)
-            message = torch.empty(2 * k, dtype=torch.int32)
+            message = torch.empty(2 * k, dtype=torch.int32, device=flat.device)
             message[:k] = idx.to(torch.int32)
             message[k:].view(torch.float32).copy_(flat[idx])
             if memory is not None:
                 kept = torch.zeros_like(flat)
                 kept[idx] = flat[idx]
                 memory.remember(bucket.name, flat, kept)
-        handle = hvd.allgather_async(message, name=f"hvdc.{self.describe()}.{bucket.name}")
+        handle = hvd.allgather_async(message, name=self._tag(bucket.name))
         self.stats.values["bytes_sent"] += (hvd.size() - 1) * 8 * k
-        return Step(bucket, handle, memory, ctx=k)
+        return Exchange(bucket, handle, ctx=k, memory=memory)
 
     def finish(self, step):
         bucket, n, k = step.bucket, hvd.size(), step.ctx

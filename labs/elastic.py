@@ -74,8 +74,8 @@ def parse_args(argv=None):
     if args.momentum == 0:
         extra.error("--momentum 0: elastic training needs momentum > 0 (the optimizer state "
                     "a joining rank receives is made of momentum buffers)")
-    if args.route == "horovod":
-        extra.error("--route horovod: labs/elastic.py trains with hvd_compress's optimizer")
+    if args.optimizer == "horovod":
+        extra.error("--optimizer horovod: labs/elastic.py trains with hvd_compress's optimizer")
     if not args.out:
         extra.error("--out RUN_FOLDER is required (ranks come and go; the folder is shared)")
     args.commit_every = ours.commit_every
@@ -149,7 +149,7 @@ def main(argv=None):
     model = MODELS[args.model]()
     base = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     optimizer = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                        compression=compression_of(args), route=args.reduction,
+                                        compression=compression_of(args), route=args.route,
                                         scale_block=args.scale_block,
                                         error_feedback=args.error_feedback)
     # Horovod's broadcast_optimizer_state (TorchState.sync) fills an empty optimizer state by

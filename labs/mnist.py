@@ -8,7 +8,7 @@
 The flags of Horovod's examples/pytorch/pytorch_mnist.py plus the course's compression
 switches; the network, lr, momentum and epochs default to the lab's own (docs/lab.md,
 "Defaults").  Gradients go through hvd_compress.DistributedOptimizer, which times each phase
-and counts the bytes sent; `--route horovod` and --use-adasum use Horovod's own optimizer.
+and counts the bytes sent; `--optimizer horovod` and --use-adasum use Horovod's own optimizer.
 The lab kit's RunRecorder (labs/kit/recorder.py) keeps the books: run folder, CSV files,
 manifest, checkpoints, --resume, the watchdog.  See docs/lab.md.
 """
@@ -25,7 +25,8 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
-from labs.kit.flags import DEFAULTS, check_args, compression_of, scale_block
+from labs.kit.flags import (DEFAULTS, OLD_OPTIMIZER_VALUES, add_compression_flags, check_args,
+                            compression_of, scale_block)
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
 from labs.kit.table import config_name
@@ -56,36 +57,24 @@ def parse_args(argv=None):
                         help="disables CUDA training")
     parser.add_argument("--use-adasum", action="store_true", default=False,
                         help="use Horovod's Adasum reduction (stock optimizer, not timed)")
-    compression = parser.add_mutually_exclusive_group()
-    compression.add_argument("--fp16-allreduce", action="store_true", default=False,
-                             help="fp16 compression during allreduce (Horovod's cast)")
-    compression.add_argument("--bit16-allreduce", action="store_true", default=False,
-                             help="16-bit float gradients (hvd_compress Bit16Compressor)")
-    compression.add_argument("--bit8-allreduce", action="store_true", default=False,
-                             help="8-bit float gradients (hvd_compress Bit8Compressor)")
-    # --- the other methods the course names (hvd_compress: quantizers.py, topk.py, powersgd.py)
-    compression.add_argument("--int8-allreduce", action="store_true", default=False,
-                             help="8-bit integer gradients, a scale per block, stochastic rounding")
-    compression.add_argument("--onebit-allreduce", action="store_true", default=False,
-                             help="1-bit signs and a magnitude per block, with error feedback")
-    compression.add_argument("--topk-allreduce", type=float, default=None, metavar="RATIO",
-                             help="send the RATIO x numel largest gradient values of each tensor "
-                                  "(e.g. 0.01), with error feedback")
-    compression.add_argument("--powersgd-allreduce", type=int, default=None, metavar="RANK",
-                             help="rank-RANK PowerSGD approximation of each matrix (e.g. 2), "
-                                  "with error feedback")
+    # --- one switch per compression scheme (hvd_compress/registry.py, plugins included) ---
+    add_compression_flags(parser.add_mutually_exclusive_group())
     # --- the course's additions ---
-    parser.add_argument("--route", choices=["plugin", "horovod"], default="plugin",
+    parser.add_argument("--optimizer", choices=["plugin", "horovod"], default=None,
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "
                              "(default); horovod: Horovod's own hvd.DistributedOptimizer of "
                              "the patched Horovod (whole-step times only)")
+    parser.add_argument("--route", choices=["allgather", "alltoall", *OLD_OPTIMIZER_VALUES],
+                        default=None, metavar="{allgather,alltoall}",
+                        help="the collective packet codes travel by, as the plugin's route= "
+                             "(default: the compressor's own)")
     parser.add_argument("--reduction", choices=["allgather", "alltoall"], default=None,
-                        help="how 8/16-bit packets travel (default: the compressor's own)")
+                        help=argparse.SUPPRESS)          # deprecated: --route
     parser.add_argument("--scale-block", type=scale_block, default=SCALE_BLOCK,
                         metavar="N|tensor",
                         help="bit8/bit16: values per power-of-two scale in a bucket (default "
                              f"{SCALE_BLOCK}); 'tensor': one scale per tensor, no "
-                             "fusion, the course's packets (what --route horovod sends)")
+                             "fusion, the course's packets (what --optimizer horovod sends)")
     parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
                         help="keep each rank's compression error and add it to the next step "
                              "(default: the method's own: on for 1-bit, top-k and PowerSGD)")
@@ -170,7 +159,7 @@ def make_optimizer(model, args, world_size):
     """SGD, wrapped so that step() first averages the gradients over the ranks."""
     lr_scaler = 1 if args.use_adasum else world_size   # Adasum needs no lr scaling
     base = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
-    if args.use_adasum or args.route == "horovod":
+    if args.use_adasum or args.optimizer == "horovod":
         # Horovod's own optimizer, exactly as a course script calls it; with the course's
         # patch, hvd.Compression.bit8/.bit16 exist and travel by allgather.
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -178,7 +167,7 @@ def make_optimizer(model, args, world_size):
                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
     return hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                    compression=compression_of(args),
-                                   op=hvd.Average, route=args.reduction,
+                                   op=hvd.Average, route=args.route,
                                    scale_block=args.scale_block,
                                    error_feedback=args.error_feedback)
 

@@ -301,7 +301,7 @@ def test_native_messages_large_enough_to_stream(scheme):
     """Past kernels_x86.h's kStreamBytes the kernel writes with non-temporal stores."""
     from hvd_compress.compressors import Compression
     comp = getattr(Compression, scheme)
-    numel = (8 << 20) // comp.code_bytes + 1001          # codes and values both past 8 MiB
+    numel = (8 << 20) // comp.fmt.code_bytes + 1001          # codes and values both past 8 MiB
     rows = torch.stack([mixed(numel, seed=r) for r in range(2)])
     expected_messages, expected = reference_messages(comp, rows, SCALE_BLOCK, 2)
     messages = torch.zeros_like(expected_messages)

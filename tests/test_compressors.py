@@ -37,7 +37,7 @@ def test_packet_layout(comp):
     t = gradient_like(1001)
     packet, _ = comp.compress(t)
     assert packet.dtype == torch.uint8 and packet.dim() == 1
-    assert packet.numel() == HEADER_BYTES + comp.code_bytes * t.numel()
+    assert packet.numel() == HEADER_BYTES + comp.fmt.code_bytes * t.numel()
     scale, flags = read_header(packet)
     mantissa, _ = __import__("math").frexp(scale)
     assert mantissa == 0.5, f"scale {scale} is not a power of two"
@@ -136,7 +136,7 @@ def test_bad_input_is_refused(comp):
     packet, ctx = comp.compress(torch.ones(4))
     with pytest.raises(ValueError):
         comp.decompress(packet[:5], ctx)                                   # shorter than a header
-    if comp.code_bytes == 2:
+    if comp.fmt.code_bytes == 2:
         with pytest.raises(ValueError, match="multiple"):
             comp.decode_packet(packet[:-1])
 
@@ -217,7 +217,7 @@ def test_bucket_message_equals_per_tensor_packets_block_by_block(comp, numel, bl
     for x in (gradient_like(numel, seed=numel), with_specials(gradient_like(2049, seed=1))[:numel]):
         message = torch.zeros(comp.message_bytes(numel, block), dtype=torch.uint8)
         assert message.numel() % 4 == 0
-        assert message.numel() >= comp.code_bytes * numel + 4 * -(-numel // block)
+        assert message.numel() >= comp.fmt.code_bytes * numel + 4 * -(-numel // block)
         comp.encode_message(x, message, block)
         out = comp.decode_message(message, numel, torch.empty(numel), block)
         expected = per_block(comp, x, block)

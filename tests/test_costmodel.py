@@ -54,7 +54,7 @@ def test_old_two_phase_name_is_a_deprecated_alias():
     with pytest.warns(DeprecationWarning, match="alltoall"):
         old = model.predict("alltoall_allgather", 4, G, 8)
     assert old == model.predict("alltoall", 4, G, 8)
-    assert "alltoall_allgather" not in model.SCHEMES
+    assert "alltoall_allgather" not in model.EXCHANGES
 
 
 def test_header_bytes_come_from_the_registry():
@@ -204,9 +204,9 @@ def test_parameter_server_grows_with_n(servers):
     assert model.ring_allreduce(64, G).bytes < 2 * G < model.parameter_server(64, G).bytes
 
 
-@pytest.mark.parametrize("scheme", list(model.SCHEMES))
+@pytest.mark.parametrize("scheme", list(model.EXCHANGES))
 def test_k_bit_scaling(scheme):
-    bits = model.SCHEMES[scheme].bits
+    bits = model.EXCHANGES[scheme].bits
     for k in bits:
         c = model.predict(scheme, 8, G, k, header_bytes=0)
         ref = model.predict(scheme, 8, G, bits[0], header_bytes=0)

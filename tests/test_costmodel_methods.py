@@ -1,5 +1,5 @@
-"""The cost model's bytes per method (hvd_compress/costmodel/methods.py): its constants agree
-with the code they describe, its buckets are the optimizer's, its formulas are the counts of
+"""The cost model's bytes per method (hvd_compress/costmodel/methods.py): its model shapes are
+the lab's networks, its buckets are the optimizer's, its formulas are the counts of
 the communicators (the multi-process workers check the counts on real ranks), and the CLI's
 --methods table."""
 import subprocess
@@ -15,8 +15,7 @@ from hvd_compress.fusion import buckets_by_size
 from labs.mnist import MODELS
 
 
-def test_constants_agree_with_the_code():
-    assert methods.SCALE_BLOCK == SCALE_BLOCK and methods.FUSION_BYTES == DEFAULT_FUSION_BYTES
+def test_model_shapes_are_the_labs_networks():
     for name, net in MODELS.items():
         assert methods.MODEL_SHAPES[name] == [tuple(p.shape) for p in net().parameters()]
 

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from conftest import MNIST_DIR, ROOT
 
+from hvd_compress import codecs
+from hvd_compress.codecs import blocks
 from labs.kit import matrix as run_matrix, report as fill_report, runlog, table
 from labs.kit.launch import horovodrun_command, launch_env
 
@@ -131,6 +133,9 @@ def test_manifest_is_complete(runs, ranks, compression):
         assert manifest["controller"] == "gloo"
     # the compressor's default route: bit8 by allgather (the course's design), bit16 two-phase
     assert manifest["reduction"] == {"none": "allreduce", "bit8": "allgather", "bit16": "alltoall"}[compression]
+    # which implementation coded the gradients: the native kernel where it is built
+    fmt = {"bit8": "E4M3", "bit16": "FP16"}.get(compression)
+    assert manifest["codec_path"] == (blocks.codec_path(getattr(codecs, fmt)) if fmt else "torch")
     for key in ("python", "torch", "horovod", "mpi", "numpy"):
         assert manifest["versions"][key] and manifest["versions"][key] != "none"
     assert manifest["cpu_model"] and manifest["hostname"]
@@ -218,7 +223,7 @@ def test_lab_trains_bit_identically_to_a_straight_line_loop(mnist_dir, tmp_path)
     (["--fp16-allreduce", "--bit8-allreduce"], "not allowed with"),
     (["--use-adasum", "--bit8-allreduce"], "--use-adasum cannot be combined"),
     (["--use-adasum", "--bit16-allreduce"], "--use-adasum cannot be combined"),
-    (["--reduction", "alltoall"], "--reduction only applies"),
+    (["--route", "alltoall"], "--route only applies"),
     (["--error-feedback"], "--error-feedback needs"),
     (["--resume"], "--resume needs --out"),
     (["--lr", "nan"], "--lr must be a positive number"),
@@ -236,7 +241,7 @@ def test_flags_of_the_horovod_example_and_the_labs_own_defaults(lab):
     assert (args.batch_size, args.test_batch_size, args.seed, args.log_interval) == (64, 1000, 42, 10)
     assert (args.model, args.epochs, args.lr, args.momentum) == ("basic", 2, 0.02, 0.9)
     assert args.compression == "none"
-    args = lab.parse_args(["--bit8-allreduce", "--reduction", "alltoall", "--error-feedback"])
+    args = lab.parse_args(["--bit8-allreduce", "--route", "alltoall", "--error-feedback"])
     assert table.config_name(args, 4) == "np4-bit8-alltoall-ef"
 
 
@@ -246,8 +251,8 @@ def test_one_vocabulary_for_the_table_and_the_trainer(lab):
         assert table.config_name(lab.parse_args(run.flags), run.ranks) == run.name
     names = {(a, n): table.config_name(lab.parse_args(a.split()), n) for a, n in [
         ("", 1), ("--bit8-allreduce", 1), ("--use-adasum", 2), ("--use-adasum --fp16-allreduce", 4),
-        ("--bit8-allreduce --route horovod", 2), ("--bit8-allreduce --reduction allgather", 2),
-        ("--bit16-allreduce --reduction allgather --error-feedback", 4)]}
+        ("--bit8-allreduce --optimizer horovod", 2), ("--bit8-allreduce --route allgather", 2),
+        ("--bit16-allreduce --route allgather --error-feedback", 4)]}
     assert list(names.values()) == ["serial", "serial-bit8", "np2-none-adasum",
                                     "np4-fp16-adasum", "np2-bit8-horovod", "np2-bit8",
                                     "np4-bit16-allgather-ef"]

@@ -42,10 +42,10 @@ def lab(argv, out, ranks=1):
     (["--topk-allreduce", "1.5"], "--topk-allreduce RATIO must be in (0, 1]"),
     (["--powersgd-allreduce", "0"], "--powersgd-allreduce RANK must be at least 1"),
     (["--int8-allreduce", "--onebit-allreduce"], "not allowed with argument"),
-    (["--onebit-allreduce", "--reduction", "alltoall"], "not to onebit with alltoall"),
-    (["--topk-allreduce", "0.01", "--reduction", "allgather"], "not to topk with allgather"),
+    (["--onebit-allreduce", "--route", "alltoall"], "not to onebit with alltoall"),
+    (["--topk-allreduce", "0.01", "--route", "allgather"], "not to topk with allgather"),
     (["--error-feedback"], "--error-feedback needs a compressed exchange"),
-    (["--int8-allreduce", "--route", "horovod"], "the other methods need --route plugin"),
+    (["--int8-allreduce", "--optimizer", "horovod"], "the other methods need --optimizer plugin"),
 ])
 def test_bad_values_are_clear_errors(tmp_path, argv, message):
     done = lab(argv, tmp_path / "run")
@@ -103,7 +103,7 @@ def test_method_flags_name_their_runs():
     names = {tuple(a): config_name(parse_args(a), 2) for a in (
         ["--int8-allreduce"], ["--onebit-allreduce"], ["--topk-allreduce", "0.01"],
         ["--topk-allreduce", "0.1"], ["--powersgd-allreduce", "2"], ["--powersgd-allreduce", "4"],
-        ["--int8-allreduce", "--reduction", "alltoall"])}
+        ["--int8-allreduce", "--route", "alltoall"])}
     assert list(names.values()) == ["np2-int8", "np2-onebit", "np2-topk", "np2-topk-ratio0.1",
                                     "np2-powersgd", "np2-powersgd-rank4", "np2-int8-alltoall"]
     assert parse_args(["--onebit-allreduce"]).error_feedback is None     # the method's default

@@ -1,5 +1,5 @@
-"""--route horovod (the course's in-tree route: Horovod's own hvd.DistributedOptimizer with
-hvd.Compression.bit8 of the patched Horovod) against --route plugin, on real MNIST with real
+"""--optimizer horovod (the course's in-tree route: Horovod's own hvd.DistributedOptimizer with
+hvd.Compression.bit8 of the patched Horovod) against --optimizer plugin, on real MNIST with real
 horovodrun.
 
 With `--scale-block tensor` the plugin gives every gradient tensor one scale, as the course's
@@ -27,7 +27,7 @@ def routes(tmp_path_factory, mnist_dir):
     for route in ("plugin", "horovod"):
         folders[route] = base / route
         extra = ["--scale-block", "tensor"] if route == "plugin" else []
-        train(folders[route], 2, COMMON + ["--bit8-allreduce", "--route", route] + extra)
+        train(folders[route], 2, COMMON + ["--bit8-allreduce", "--optimizer", route] + extra)
     return folders
 
 
@@ -72,21 +72,43 @@ def test_manifest_records_the_route(routes):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--route", "horovod", "--bit8-allreduce", "--reduction", "alltoall"],
-    ["--route", "horovod", "--bit8-allreduce", "--error-feedback"],
-    ["--route", "horovod", "--bit16-allreduce", "--error-feedback", "--reduction", "alltoall"],
+    ["--optimizer", "horovod", "--bit8-allreduce", "--route", "alltoall"],
+    ["--optimizer", "horovod", "--bit8-allreduce", "--error-feedback"],
+    ["--optimizer", "horovod", "--bit16-allreduce", "--error-feedback", "--route", "alltoall"],
 ])
 def test_horovod_route_refuses_plugin_only_flags(lab, capsys, argv):
     with pytest.raises(SystemExit) as stop:
         lab.parse_args(argv)
     assert stop.value.code == 2
-    assert "--route horovod" in capsys.readouterr().err
+    assert "--optimizer horovod" in capsys.readouterr().err
 
 
-def test_route_flag_default_and_choices(lab, capsys):
-    assert lab.parse_args([]).route == "plugin"
-    assert lab.parse_args(["--route", "horovod", "--bit8-allreduce",
-                           "--reduction", "allgather"]).route == "horovod"
+def test_optimizer_and_route_flags_default_and_choices(lab, capsys):
+    args = lab.parse_args([])
+    assert (args.optimizer, args.route) == ("plugin", None)
+    args = lab.parse_args(["--optimizer", "horovod", "--bit8-allreduce", "--route", "allgather"])
+    assert (args.optimizer, args.route) == ("horovod", "allgather")
     with pytest.raises(SystemExit):
         lab.parse_args(["--route", "mpi"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("old,new,optimizer,route", [
+    (["--route", "horovod"], "--optimizer horovod", "horovod", None),
+    (["--route", "plugin"], "--optimizer plugin", "plugin", None),
+    (["--reduction", "alltoall"], "--route alltoall", "plugin", "alltoall"),
+    (["--route", "horovod", "--reduction", "allgather"], "--optimizer horovod", "horovod", "allgather"),
+])
+def test_old_spellings_still_work_and_name_the_new_ones(lab, old, new, optimizer, route):
+    """--route plugin|horovod was the optimizer, --reduction the collective: the values tell
+    them apart, and each old spelling warns with its new one."""
+    with pytest.warns(FutureWarning, match=new):
+        args = lab.parse_args(["--bit8-allreduce"] + old)
+    assert (args.optimizer, args.route) == (optimizer, route)
+    assert not hasattr(args, "reduction")
+
+
+def test_old_and_new_spellings_that_disagree_are_refused(lab, capsys):
+    with pytest.raises(SystemExit), pytest.warns(FutureWarning):
+        lab.parse_args(["--bit8-allreduce", "--route", "allgather", "--reduction", "alltoall"])
+    assert "disagree" in capsys.readouterr().err

@@ -48,11 +48,11 @@ def test_flipped_header_bytes_raise_or_stay_valid(scheme):
 def test_wrong_length_raises(scheme):
     comp = getattr(Compression, scheme)
     packet, ctx = comp.compress(gradient(100, 0))
-    for short in (packet[:-comp.code_bytes], packet[:HEADER_BYTES - 1], packet[:HEADER_BYTES]):
+    for short in (packet[:-comp.fmt.code_bytes], packet[:HEADER_BYTES - 1], packet[:HEADER_BYTES]):
         with pytest.raises(ValueError, match="corrupt packet|not a packet"):
             comp.decompress(short, ctx)
     with pytest.raises(ValueError, match="corrupt packet"):
-        comp.decompress(torch.cat([packet, packet[-comp.code_bytes:]]), ctx)
+        comp.decompress(torch.cat([packet, packet[-comp.fmt.code_bytes:]]), ctx)
 
 
 @pytest.mark.parametrize("scheme", ["bit8", "bit16"])

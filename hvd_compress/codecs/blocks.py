@@ -23,6 +23,9 @@ same, so all ranks hold the same bits. Two implementations, bit-identical (tests
 torch one (any device; the reference), and the native C++ kernel (codecs/native) used on CPU
 when it is built.
 """
+import os
+import warnings
+
 import torch
 
 from . import fp8_torch, fp16_torch, native
@@ -31,7 +34,7 @@ from .scaling import FLOAT32_MAX_EXP, FLOAT32_MIN_EXP
 
 __all__ = ["SCALE_BLOCK", "num_blocks", "code_dtype", "encode", "decode", "decode_accumulate",
            "encode_reference", "decode_accumulate_reference", "native_available", "block_scales",
-           "native_message_ok"]
+           "native_message_ok", "codec_path", "note_missing_kernel"]
 
 
 def num_blocks(numel: int, block: int = SCALE_BLOCK) -> int:
@@ -57,6 +60,29 @@ def native_message_ok(message: torch.Tensor, fmt: FloatFormat) -> bool:
     return (_use_native(message, fmt)
             and message.stride(-1) == 1 and message.data_ptr() % 4 == 0
             and (message.dim() == 1 or message.size(0) == 1 or message.stride(0) % 4 == 0))
+
+
+def codec_path(fmt: FloatFormat, device="cpu") -> str:
+    """'native' if the C++ kernel codes `fmt` on `device`, else 'torch': what a run records."""
+    native_here = torch.device(device).type == "cpu" and fmt.name in native.FORMATS
+    return "native" if native_here and native.module() is not None else "torch"
+
+
+_missing_warned = []
+
+
+def note_missing_kernel(fmt: FloatFormat):
+    """Warn, once per process, when `fmt` has a native kernel but it is not loaded (not built,
+    or built for another torch) and its codes take the torch path, about 5x slower. Switched
+    off on purpose (HVD_COMPRESS_NATIVE=0) is not warned about; codec_path() records both."""
+    if (_missing_warned or fmt.name not in native.FORMATS or native.module() is not None
+            or os.environ.get("HVD_COMPRESS_NATIVE", "1") == "0"):
+        return
+    _missing_warned.append(fmt.name)
+    warnings.warn(f"hvd_compress: the native {fmt.name} kernel is not built for this source and "
+                  "torch, so codes take the torch path (about 5x slower); build it with "
+                  "`python -m hvd_compress.codecs.native` (scripts/setup.sh does)",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _use_native(t: torch.Tensor, fmt: FloatFormat) -> bool:

@@ -8,7 +8,7 @@ Command line: python -m hvd_compress.costmodel --help   (formulas: docs/costmode
 Pure Python + NumPy: importing this does not import torch or Horovod.
 """
 from .model import (  # noqa: F401
-    REFERENCE, SCHEMES, Cost, Link, allgather, allgather_crossover, alltoall,
+    EXCHANGES, REFERENCE, Cost, Link, allgather, allgather_crossover, alltoall,
     bandwidth_crossover, broadcast_tree, compressed_allgather, compressed_two_phase,
     course_allreduce_time, double_binary_tree_allreduce, first_n_not_faster, lumped_latency,
     parameter_server, predict, predict_table, reduce_scatter, ring_allreduce, tree_allreduce,

@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-message latency alpha, e.g. 1ms or 50us")
     p.add_argument("--bits", type=int, nargs="+", choices=(32, 16, 8), default=[32, 16, 8],
                    help="gradient bit widths k to show (default: 32 16 8)")
-    p.add_argument("--schemes", nargs="+", choices=[*model.SCHEMES, *model.DEPRECATED_NAMES],
+    p.add_argument("--schemes", nargs="+", choices=[*model.EXCHANGES, *model.DEPRECATED_NAMES],
                    metavar="SCHEME", help="schemes to show (default: all): "
-                   + ", ".join(model.SCHEMES) + " (alltoall_allgather: old name of alltoall)")
+                   + ", ".join(model.EXCHANGES) + " (alltoall_allgather: old name of alltoall)")
     p.add_argument("--tensors", type=_positive_int, default=1,
                    help="packets per rank that each carry a header: tensors for allgather "
                         "(one scale per tensor), fusion buckets for alltoall "
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     predicting = args.nodes is not None or args.size is not None
     if args.size is not None and args.size <= 0:
         parser.error("--size must be greater than 0 bytes")
-    chosen = [model.SCHEMES[model.scheme_name(s)] for s in (args.schemes or model.SCHEMES)]
+    chosen = [model.EXCHANGES[model.scheme_name(s)] for s in (args.schemes or model.EXCHANGES)]
     if not any(k in s.bits for s in chosen for k in args.bits):
         parser.error("none of the chosen schemes carries the chosen bit widths ("
                      + "; ".join(f"{s.name}: {', '.join(map(str, s.bits))}" for s in chosen) + ")")

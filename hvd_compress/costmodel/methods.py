@@ -9,13 +9,17 @@ the two), from the gradients' shapes alone (no torch here):
     bit8      allgather            (n-1) * (4 ceil(numel/B) + pad4(numel))   bucket
     bit16     allgather | 2-phase  2 bytes a value instead of 1              bucket
     int8      allgather | 2-phase  as bit8                                   bucket
+    bf16      2-phase | allgather  2 bytes a value, no block scales          bucket
     onebit    allgather            (n-1) * (4 ceil(numel/B) + pad4(ceil(numel/8)))   bucket
     topk      allgather            (n-1) * 8 k,  k = max(1, ceil(ratio numel))       tensor
     powersgd  ring allreduce       2(n-1)/n * 4 (rows + cols) r per matrix,  4 numel per vector
 
+Each scheme's bytes come from its registry entry (hvd_compress/registry.py: code_bytes for the
+packet schemes, step_bytes for top-k and PowerSGD), so a scheme added there is counted here.
+
 B is the scale block (256 values); pad4 rounds up to a multiple of 4 bytes; the two-phase
 route sends 2(n-1)/n of the bucket's messages on average over ranks. Buckets: the tensors in
-backward order (last layer first), fused up to 1 MiB of float32 (fusion.buckets_by_size).
+backward order (last layer first), fused up to 1 MiB of float32 (the runtime's bucketing.py).
 The time of a step's exchange is the alpha-beta model's (model.py): alpha per message of
 each collective, beta per byte sent.
 """
@@ -23,6 +27,9 @@ from __future__ import annotations
 
 import math
 
+from ..bucketing import DEFAULT_FUSION_BYTES, backward_buckets, chunk_bounds, groups_by_size
+from ..codecs.formats import SCALE_BLOCK
+from ..registry import Route, powersgd_values, scheme, schemes, topk_count
 from .model import Cost, allgather, alltoall, reduce_scatter, ring_allreduce
 
 __all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "buckets", "chunk_bounds",
@@ -30,11 +37,10 @@ __all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "bucket
            "powersgd_values", "bytes_per_step", "step_cost", "exchange_units", "unit_seconds",
            "exchange_seconds", "two_phase", "break_even_rate"]
 
-SCALE_BLOCK = 256                     # codecs.SCALE_BLOCK (a test checks they agree)
-FUSION_BYTES = 1 << 20                # communicators.DEFAULT_FUSION_BYTES
-METHOD_DEFAULTS = {"topk": 0.01, "powersgd": 2}
-# Bytes per value of each packet scheme's codes (onebit: packed, see message_bytes).
-CODE_BYTES = {"bit8": 1, "int8": 1, "bit16": 2}
+FUSION_BYTES = DEFAULT_FUSION_BYTES   # the runtime's (bucketing.py), read, not copied
+# The methods' default parameters (top-k's ratio, PowerSGD's rank), from the registry.
+METHOD_DEFAULTS = {s.name: s.parameter for s in schemes().values() if s.parameter is not None}
+topk_k = topk_count                   # the registry's formulas, under the names used here
 # Each collective's alpha-beta coefficients for one call, bytes as fit.py defines them.
 COLLECTIVE_COSTS = {"allreduce": ring_allreduce, "allgather": allgather, "alltoall": alltoall,
                     "reducescatter": reduce_scatter, "allreduce_fp16": ring_allreduce}
@@ -49,63 +55,19 @@ def numel(shape) -> int:
     return math.prod(shape)
 
 
-def groups_by_size(numels, threshold_bytes):
-    """Split range(len(numels)) into consecutive groups of at most `threshold_bytes` float32;
-    a tensor larger than the threshold is a group of its own, threshold 0 puts every tensor in
-    its own group (fusion.buckets_by_size: the optimizer's buckets)."""
-    if threshold_bytes < 0:
-        raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
-    groups, current, current_bytes = [], [], 0
-    for i, n in enumerate(numels):
-        if current and (threshold_bytes == 0 or current_bytes + 4 * n > threshold_bytes):
-            groups.append(current)
-            current, current_bytes = [], 0
-        current.append(i)
-        current_bytes += 4 * n
-    if current:
-        groups.append(current)
-    return groups
-
-
 def buckets(numels, threshold_bytes=FUSION_BYTES):
-    """Value counts of the buckets of tensors with these `numels` (in parameter order): taken
-    in backward order, fused while they fit in `threshold_bytes` of float32."""
-    backward = list(numels)[::-1]
-    return [sum(backward[i] for i in group) for group in groups_by_size(backward, threshold_bytes)]
-
-
-def chunk_bounds(count, n, align=1):
-    """n contiguous chunks (a, b) covering range(count), cut on multiples of `align`, their
-    sizes in units of `align` differing by at most one: the two-phase route's chunks."""
-    units = -(-count // align) if count else 0
-    base, extra = divmod(units, n)
-    bounds, start = [], 0
-    for k in range(n):
-        stop = start + base + (1 if k < extra else 0)
-        bounds.append((min(start * align, count), min(stop * align, count)))
-        start = stop
-    return bounds
+    """Value counts of the optimizer's buckets (bucketing.backward_buckets)."""
+    return backward_buckets(numels, threshold_bytes)
 
 
 def message_bytes(method, count, block=SCALE_BLOCK) -> int:
-    """Bytes of one bucket message of `count` values: block scales, codes, padding to 4."""
-    codes = -(-count // 8) if method == "onebit" else CODE_BYTES[method] * count
-    return 4 * -(-count // block) + (codes + 3) // 4 * 4
+    """Bytes of one bucket message of `count` values: block scales, codes, padding to 4 (the
+    scheme's registry entry: what blockcodec.BlockCodec sends)."""
+    return scheme(method).message_bytes(count, block)
 
 
-def topk_k(count, ratio) -> int:
-    """Values top-k sends of a tensor of `count`: ceil(ratio count), at least 1, at most all."""
-    return min(count, max(1, math.ceil(ratio * count))) if count else 0
-
-
-def powersgd_values(shape, rank) -> int:
-    """Values PowerSGD allreduces for one gradient: (rows + cols) r for a matrix (first
-    dimension x the rest, r = min(rank, rows, cols)), every value of a vector."""
-    if len(shape) < 2:
-        return numel(shape)
-    rows = shape[0]
-    cols = numel(shape) // rows if rows else 0
-    return (rows + cols) * min(rank, rows, cols)
+def _parameter(method, parameter):
+    return scheme(method).parameter if parameter is None else parameter
 
 
 def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) -> float:
@@ -114,15 +76,11 @@ def bytes_per_step(method, shapes, n, parameter=None, route=None, block=SCALE_BL
     if n == 1:
         return 0
     counts = [numel(s) for s in shapes]
-    if method in ("none", "fp16"):
-        item = 4 if method == "none" else 2
+    if scheme(method).step_bytes is not None:  # a method's own formula (registry.py)
+        return scheme(method).step_bytes([tuple(s) for s in shapes], n, _parameter(method, parameter))
+    if not scheme(method).packet:              # none, fp16: an allreduce of the cast values
+        item = scheme(method).bits // 8
         return sum(2 * (n - 1) * c * item // n for c in counts)
-    if method == "topk":
-        ratio = METHOD_DEFAULTS["topk"] if parameter is None else parameter
-        return sum((n - 1) * 8 * topk_k(c, ratio) for c in counts)
-    if method == "powersgd":
-        rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
-        return sum(2 * (n - 1) * 4 * powersgd_values(s, rank) // n for s in shapes)
     if two_phase(method, route):
         total = sum(message_bytes(method, z - a, block) for b in buckets(counts)
                     for a, z in chunk_bounds(b, n, block))
@@ -136,12 +94,12 @@ def step_cost(method, shapes, n, parameter=None, route=None, block=SCALE_BLOCK) 
     bound), and its bytes exactly as bytes_per_step."""
     counts = [numel(s) for s in shapes]
     nbytes = bytes_per_step(method, shapes, n, parameter, route, block)
-    if method in ("none", "fp16"):
-        units, shape = len(shapes), ring_allreduce(n, 1.0)
-    elif method == "powersgd":                 # P, then Q, per matrix; a vector at once
+    if method == "powersgd":                 # P, then Q, per matrix; a vector at once
         units, shape = sum(2 if len(s) >= 2 else 1 for s in shapes), ring_allreduce(n, 1.0)
     elif method == "topk":
         units, shape = len(shapes), allgather(n, 1.0)
+    elif not scheme(method).packet:
+        units, shape = len(shapes), ring_allreduce(n, 1.0)
     elif two_phase(method, route):
         units = len(buckets(counts))
         shape = alltoall(n, float(n)) + allgather(n, 1.0)
@@ -165,10 +123,10 @@ def exchange_units(method, shapes, n, parameter=None, route=None, block=SCALE_BL
     if method == "fp16":              # a float16 allreduce: its own fit (Horovod sums in fp16)
         return [[("allreduce_fp16", 2 * c)] for c in counts[::-1]]
     if method == "topk":
-        ratio = METHOD_DEFAULTS["topk"] if parameter is None else parameter
+        ratio = _parameter(method, parameter)
         return [[("allgather", 8 * topk_k(c, ratio))] for c in counts[::-1]]
     if method == "powersgd":
-        rank = METHOD_DEFAULTS["powersgd"] if parameter is None else parameter
+        rank = _parameter(method, parameter)
         units = []
         for s in shapes[::-1]:
             if len(s) < 2:
@@ -177,6 +135,8 @@ def exchange_units(method, shapes, n, parameter=None, route=None, block=SCALE_BL
                 r = min(rank, s[0], numel(s) // s[0])
                 units.append([("allreduce", 4 * s[0] * r), ("allreduce", 4 * (numel(s) // s[0]) * r)])
         return units
+    if not scheme(method).packet:     # a user's allreduce scheme: in its own dtype
+        return [[("allreduce", scheme(method).bits // 8 * c)] for c in counts[::-1]]
     if two_phase(method, route):
         units = []
         for b in buckets(counts):
@@ -194,7 +154,10 @@ def unit_seconds(unit, n, links):
 def two_phase(method, route=None):
     """Whether the exchange is the two-phase route (alltoall, then allgather of the reduced
     chunks), whose second phase leaves only when the optimizer next looks at the bucket."""
-    return method in CODE_BYTES and (route == "alltoall" or (route is None and method == "bit16"))
+    s = scheme(method)
+    if not s.packet:
+        return False
+    return (Route.parse(route) if route is not None else s.default_route) == Route.ALLTOALL
 
 
 def exchange_seconds(units, n, links, launch_span=0.0, second_phase_after_backward=False,

@@ -32,7 +32,7 @@ __all__ = [
     "ring_allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast_tree",
     "tree_allreduce", "double_binary_tree_allreduce", "parameter_server",
     "compressed_allgather", "compressed_two_phase", "wire_bytes",
-    "SCHEMES", "REFERENCE", "DEPRECATED_NAMES", "scheme_name", "predict", "predict_table",
+    "EXCHANGES", "REFERENCE", "DEPRECATED_NAMES", "scheme_name", "predict", "predict_table",
     "course_allreduce_time", "lumped_latency",
     "bandwidth_crossover", "allgather_crossover", "first_n_not_faster",
 ]
@@ -235,8 +235,9 @@ def _param_server(n, g, bits, servers=1, **_):
 
 
 @dataclass(frozen=True)
-class Scheme:
-    """A way to average gradients across ranks, with the bit widths it can carry."""
+class Exchange:
+    """A way to average gradients across ranks (a collective algorithm), with the bit widths
+    it can carry. Not a compression scheme: those are registry.SCHEMES."""
 
     name: str
     bits: tuple
@@ -244,23 +245,23 @@ class Scheme:
     cost: object  # (n, g, bits, header_bytes=, tensors=, servers=) -> Cost
 
 
-SCHEMES = {
+EXCHANGES = {
     s.name: s for s in [
-        Scheme("allreduce_ring", (32, 16),
+        Exchange("allreduce_ring", (32, 16),
                "ring allreduce in the wire dtype (32: fp32, 16: Compression.fp16)",
                _allreduce_in_wire_dtype(ring_allreduce)),
-        Scheme("allreduce_tree", (32, 16), "binary-tree reduce + broadcast",
+        Exchange("allreduce_tree", (32, 16), "binary-tree reduce + broadcast",
                _allreduce_in_wire_dtype(tree_allreduce)),
-        Scheme("allreduce_dbtree", (32, 16),
+        Exchange("allreduce_dbtree", (32, 16),
                "pipelined double binary tree, ideal lower bound",
                _allreduce_in_wire_dtype(double_binary_tree_allreduce)),
-        Scheme("param_server", (32, 16, 8), "parameter server(s), push g + pull g",
+        Exchange("param_server", (32, 16, 8), "parameter server(s), push g + pull g",
                _param_server),
-        Scheme("allgather", (16, 8),
+        Exchange("allgather", (16, 8),
                "hvd-compress course design: allgather of k-bit packets, decode all",
                lambda n, g, bits, header_bytes=HEADER_BYTES, tensors=1, **_:
                compressed_allgather(n, g, bits, header_bytes, tensors)),
-        Scheme("alltoall", (16, 8),
+        Exchange("alltoall", (16, 8),
                "hvd-compress two-phase: alltoall k-bit chunks, reduce, allgather",
                lambda n, g, bits, header_bytes=HEADER_BYTES, tensors=1, **_:
                compressed_two_phase(n, g, bits, header_bytes, tensors)),
@@ -269,6 +270,15 @@ SCHEMES = {
 REFERENCE = ("allreduce_ring", 32)  # Horovod's default: what every speed-up is measured against
 # Old scheme names, still read: the two-phase exchange is named as its route (registry.Route).
 DEPRECATED_NAMES = {"alltoall_allgather": "alltoall"}
+
+
+def __getattr__(name):
+    # SCHEMES was this table's first name; the one SCHEMES is now registry.SCHEMES.
+    if name == "SCHEMES":
+        warnings.warn("costmodel.model.SCHEMES is now EXCHANGES (registry.SCHEMES names the "
+                      "compression schemes)", DeprecationWarning, stacklevel=2)
+        return EXCHANGES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def scheme_name(scheme: str) -> str:
@@ -284,9 +294,9 @@ def predict(scheme: str, n: int, g: float, bits: int, *, header_bytes: float = H
             tensors: int = 1, servers: int = 1) -> Cost:
     """Cost coefficients of `scheme` for n ranks, g fp32 bytes per rank, k = bits."""
     scheme = scheme_name(scheme)
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(SCHEMES)}")
-    s = SCHEMES[scheme]
+    if scheme not in EXCHANGES:
+        raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(EXCHANGES)}")
+    s = EXCHANGES[scheme]
     if _bits(bits) not in s.bits:
         raise ValueError(f"scheme {scheme!r} carries {s.bits} bits, not {bits}")
     return s.cost(_ranks(n), _nbytes(g, "gradient size"), bits,
@@ -301,9 +311,9 @@ def predict_table(nodes, g: float, link: Link, bits=(32, 16, 8), schemes=None, *
     for n in nodes:
         ref_scheme, ref_bits = REFERENCE
         ref = predict(ref_scheme, n, g, ref_bits).seconds(link, gamma)
-        for name in [scheme_name(s) for s in schemes or SCHEMES]:
+        for name in [scheme_name(s) for s in schemes or EXCHANGES]:
             for k in bits:
-                if k not in SCHEMES[name].bits:
+                if k not in EXCHANGES[name].bits:
                     continue
                 c = predict(name, n, g, k, header_bytes=header_bytes, tensors=tensors,
                             servers=servers)

@@ -2,22 +2,48 @@
 ranges and combinations, each refused with a message that says what to do instead."""
 import argparse
 import math
+import warnings
 
-from hvd_compress.registry import SCHEMES
+from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "scale_block", "check_args", "compression_of"]
+__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "scale_block",
+           "add_compression_flags", "check_args", "compression_of"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
 # on Fashion-MNIST in 2 epochs at 1 to 4 processes, the small one 78% in 3 (docs/lab.md).
 # The run matrix and the elastic trainer take them from here.
 DEFAULTS = {"model": "basic", "lr": 0.02, "momentum": 0.9, "epochs": 2}
-# Each compression scheme (hvd_compress.registry) and the trainer's flag that picks it.
-FLAGS = {"fp16": "fp16_allreduce", "bit16": "bit16_allreduce", "bit8": "bit8_allreduce",
-         "int8": "int8_allreduce", "onebit": "onebit_allreduce", "topk": "topk_allreduce",
-         "powersgd": "powersgd_allreduce"}
+
+
+def _dest(flag):
+    return flag.lstrip("-").replace("-", "_")
+
+
+def compression_flags():
+    """Each compression scheme (hvd_compress.registry, plugins included) and the attribute of
+    the trainer's flag that picks it: {'bit8': 'bit8_allreduce', ...}."""
+    return {s.name: _dest(s.flag) for s in registry.schemes().values() if s.flag}
+
+
+FLAGS = compression_flags()             # the built-in schemes' (plugins: compression_flags())
 # Methods that take a parameter and keep their own error feedback.
-TENSORWISE = ("topk", "powersgd")
+TENSORWISE = tuple(s.name for s in registry.SCHEMES.values() if s.parameter is not None)
+
+
+def add_compression_flags(group):
+    """One flag per registered scheme (its registry entry's), into an argparse group: a switch,
+    or a value for a method with a parameter (top-k's RATIO, PowerSGD's RANK)."""
+    for s in registry.schemes().values():
+        if not s.flag:
+            continue
+        if s.parameter is None:
+            group.add_argument(s.flag, action="store_true", default=False, help=s.summary)
+        else:
+            kind = type(s.parameter)
+            group.add_argument(s.flag, type=kind, default=None,
+                               metavar="RATIO" if kind is float else "RANK",
+                               help=f"{s.summary} (e.g. {s.parameter})")
 
 
 def scale_block(text):
@@ -30,8 +56,40 @@ def scale_block(text):
     return int(text)
 
 
+# --route once named the optimizer (plugin | horovod) and --reduction the collective; the words
+# are now the API's: --optimizer, and --route as in DistributedOptimizer(route=). The old
+# spellings still work, with a warning naming the new one: --route takes no value of both.
+OLD_OPTIMIZER_VALUES = ("plugin", "horovod")
+
+
+def _renamed(old, new):
+    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=3)
+
+
+def new_spellings(parser, args):
+    """args.optimizer ('plugin' or 'horovod') and args.route (the collective or None), from
+    the flags or their old spellings (--route plugin|horovod, --reduction)."""
+    if args.route in OLD_OPTIMIZER_VALUES:
+        _renamed(f"--route {args.route}", f"--optimizer {args.route}")
+        if args.optimizer not in (None, args.route):
+            parser.error(f"--route {args.route} (the old spelling of --optimizer) and "
+                         f"--optimizer {args.optimizer} disagree")
+        args.optimizer, args.route = args.route, None
+    if getattr(args, "reduction", None) is not None:
+        _renamed(f"--reduction {args.reduction}", f"--route {args.reduction}")
+        if args.route not in (None, args.reduction):
+            parser.error(f"--reduction {args.reduction} (the old spelling of --route) and "
+                         f"--route {args.route} disagree")
+        args.route = args.reduction
+    if hasattr(args, "reduction"):
+        del args.reduction
+    args.optimizer = args.optimizer or "plugin"
+
+
 def check_args(parser, args):
-    """Values and combinations argparse cannot check; adds args.compression."""
+    """Values and combinations argparse cannot check; adds args.compression, and reads the
+    old spellings of --optimizer and --route."""
+    new_spellings(parser, args)
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
                  "max_steps", "split_test", "steps_per_epoch"):
         value = getattr(args, flag)
@@ -44,33 +102,35 @@ def check_args(parser, args):
     timeout = args.step_timeout
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
-    args.compression = next((name for name, flag in FLAGS.items()
-                             if getattr(args, flag) not in (None, False)), "none")
+    flags = compression_flags()
+    args.compression = next((name for name, flag in flags.items()
+                             if getattr(args, flag, None) not in (None, False)), "none")
+    entry = registry.scheme(args.compression)
     if args.topk_allreduce is not None and not 0 < args.topk_allreduce <= 1:
         parser.error(f"--topk-allreduce RATIO must be in (0, 1], got {args.topk_allreduce}")
     if args.powersgd_allreduce is not None and args.powersgd_allreduce < 1:
         parser.error(f"--powersgd-allreduce RANK must be at least 1, got {args.powersgd_allreduce}")
-    packets = args.compression in ("bit8", "bit16", "int8", "onebit")
+    packets = entry.packet
     if args.use_adasum and args.compression not in ("none", "fp16"):
-        parser.error(f"--use-adasum cannot be combined with --{FLAGS[args.compression].replace('_', '-')} "
+        parser.error(f"--use-adasum cannot be combined with {entry.flag} "
                      "(Adasum needs full gradients; use it alone or with --fp16-allreduce)")
     if args.use_adasum and args.error_feedback:
         parser.error("--error-feedback is not available with --use-adasum")
-    routes = [r.value for r in SCHEMES[args.compression].routes] if packets else []
-    if args.reduction and args.reduction not in routes:
-        parser.error("--reduction only applies to --bit8/--bit16/--int8-allreduce (allgather or "
-                     "alltoall) and --onebit-allreduce (allgather), not to "
-                     f"{args.compression} with {args.reduction}")
-    if args.error_feedback is not None and not (packets or args.compression in TENSORWISE):
+    routes = [r.value for r in entry.routes] if packets else []
+    if args.route and args.route not in routes:
+        parser.error("--route only applies to --bit8/--bit16/--int8/--bf16-allreduce (allgather "
+                     "or alltoall) and --onebit-allreduce (allgather), not to "
+                     f"{args.compression} with {args.route}")
+    if args.error_feedback is not None and not (packets or entry.parameter is not None):
         parser.error("--error-feedback needs a compressed exchange (--bit8, --bit16, --int8, "
                      "--onebit, --topk or --powersgd-allreduce)")
-    if args.route == "horovod" and args.compression not in ("none", "fp16", "bit8", "bit16"):
-        parser.error("--route horovod is Horovod's own optimizer with the course's patch: it "
+    if args.optimizer == "horovod" and args.compression not in registry.COURSE_SCHEMES:
+        parser.error("--optimizer horovod is Horovod's own optimizer with the course's patch: it "
                      "knows --fp16, --bit16 and --bit8-allreduce; the other methods need "
-                     "--route plugin")
-    if args.route == "horovod" and (args.reduction == "alltoall" or args.error_feedback):
-        parser.error("--route horovod is Horovod's own optimizer with the course's allgather "
-                     "route: --reduction alltoall and --error-feedback need --route plugin")
+                     "--optimizer plugin")
+    if args.optimizer == "horovod" and (args.route == "alltoall" or args.error_feedback):
+        parser.error("--optimizer horovod is Horovod's own optimizer with the course's allgather "
+                     "route: --route alltoall and --error-feedback need --optimizer plugin")
     if args.resume and not args.out:
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
 
@@ -78,10 +138,8 @@ def check_args(parser, args):
 def compression_of(args):
     """The hvd_compress compression the parsed flags ask for (top-k and PowerSGD with their
     ratio or rank, and error feedback unless --no-error-feedback)."""
-    import hvd_compress as hc
-    feedback = args.error_feedback is not False
-    if args.compression == "topk":
-        return hc.Compression.topk(args.topk_allreduce, error_feedback=feedback)
-    if args.compression == "powersgd":
-        return hc.Compression.powersgd(args.powersgd_allreduce, error_feedback=feedback)
-    return getattr(hc.Compression, args.compression)
+    entry = registry.scheme(args.compression)
+    if entry.parameter is not None:
+        value = getattr(args, _dest(entry.flag))
+        return entry.load()(value, error_feedback=args.error_feedback is not False)
+    return entry.load()

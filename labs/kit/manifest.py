@@ -18,11 +18,23 @@ def collective(optimizer, args, world_size):
     """The collective that really carries the gradients (the compressor's default included)."""
     if args.use_adasum:
         return "adasum"
-    if args.route == "horovod":
+    if args.optimizer == "horovod":
         if world_size == 1:
             return "none"               # Horovod's optimizer skips the exchange at size 1
         return "allgather" if args.compression in ("bit8", "bit16") else "allreduce"
     return optimizer.communicator.route.value
+
+
+def codec_path(optimizer, args):
+    """Which implementation coded the gradients: 'native' (the C++ kernel) or 'torch' (its
+    fallback, about 5x slower: a kernel not built for this torch warns once and shows here)."""
+    comm = getattr(optimizer, "communicator", None)
+    if comm is not None:
+        return comm.codec_path()
+    from hvd_compress import registry           # Horovod's own optimizer: the course's patch
+    compression = registry.scheme(args.compression).load()   # codes with the plugin's classes
+    path = getattr(compression, "codec_path", None)
+    return path() if path is not None else "torch"
 
 
 def error_feedback_on(optimizer):
@@ -55,11 +67,16 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "config": config, "status": "running", "reason": None,
         "args": dict(vars(args)), "world_size": world_size,
         "compression": args.compression,
-        "route": "horovod" if args.use_adasum else args.route,
+        "optimizer": "horovod" if args.use_adasum else args.optimizer,
+        # the collective; "route" and "reduction" are the first records' names (the optimizer
+        # and the collective), kept so that runs recorded before and after read alike
+        "collective": collective(optimizer, args, world_size),
+        "route": "horovod" if args.use_adasum else args.optimizer,
         "reduction": collective(optimizer, args, world_size),
         "horovod_env": horovod_settings(), "step_timeout_s": args.step_timeout,
         "network": emulated_network(),
         "error_feedback": error_feedback_on(optimizer), "adasum": args.use_adasum,
+        "codec_path": codec_path(optimizer, args),
         "method_parameter": args.topk_allreduce if args.compression == "topk" else
         args.powersgd_allreduce if args.compression == "powersgd" else None,
         # in the order the optimizer holds them; the cost model plans buckets from these

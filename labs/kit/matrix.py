@@ -306,7 +306,7 @@ def formula_bytes(manifest):
     shapes, ranks = manifest.get("parameter_shapes"), manifest.get("world_size")
     block = (manifest.get("args") or {}).get("scale_block")
     # no formula for Horovod's own optimizer, Adasum, or one scale per tensor (no fusion)
-    if not shapes or not ranks or manifest.get("route") != "plugin" or not block:
+    if not shapes or not ranks or manifest.get("optimizer", manifest.get("route")) != "plugin" or not block:
         return math.nan
     return methods.bytes_per_step(manifest["compression"], [tuple(s) for s in shapes], ranks,
                                   manifest.get("method_parameter"), manifest.get("reduction"), block)

@@ -316,7 +316,7 @@ class RunRecorder:
     # ---- what a step cost ---------------------------------------------------------------------
 
     def _horovod_stats(self, optimizer):
-        """Horovod's own optimizer (--route horovod, --use-adasum) works in backward hooks and
+        """Horovod's own optimizer (--optimizer horovod, --use-adasum) works in backward hooks and
         synchronize(), out of our reach: no per-phase times (NaN), and the bytes the plugin
         counts for it (NaN for Adasum).  Fixed per step; the plugin's own are popped."""
         if hasattr(optimizer, "pop_stats") or self.args.use_adasum:

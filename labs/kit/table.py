@@ -9,20 +9,28 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hvd_compress.costmodel.methods import METHOD_DEFAULTS
-from hvd_compress.registry import run_name
+from hvd_compress.registry import COURSE_SCHEMES, METHODS, SCHEMES, run_name
 
 from .flags import DEFAULTS
 
-# The trainer's flag for each scheme, in the order the matrix runs them.
-SCHEME_FLAGS = {"none": [], "fp16": ["--fp16-allreduce"], "bit16": ["--bit16-allreduce"],
-                "bit8": ["--bit8-allreduce"]}
+
+
+def scheme_flags(name):
+    """The trainer's flags that pick scheme `name` (its registry entry's flag, with the
+    method's default parameter where it takes one)."""
+    entry = SCHEMES[name]
+    if not entry.flag:
+        return []
+    return [entry.flag] if entry.parameter is None else [entry.flag, f"{entry.parameter:g}"]
+
+
+# The trainer's flags for each scheme, in the order the matrix runs them.
+SCHEME_FLAGS = {name: scheme_flags(name) for name in COURSE_SCHEMES}
 # The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
-METHOD_FLAGS = {"int8": ["--int8-allreduce"], "onebit": ["--onebit-allreduce"],
-                "topk": ["--topk-allreduce", f"{METHOD_DEFAULTS['topk']:g}"],
-                "powersgd": ["--powersgd-allreduce", str(METHOD_DEFAULTS["powersgd"])]}
+METHOD_FLAGS = {name: scheme_flags(name) for name in METHODS}
 RANKS = (2, 4)
 # A run of the network that is not the default is named so: np2-bit8-small (Horovod's small
-# example network; "-horovod" already names Horovod's own optimizer, --route horovod).
+# example network; "-horovod" already names Horovod's own optimizer, --optimizer horovod).
 MODEL_SUFFIX = {"horovod": "small", "basic": "basic"}
 # The report's results table groups a scheme's rows: float32 first, then float8, float16 and
 # Horovod's fp16 cast, as the course's lab report lists them.
@@ -45,7 +53,7 @@ class Run:
     def flags(self):
         flags = list({**SCHEME_FLAGS, **METHOD_FLAGS}[self.scheme])
         if self.route:
-            flags += ["--reduction", self.route]
+            flags += ["--route", self.route]
         if self.error_feedback:
             flags.append("--error-feedback")
         return flags
@@ -75,13 +83,13 @@ ROW_ORDER = [run.name for run in sorted(course_runs(), key=_report_key)]
 def config_name(args, world_size):
     """The name of the trainer's configuration (its parsed flags), e.g. 'np4-bit8-alltoall-ef':
     the table's name for the same run; Adasum and Horovod's own optimizer add a variant."""
-    variant = "adasum" if args.use_adasum else "horovod" if args.route == "horovod" else None
+    variant = "adasum" if args.use_adasum else "horovod" if args.optimizer == "horovod" else None
     # A method's parameter is named where it is not the matrix's default (top-k 0.01, rank 2).
     if args.compression == "topk" and args.topk_allreduce != METHOD_DEFAULTS["topk"]:
         variant = f"ratio{args.topk_allreduce:g}"
     if args.compression == "powersgd" and args.powersgd_allreduce != METHOD_DEFAULTS["powersgd"]:
         variant = f"rank{args.powersgd_allreduce}"
-    name = run_name(world_size, args.compression, args.reduction,
+    name = run_name(world_size, args.compression, args.route,
                     error_feedback=bool(args.error_feedback), variant=variant)
     model = getattr(args, "model", DEFAULTS["model"])
     return name if model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[model]}"

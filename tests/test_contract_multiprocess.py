@@ -1,0 +1,53 @@
+"""The contract on 2 real ranks (tests/workers/contract_checks.py), and a compressor written in
+one file (docs/extending.md's) trained by the lab, labs/mnist.py, on 2 ranks."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hvdrun import run_worker
+from hvd_compress.costmodel import methods
+from labs.kit.launch import horovodrun_command, launch_env
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_contract_on_two_ranks(tmp_path):
+    names = run_worker("contract_checks.py", 2, "gloo", tmp_path, timeout=300)
+    for name in ("one_file.trains.loss_falls", "e5m2.alltoall.bytes_are_the_cost_models",
+                 "bf16.alltoall.tensor1.equals_float32_sum", "hook_error.step_raises_the_real_error",
+                 "wrap_twice.only_the_new_hooks_fire", "close.same_bits_without_hooks"):
+        assert name in names
+
+
+def test_a_one_file_compressor_in_a_lab_run(tmp_path, mnist_dir):
+    text = (ROOT / "docs" / "extending.md").read_text()
+    filename, source = re.search(r"<!-- example: (\S+) -->\s*```python\n(.*?)```", text, re.S).groups()
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / filename).write_text(source)
+    env = launch_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), env.get("PYTHONPATH")]))
+    env["HVD_COMPRESS_SCHEMES"] = Path(filename).stem
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "labs" / "mnist.py"), "--e5m2-allreduce", "--out", str(out),
+           "--data-dir", str(mnist_dir), "--split-test", "9000", "--epochs", "1",
+           "--max-steps", "4", "--model", "horovod", "--no-progress"]
+    done = subprocess.run(horovodrun_command(2, cmd, controller="gloo"), env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["compression"] == "e5m2" and manifest["config"] == "np2-e5m2-small", \
+        done.stdout[-2000:] + done.stderr[-2000:]
+    assert manifest["reduction"] == "allgather" and manifest["codec_path"] == "torch"
+    steps = pd.read_csv(out / "steps_rank0.csv")
+    assert len(steps) == 4
+    # one byte a value and a scale per 256, as bit8 (e5m2 is registered in the ranks only)
+    expected = methods.bytes_per_step("bit8", methods.MODEL_SHAPES["horovod"], 2)
+    assert (steps["bytes_sent"] == expected).all()
