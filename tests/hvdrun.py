@@ -73,6 +73,8 @@ SUITE = {
     "powersgd_checks": FOUR,
     "quantizer_checks": FOUR,
     "exchange_checks": [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)],
+    # last: it registers a plugin scheme (e5m2) in the ranks' registry
+    "contract_checks": TWO,
 }
 
 STARTUP_S = 300      # until every rank has begun its log (horovodrun, rendezvous, hvd.init)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hvdrun import run_worker
+from hvdrun import across_ranks, passed_checks
 from hvd_compress.costmodel import methods
 from labs.kit.launch import horovodrun_command, launch_env
 
@@ -19,8 +19,9 @@ pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_contract_on_two_ranks(tmp_path):
-    names = run_worker("contract_checks.py", 2, "gloo", tmp_path, timeout=300)
+@across_ranks("contract_checks")
+def test_contract_on_two_ranks(controller, np, request):
+    names = passed_checks(request)
     for name in ("one_file.trains.loss_falls", "e5m2.alltoall.bytes_are_the_cost_models",
                  "bf16.alltoall.tensor1.equals_float32_sum", "hook_error.step_raises_the_real_error",
                  "wrap_twice.only_the_new_hooks_fire", "close.same_bits_without_hooks"):

@@ -20,9 +20,7 @@ import checks
 
 ROOT = Path(__file__).resolve().parents[2]
 
-hvd.init()
-rank, world = hvd.rank(), hvd.size()
-checks.start(rank)
+rank = world = None                 # set by run(): the helpers below read them
 
 
 def mlp():
@@ -48,130 +46,137 @@ def all_ranks_bytes(opt, tag):
     return float(hvd.allreduce(sent, op=hvd.Sum, name=f"bytes.{tag}")) / world
 
 
-# ---- a compressor from one file: the example of docs/extending.md -------------------------------
-text = (ROOT / "docs" / "extending.md").read_text()
-filename, source = re.search(r"<!-- example: (\S+) -->\s*```python\n(.*?)```", text, re.S).groups()
-plugins = Path(os.environ["HVDC_CHECK_DIR"]) / f"plugins-rank{rank}"
-plugins.mkdir()
-(plugins / filename).write_text(source)
-sys.path.insert(0, str(plugins))
-os.environ[registry.PLUGINS_ENV] = Path(filename).stem
-e5m2 = registry.scheme("e5m2").load()
-checks.check("one_file.registered", e5m2.name == "e5m2" and "e5m2" in registry.SCHEMES)
-checks.trains("one_file.trains", e5m2)
-shapes = [tuple(p.shape) for p in mlp().parameters()]
-for name, route in (("e5m2", "allgather"), ("e5m2", "alltoall"), ("bf16", "allgather"),
-                    ("bf16", "alltoall")):
+def run(hvd):
+    global rank, world
+    rank, world = hvd.rank(), hvd.size()
+
+    # ---- a compressor from one file: the example of docs/extending.md -------------------------------
+    text = (ROOT / "docs" / "extending.md").read_text()
+    filename, source = re.search(r"<!-- example: (\S+) -->\s*```python\n(.*?)```", text, re.S).groups()
+    plugins = Path(os.environ["HVDC_CHECK_DIR"]) / f"plugins-rank{rank}"
+    plugins.mkdir()
+    (plugins / filename).write_text(source)
+    sys.path.insert(0, str(plugins))
+    os.environ[registry.PLUGINS_ENV] = Path(filename).stem
+    e5m2 = registry.scheme("e5m2").load()
+    checks.check("one_file.registered", e5m2.name == "e5m2" and "e5m2" in registry.SCHEMES)
+    checks.trains("one_file.trains", e5m2)
+    shapes = [tuple(p.shape) for p in mlp().parameters()]
+    for name, route in (("e5m2", "allgather"), ("e5m2", "alltoall"), ("bf16", "allgather"),
+                        ("bf16", "alltoall")):
+        model = mlp()
+        compression = registry.scheme(name).load()
+        opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(),
+                                      compression=compression, route=route)
+        one_step(model, opt)
+        expected = methods.bytes_per_step(name, shapes, world, route=route)
+        sent = all_ranks_bytes(opt, f"{name}.{route}")
+        checks.check(f"{name}.{route}.bytes_are_the_cost_models", sent == expected, f"{sent} != {expected}")
+        opt.close()
+
+    # ---- bfloat16: trains, and sums the ranks' bfloat16 values in float32 ---------------------------
+    checks.trains("bf16.trains", hc.Compression.bf16)
+    gen = torch.Generator().manual_seed(rank)
+    tensors = [torch.randn(300, generator=gen), torch.randn(7, 5, generator=gen) * 1e-6]
+    everyone = hvd.allgather_object(tensors)
+    for route in ("allgather", "alltoall"):
+        comm = hc.make_communicator(hc.Compression.bf16, route=route)
+        out = comm.reduce([t.clone() for t in tensors], ["a", "b"])
+        for i, got in enumerate(out):
+            total = everyone[0][i].to(torch.bfloat16).float()
+            for other in everyone[1:]:
+                total = total + other[i].to(torch.bfloat16).float()
+            mean = total / world
+            if route == "alltoall":               # the reduced chunk travels again as bfloat16
+                mean = mean.to(torch.bfloat16).float()
+            checks.check(f"bf16.{route}.tensor{i}.equals_float32_sum", torch.equal(got, mean))
+
+    # ---- a hook that raises: the real error, then a usable optimizer --------------------------------
+
+
+    class FailingBit8(hc.Compression.bit8):
+        """bit8 whose second bucket of an armed step fails to encode."""
+        name = "failing-bit8"
+        armed, calls = False, 0
+
+        @classmethod
+        def encode_chunks(cls, *args, **kwargs):
+            if cls.armed:
+                cls.calls += 1
+                if cls.calls == 2:
+                    raise ValueError("boom: the codec failed on this bucket")
+            return super().encode_chunks(*args, **kwargs)
+
+
     model = mlp()
-    compression = registry.scheme(name).load()
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters(),
-                                  compression=compression, route=route)
-    one_step(model, opt)
-    expected = methods.bytes_per_step(name, shapes, world, route=route)
-    sent = all_ranks_bytes(opt, f"{name}.{route}")
-    checks.check(f"{name}.{route}.bytes_are_the_cost_models", sent == expected, f"{sent} != {expected}")
+                                  named_parameters=model.named_parameters(), compression=FailingBit8,
+                                  fusion_threshold_bytes=64)        # a bucket per tensor
+    one_step(model, opt, 0)
+    FailingBit8.armed = True
+    x, y = batch(1)
+    opt.zero_grad()
+    try:
+        (model(x) - y).square().mean().backward()
+        raised = None
+    except ValueError as err:
+        raised = err
+    checks.check("hook_error.out_of_backward", raised is not None and "boom" in str(raised), repr(raised))
+    try:
+        opt.step()
+        again = None
+    except Exception as err:                          # not a KeyError: the real error
+        again = err
+    checks.check("hook_error.step_raises_the_real_error",
+                 isinstance(again, ValueError) and "boom" in str(again), repr(again))
+    FailingBit8.armed = False
+    for step in range(2, 5):
+        one_step(model, opt, step)
+    checks.check("hook_error.optimizer_usable_after", checks.same_everywhere(list(model.parameters())))
     opt.close()
 
-# ---- bfloat16: trains, and sums the ranks' bfloat16 values in float32 ---------------------------
-checks.trains("bf16.trains", hc.Compression.bf16)
-gen = torch.Generator().manual_seed(rank)
-tensors = [torch.randn(300, generator=gen), torch.randn(7, 5, generator=gen) * 1e-6]
-everyone = hvd.allgather_object(tensors)
-for route in ("allgather", "alltoall"):
-    comm = hc.make_communicator(hc.Compression.bf16, route=route)
-    out = comm.reduce([t.clone() for t in tensors], ["a", "b"])
-    for i, got in enumerate(out):
-        total = everyone[0][i].to(torch.bfloat16).float()
-        for other in everyone[1:]:
-            total = total + other[i].to(torch.bfloat16).float()
-        mean = total / world
-        if route == "alltoall":               # the reduced chunk travels again as bfloat16
-            mean = mean.to(torch.bfloat16).float()
-        checks.check(f"bf16.{route}.tensor{i}.equals_float32_sum", torch.equal(got, mean))
-
-# ---- a hook that raises: the real error, then a usable optimizer --------------------------------
-
-
-class FailingBit8(hc.Compression.bit8):
-    """bit8 whose second bucket of an armed step fails to encode."""
-    name = "failing-bit8"
-    armed, calls = False, 0
-
-    @classmethod
-    def encode_chunks(cls, *args, **kwargs):
-        if cls.armed:
-            cls.calls += 1
-            if cls.calls == 2:
-                raise ValueError("boom: the codec failed on this bucket")
-        return super().encode_chunks(*args, **kwargs)
-
-
-model = mlp()
-opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                              named_parameters=model.named_parameters(), compression=FailingBit8,
-                              fusion_threshold_bytes=64)        # a bucket per tensor
-one_step(model, opt, 0)
-FailingBit8.armed = True
-x, y = batch(1)
-opt.zero_grad()
-try:
+    # ---- hooks: removable, and one set per parameter --------------------------------------------
+    model = mlp()
+    first = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters(),
+                                    compression=hc.Compression.bit8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         compression=hc.Compression.bit8)
+    checks.check("wrap_twice.warns", sum("already wrapped" in str(w.message) for w in caught) == 1)
+    checks.check("wrap_twice.first_closed", first._hooks == [] and len(second._hooks) == 4)
+    x, y = batch(0)
+    second.zero_grad()
     (model(x) - y).square().mean().backward()
-    raised = None
-except ValueError as err:
-    raised = err
-checks.check("hook_error.out_of_backward", raised is not None and "boom" in str(raised), repr(raised))
-try:
-    opt.step()
-    again = None
-except Exception as err:                          # not a KeyError: the real error
-    again = err
-checks.check("hook_error.step_raises_the_real_error",
-             isinstance(again, ValueError) and "boom" in str(again), repr(again))
-FailingBit8.armed = False
-for step in range(2, 5):
-    one_step(model, opt, step)
-checks.check("hook_error.optimizer_usable_after", checks.same_everywhere(list(model.parameters())))
-opt.close()
+    checks.check("wrap_twice.only_the_new_hooks_fire",
+                 not first._arrived and len(second._arrived) == 4 and len(second._in_flight) == 1)
+    second.step()
+    checks.check("codec_path.recorded",
+                 second.pop_stats()["codec_path"] == blocks.codec_path(E4M3))
 
-# ---- hooks: removable, and one set per parameter --------------------------------------------
-model = mlp()
-first = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                named_parameters=model.named_parameters(),
-                                compression=hc.Compression.bit8)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    second = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                     named_parameters=model.named_parameters(),
-                                     compression=hc.Compression.bit8)
-checks.check("wrap_twice.warns", sum("already wrapped" in str(w.message) for w in caught) == 1)
-checks.check("wrap_twice.first_closed", first._hooks == [] and len(second._hooks) == 4)
-x, y = batch(0)
-second.zero_grad()
-(model(x) - y).square().mean().backward()
-checks.check("wrap_twice.only_the_new_hooks_fire",
-             not first._arrived and len(second._arrived) == 4 and len(second._in_flight) == 1)
-second.step()
-checks.check("codec_path.recorded",
-             second.pop_stats()["codec_path"] == blocks.codec_path(E4M3))
+    hooked, closed = mlp(), mlp()
+    with hc.DistributedOptimizer(torch.optim.SGD(hooked.parameters(), lr=0.1),
+                                 named_parameters=hooked.named_parameters(),
+                                 compression=hc.Compression.bit8) as a:
+        b = hc.DistributedOptimizer(torch.optim.SGD(closed.parameters(), lr=0.1),
+                                    named_parameters=closed.named_parameters(),
+                                    compression=hc.Compression.bit8)
+        b.close()
+        for step in range(3):
+            one_step(hooked, a, step)
+            x, y = batch(step)
+            b.zero_grad()
+            (closed(x) - y).square().mean().backward()
+            quiet = not b._in_flight                # no hook fired: nothing launched in backward
+            b.step()                                # every gradient exchanged at step()
+            checks.check(f"close.step{step}.no_hook_fires", quiet)
+    checks.check("close.context_manager_removes_hooks", a._hooks == [])
+    checks.check("close.same_bits_without_hooks",
+                 all(torch.equal(p, q) for p, q in zip(hooked.parameters(), closed.parameters())))
 
-hooked, closed = mlp(), mlp()
-with hc.DistributedOptimizer(torch.optim.SGD(hooked.parameters(), lr=0.1),
-                             named_parameters=hooked.named_parameters(),
-                             compression=hc.Compression.bit8) as a:
-    b = hc.DistributedOptimizer(torch.optim.SGD(closed.parameters(), lr=0.1),
-                                named_parameters=closed.named_parameters(),
-                                compression=hc.Compression.bit8)
-    b.close()
-    for step in range(3):
-        one_step(hooked, a, step)
-        x, y = batch(step)
-        b.zero_grad()
-        (closed(x) - y).square().mean().backward()
-        quiet = not b._in_flight                # no hook fired: nothing launched in backward
-        b.step()                                # every gradient exchanged at step()
-        checks.check(f"close.step{step}.no_hook_fires", quiet)
-checks.check("close.context_manager_removes_hooks", a._hooks == [])
-checks.check("close.same_bits_without_hooks",
-             all(torch.equal(p, q) for p, q in zip(hooked.parameters(), closed.parameters())))
-checks.done()
+
+if __name__ == "__main__":
+    checks.main(run)
