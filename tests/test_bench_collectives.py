@@ -25,6 +25,7 @@ KiB, MiB = 2**10, 2**20
 
 # ---------------------------------------------------------------- pure parts
 
+@pytest.mark.unit
 def test_parse_sizes_ranges_and_lists():
     assert bench.parse_sizes("1KiB:64KiB") == [1 * KiB, 4 * KiB, 16 * KiB, 64 * KiB]
     assert bench.parse_sizes("1KiB:8KiB:x2") == [1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB]
@@ -35,6 +36,7 @@ def test_parse_sizes_ranges_and_lists():
             bench.parse_sizes(bad)
 
 
+@pytest.mark.unit
 def test_parse_schemes():
     assert bench.parse_schemes(["bit8:allgather", "none:allreduce"]) == [
         ("bit8", "allgather"), ("none", "allreduce")]
@@ -44,6 +46,7 @@ def test_parse_schemes():
             bench.parse_schemes(bad)
 
 
+@pytest.mark.unit
 def test_scheme_names_come_from_the_registry():
     from hvd_compress.registry import COURSE_SCHEMES, SCHEMES, label
     assert {f"{name}:{route}" for name in COURSE_SCHEMES for route in SCHEMES[name].routes} \
@@ -53,12 +56,14 @@ def test_scheme_names_come_from_the_registry():
     assert label("bit8", "alltoall") in bench.DEFAULT_SCHEMES
 
 
+@pytest.mark.unit
 def test_output_paths_are_named_after_out():
     p = bench.output_paths(Path("r/x.csv"))
     assert p["schemes"] == Path("r/x_schemes.csv") and p["plot"] == Path("r/x.png")
     assert p["summary"] == Path("r/x_summary.csv") and p["fit"] == Path("r/x_fit.json")
 
 
+@pytest.mark.unit
 def test_summarize_matches_numpy_quantiles():
     rng = np.random.default_rng(0)
     secs = rng.lognormal(-5, 0.3, size=40)
@@ -71,6 +76,7 @@ def test_summarize_matches_numpy_quantiles():
     assert s["min_s"] <= s["p10_s"] <= s["median_s"] <= s["p90_s"] <= s["max_s"]
 
 
+@pytest.mark.unit
 def test_fit_recovers_a_synthetic_link_and_ratios_use_the_same_run():
     # Primitives made from a known link: alpha 100 us, 1 GB/s; the fit must give them back,
     # and a scheme twice as slow as allreduce must show a time ratio of 2.
@@ -144,6 +150,7 @@ def _check_outputs(out, n_values):
     return prim, schemes
 
 
+@pytest.mark.multiprocess
 def test_tiny_loopback_run_then_costmodel_fit(tmp_path):
     out = tmp_path / "bench.csv"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -167,6 +174,7 @@ def test_tiny_loopback_run_then_costmodel_fit(tmp_path):
     assert bench.output_paths(out)["summary"].exists()
 
 
+@pytest.mark.unit
 def test_worker_refuses_to_run_without_a_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
     r = subprocess.run([sys.executable, str(BENCH_PY), "--out", str(tmp_path / "x.csv")],
@@ -177,6 +185,7 @@ def test_worker_refuses_to_run_without_a_launcher(tmp_path):
 CAPS = netem.probe_capabilities()
 
 
+@pytest.mark.netns
 @pytest.mark.skipif(not (CAPS.netns and CAPS.tbf),
                     reason=f"cannot emulate a network here: {CAPS.problem or 'no tbf qdisc'}")
 def test_tiny_netem_run_counts_wire_bytes(tmp_path):

@@ -23,6 +23,8 @@ from conftest import MNIST_DIR, ROOT, needs_mnist
 from labs.kit import runlog
 from labs.kit.launch import horovodrun_command, launch_env
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
 TRAINER = str(ROOT / "labs" / "mnist.py")
 STEP_TIMEOUT = 20        # the dead-rank cases fix it; the wedged ones run the lab's default
 BOUND_S = 90            # launcher must be gone this long after the signal
