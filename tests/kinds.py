@@ -172,8 +172,10 @@ def install_guards():
 # ---- the hooks (tests/conftest.py imports them) ---------------------------------------------
 
 def pytest_configure(config):
+    known = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
     for name, text in MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {text}")
+        if name not in known:                      # pytest.ini lists them; a bare run does not
+            config.addinivalue_line("markers", f"{name}: {text}")
     install_guards()
 
 
