@@ -62,5 +62,5 @@ def lab():
 
 
 # ---- kinds: every test declares unit, multiprocess or netns; checked (tests/kinds.py) --------
-from kinds import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
+from kinds import (pytest_configure, pytest_make_collect_report,  # noqa: E402,F401
                    pytest_runtest_protocol)

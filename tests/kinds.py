@@ -8,7 +8,7 @@ or on the test itself where a module mixes kinds:
     multiprocess  starts Horovod ranks (horovodrun / mpirun), or runs Horovod at all
     netns         needs root and network namespaces (labs.netem)
 
-A test with none or more than one stops the collection with its name, so `pytest -m unit` can
+A test with none or more than one fails its module's collection, named, so `pytest -m unit` can
 be trusted to hold every one-process test and nothing else.  While a test runs, what it
 launches is checked against its kind: a `unit` test that starts horovodrun / mpirun / a
 labs.netem cluster / `ip netns`, or calls hvd.init(), fails with a clear error, and so does a
@@ -179,12 +179,18 @@ def pytest_configure(config):
     install_guards()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Before `-m` deselects anything: every collected test has exactly one kind."""
-    wrong = wrong_kinds(items)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module (or class) whose tests lack exactly one kind fails to collect, naming them: the
+    run stops before `-m` deselects anything, under pytest-xdist too."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.outcome != "passed":
+        return
+    wrong = wrong_kinds([node for node in report.result if isinstance(node, pytest.Item)])
     if wrong:
-        raise pytest.UsageError(
+        report.outcome, report.result = "failed", []
+        report.longrepr = (
             "every test needs exactly one kind marker, unit, multiprocess or netns, in its "
             "module (pytestmark = pytest.mark.unit) or on the test (tests/kinds.py):\n  "
             + "\n  ".join(wrong))

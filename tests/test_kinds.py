@@ -10,7 +10,7 @@ import kinds
 
 pytestmark = pytest.mark.unit
 
-CONFTEST = "from kinds import pytest_collection_modifyitems, pytest_configure, " \
+CONFTEST = "from kinds import pytest_configure, pytest_make_collect_report, " \
            "pytest_runtest_protocol\n"
 
 
@@ -49,12 +49,13 @@ def test_a_test_without_one_kind_stops_the_collection(pytester):
         def test_with_one_kind():
             pass
         """, "-m", "unit")
-    errors = result.stderr.str()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + errors
-    assert "exactly one kind marker" in errors
-    assert "test_crafted.py::test_without_a_kind: no kind marker" in errors
-    assert "test_crafted.py::test_with_two_kinds: kind markers multiprocess, unit" in errors
-    assert "test_with_one_kind" not in errors
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out + result.stderr.str()
+    assert "ERROR collecting test_crafted.py" in out and "1 error" in out
+    assert "exactly one kind marker" in out
+    assert "test_crafted.py::test_without_a_kind: no kind marker" in out
+    assert "test_crafted.py::test_with_two_kinds: kind markers multiprocess, unit" in out
+    assert "test_crafted.py::test_with_one_kind:" not in out
     assert not result.reprec.getreports("pytest_runtest_logreport")      # nothing ran
 
 
