@@ -19,11 +19,13 @@ turn: a test that runs a tool which launches ranks must say so with its marker.
 tests/conftest.py imports the hooks; tests/test_kinds.py tests them.
 """
 import os
-import re
-import shlex
-import subprocess
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+
+from launch_guard import ALLOWED, KindError, _running, child_environ, install_guards  # noqa: F401
 
 KINDS = ("unit", "multiprocess", "netns")
 MARKERS = {
@@ -33,15 +35,6 @@ MARKERS = {
     "netns": "needs root and network namespaces (the emulated network)",
     "slow": "takes more than about a minute on its own",
 }
-RANK_LAUNCHERS = {"horovodrun", "mpirun", "mpiexec", "orterun", "prterun", "gloorun"}
-INFO_FLAGS = {"--version", "-V", "--help", "-h"}      # `mpirun --version` starts no rank
-WRAPPERS = {"env", "nice", "nohup", "setsid", "timeout", "stdbuf", "sudo", "exec"}
-# labs.netem subcommands that build nothing: `commands` prints the ip/tc lines it would run.
-NETEM_READ_ONLY = {"commands", "-h", "--help"}
-
-
-class KindError(RuntimeError):
-    """A test did what its kind marker rules out."""
 
 
 def kinds_of(item):
@@ -60,115 +53,6 @@ def wrong_kinds(items):
     return wrong
 
 
-# ---- what a command does, read from its argv ------------------------------------------------
-
-def _argv(args):
-    if isinstance(args, (str, bytes, os.PathLike)):
-        text = os.fsdecode(args)
-        try:
-            return shlex.split(text)
-        except ValueError:
-            return text.split()
-    return [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
-
-
-def _netem_subcommand(argv):
-    """The labs.netem subcommand `argv` runs (`python -m labs.netem X`, scripts/netem.py X),
-    or None when it runs no labs.netem."""
-    for i, word in enumerate(argv):
-        if word == "-m" and i + 1 < len(argv) and argv[i + 1] in ("labs.netem", "labs.netem.cli"):
-            rest = argv[i + 2:]
-            return rest[0] if rest else ""
-        if word.endswith(("scripts/netem.py", "labs/netem/__main__.py", "labs/netem/cli.py")):
-            rest = argv[i + 1:]
-            return rest[0] if rest else ""
-    return None
-
-
-def _script_kind(script):
-    """launch_kind of the first command of a shell line that has one."""
-    for part in re.split(r"&&|\|\||[;|&\n]", script):
-        found = launch_kind(part.strip())
-        if found:
-            return found
-    return None
-
-
-def launch_kind(args, shell=False):
-    """'multiprocess' if the command starts Horovod ranks, 'netns' if it builds or enters
-    network namespaces, None otherwise.  `shell`: args is a shell line (Popen's shell=True)."""
-    if shell:
-        return _script_kind(os.fsdecode(args) if not isinstance(args, (list, tuple))
-                            else " ".join(map(str, args)))
-    argv = _argv(args)
-    while argv and (os.path.basename(argv[0]) in WRAPPERS or "=" in argv[0]
-                    or argv[0].startswith("-") or argv[0].replace(".", "").isdigit()):
-        argv = argv[1:]                     # env A=1 ..., timeout 60 ..., nice -n 5 ...
-    if not argv:
-        return None
-    program = os.path.basename(argv[0])
-    if program in ("ip",) and ("netns" in argv or "-n" in argv or "-netns" in argv):
-        return "netns"
-    if program in ("nsenter", "unshare") or (program == "tc" and "-n" in argv):
-        return "netns"
-    netem = _netem_subcommand(argv)
-    if netem is not None and netem not in NETEM_READ_ONLY:
-        return "netns"
-    if program in RANK_LAUNCHERS and not set(argv[1:]) <= INFO_FLAGS:
-        return "multiprocess"
-    if any(a == "-m" and b.startswith("horovod.runner") for a, b in zip(argv, argv[1:])):
-        return "multiprocess"
-    if program in ("sh", "bash", "dash") and "-c" in argv[:-1]:
-        return _script_kind(argv[argv.index("-c") + 1])
-    return None
-
-
-ALLOWED = {"unit": set(), "multiprocess": {"multiprocess"}, "netns": {"multiprocess", "netns"}}
-_running = {"kind": None, "test": None}       # the test now running, set by the guard fixture
-
-
-def _refuse(what, needs):
-    kind, test = _running["kind"], _running["test"]
-    raise KindError(f"{test} is marked `{kind}` but {what}: mark it "
-                    f"`@pytest.mark.{needs}` (tests/kinds.py)")
-
-
-def _guarded_popen_init(original):
-    def __init__(self, args, *rest, **kwargs):
-        kind = _running["kind"]
-        if kind is not None:
-            needs = launch_kind(args, shell=kwargs.get("shell", False))
-            if needs and needs not in ALLOWED[kind]:
-                line = args if isinstance(args, str) else shlex.join(_argv(args))
-                _refuse(f"starts {line[:200]!r}", needs)
-        original(self, args, *rest, **kwargs)
-    __init__.__wrapped__ = original
-    return __init__
-
-
-def _guarded_hvd_init(original):
-    def init(self, *args, **kwargs):
-        if _running["kind"] == "unit":
-            _refuse("calls hvd.init() in the pytest process", "multiprocess")
-        return original(self, *args, **kwargs)
-    init.__wrapped__ = original
-    return init
-
-
-def install_guards():
-    """Wrap subprocess.Popen and Horovod's init once, before any test module imports
-    horovod.torch (which binds `hvd.init` to HorovodBasics.init when it is first imported).
-    The wrappers do nothing while no test runs."""
-    if not hasattr(subprocess.Popen.__init__, "__wrapped__"):
-        subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
-    try:
-        from horovod.common.basics import HorovodBasics
-    except ImportError:          # no Horovod here: nothing can call its init either
-        return
-    if not hasattr(HorovodBasics.init, "__wrapped__"):
-        HorovodBasics.init = _guarded_hvd_init(HorovodBasics.init)
-
-
 # ---- the hooks (tests/conftest.py imports them) ---------------------------------------------
 
 def pytest_configure(config):
@@ -177,6 +61,12 @@ def pytest_configure(config):
         if name not in known:                      # pytest.ini lists them; a bare run does not
             config.addinivalue_line("markers", f"{name}: {text}")
     install_guards()
+    config._kinds_reports = Path(tempfile.mkdtemp(prefix="hvdc-kinds-"))
+    config._kinds_seen = []
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "_kinds_reports", ""), ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -198,13 +88,49 @@ def pytest_make_collect_report(collector):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Holds the running test's kind for the launch checks above, from before its fixtures
-    are set up (a module-scoped fixture that launches ranks counts for the test that needs
-    it first) until they are torn down."""
+    """Holds the running test's kind for the launch checks, from before its fixtures are set up
+    (a module-scoped fixture that launches ranks counts for the test that needs it first) until
+    they are torn down; the Python processes it starts get it through their environment."""
     kinds = kinds_of(item)
-    outer = dict(_running)             # a test that runs pytest itself (tests/test_kinds.py)
-    _running.update(kind=kinds[0] if len(kinds) == 1 else None, test=item.nodeid)
+    kind = kinds[0] if len(kinds) == 1 else None
+    report = item.config._kinds_reports / f"{os.getpid()}-{len(item.config._kinds_seen)}.txt"
+    item.config._kinds_seen.append(item.nodeid)
+    outer, outer_env = dict(_running), dict(os.environ)   # tests/test_kinds.py nests a run
+    _running.update(kind=kind, test=item.nodeid, report=None)
+    item._kinds_report = report
+    os.environ.update(child_environ(kind, item.nodeid, report))
     try:
         yield
     finally:
         _running.update(outer)
+        os.environ.clear()
+        os.environ.update(outer_env)
+
+
+def _children_refused(item, outcome):
+    """A refusal a child process of the test wrote (its KindError may have ended inside a
+    launcher the test expected to fail) fails the phase that ran it."""
+    report = getattr(item, "_kinds_report", None)
+    if report is not None and report.exists():
+        text = report.read_text().strip()
+        report.unlink()
+        if text and outcome.excinfo is None:
+            outcome.force_exception(KindError(text))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    outcome = yield
+    _children_refused(item, outcome)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    outcome = yield
+    _children_refused(item, outcome)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    outcome = yield
+    _children_refused(item, outcome)

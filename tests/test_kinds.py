@@ -1,17 +1,18 @@
 """tests/kinds.py, the check of every test's kind marker: a crafted test file run by pytest
 (pytester, in this process): the collection is refused when a test has no kind or two, and a
-test that launches what its kind rules out fails, naming the marker it needs; then the reading
-of commands on its own."""
+test that launches what its kind rules out, itself or through a Python process it starts, fails
+naming the marker it needs; then the reading of commands on its own."""
 import sys
 
 import pytest
 
-import kinds
+import launch_guard
 
 pytestmark = pytest.mark.unit
 
-CONFTEST = "from kinds import pytest_configure, pytest_make_collect_report, " \
-           "pytest_runtest_protocol\n"
+CONFTEST = ("from kinds import pytest_configure, pytest_make_collect_report, "
+            "pytest_runtest_call, pytest_runtest_protocol, pytest_runtest_setup, "
+            "pytest_runtest_teardown, pytest_unconfigure\n")
 
 
 def run_pytest(pytester, source, *args):
@@ -100,6 +101,16 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
             subprocess.Popen(["ip", "netns", "add", "hvdc-never"])
 
         @pytest.mark.unit
+        def test_unit_runs_a_tool_that_starts_ranks():
+            tool = "import subprocess; subprocess.run(['mpirun', '-np', '2', 'true'])"
+            assert subprocess.run([sys.executable, "-c", tool]).returncode != 0
+
+        @pytest.mark.unit
+        def test_unit_runs_horovod_in_a_child():
+            serial = "import horovod.torch as hvd; hvd.init()"
+            assert subprocess.run([sys.executable, "-c", serial]).returncode != 0
+
+        @pytest.mark.unit
         def test_unit_runs_a_plain_process():
             assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True,
                                   text=True).stdout == "42\\n"
@@ -116,7 +127,9 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
              "test_unit_runs_a_netem_cluster": "netns",
              "test_unit_initialises_horovod": "multiprocess",
              "test_unit_fixture_starts_ranks": "multiprocess",
-             "test_multiprocess_builds_a_namespace": "netns"}
+             "test_multiprocess_builds_a_namespace": "netns",
+             "test_unit_runs_a_tool_that_starts_ranks": "multiprocess",
+             "test_unit_runs_horovod_in_a_child": "multiprocess"}
     for name, kind in needs.items():
         outcome, message = found[name]
         assert outcome == "failed", (name, outcome)
@@ -126,7 +139,11 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     assert "'horovodrun -np 2 true'" in found["test_unit_fixture_starts_ranks"][1]
     assert found["test_unit_runs_a_plain_process"][0] == "passed"
     assert found["test_netns_lists_namespaces"][0] == "passed"
-    assert result.parseoutcomes() == {"failed": 6, "errors": 1, "passed": 2}
+    for name in ("test_unit_runs_a_tool_that_starts_ranks", "test_unit_runs_horovod_in_a_child"):
+        assert "(in child process" in found[name][1], found[name][1]
+    assert "'mpirun -np 2 true'" in found["test_unit_runs_a_tool_that_starts_ranks"][1]
+    assert "calls hvd.init()" in found["test_unit_runs_horovod_in_a_child"][1]
+    assert result.parseoutcomes() == {"failed": 8, "errors": 1, "passed": 2}
 
 
 @pytest.mark.parametrize("argv,kind", [
@@ -141,8 +158,8 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     ([sys.executable, "-m", "labs.netem", "run", "-n", "2", "--", "true"], "netns"),
     ([sys.executable, "/repo/scripts/netem.py", "bench", "-n", "2"], "netns"),
     ([sys.executable, "-m", "labs.netem", "check"], "netns"),
-    ([sys.executable, "-m", "labs.netem", "commands", "-n", "2"], None),    # prints, builds nothing
-    ([sys.executable, "/repo/scripts/netem.py", "commands"], None),
+    ([sys.executable, "-m", "labs.netem", "commands", "-n", "2"], "netns"),  # probes: a namespace
+    ([sys.executable, "/repo/scripts/netem.py", "--help"], None),
     ([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"], None),
     ([sys.executable, "labs/mnist.py", "--epochs", "0"], None),
     (["ip", "-o", "link"], None),
@@ -151,4 +168,4 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     ([], None),
 ])
 def test_launch_kind_reads_the_command(argv, kind):
-    assert kinds.launch_kind(argv) == kind
+    assert launch_guard.launch_kind(argv) == kind

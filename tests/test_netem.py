@@ -688,7 +688,7 @@ def test_cluster_is_removed_when_the_delay_bridge_does_not_start(tmp_path, monke
     assert not _ours_alive()
 
 
-@pytest.mark.unit
+@pytest.mark.netns                  # `labs.netem commands` probes with a namespace
 def test_cli_commands_with_the_delay_bridge():
     def commands(*via):
         r = subprocess.run([sys.executable, str(NETEM_PY), "commands", "-n", "2", "--rate",
@@ -707,7 +707,7 @@ def test_cli_commands_with_the_delay_bridge():
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
-@pytest.mark.unit
+@pytest.mark.netns                  # `labs.netem commands` probes with a namespace
 def test_the_script_and_the_package_are_one_command_line():
     """scripts/netem.py wraps `python -m labs.netem`; the delay bridge starts as a module, so
     it needs no path into the checkout (the namespace's working directory does not matter)."""
