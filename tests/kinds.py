@@ -95,16 +95,21 @@ def pytest_runtest_protocol(item, nextitem):
     kind = kinds[0] if len(kinds) == 1 else None
     report = item.config._kinds_reports / f"{os.getpid()}-{len(item.config._kinds_seen)}.txt"
     item.config._kinds_seen.append(item.nodeid)
-    outer, outer_env = dict(_running), dict(os.environ)   # tests/test_kinds.py nests a run
+    changes = child_environ(kind, item.nodeid, report)
+    outer = dict(_running)                        # tests/test_kinds.py nests a run
+    outer_env = {name: os.environ.get(name) for name in changes}
     _running.update(kind=kind, test=item.nodeid, report=None)
     item._kinds_report = report
-    os.environ.update(child_environ(kind, item.nodeid, report))
+    os.environ.update(changes)
     try:
         yield
     finally:
         _running.update(outer)
-        os.environ.clear()
-        os.environ.update(outer_env)
+        for name, value in outer_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _children_refused(item, outcome):
