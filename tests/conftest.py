@@ -1,14 +1,18 @@
-"""Fixtures shared by the test files: the lab as a module, the MNIST files, script loading."""
+"""Fixtures shared by the test files: the lab as a module, the MNIST files, script loading;
+and the check of every test's kind marker (tests/kinds.py)."""
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The real MNIST test set (t10k-*.gz), beside the checkout; the only place tests look for it.
-MNIST_DIR = (ROOT / ".." / "shared" / "data" / "mnist").resolve()
+# The real MNIST test set (t10k-*.gz), beside the checkout, or where HVD_COMPRESS_MNIST_DIR
+# says (a checkout that is not beside shared/, a git worktree); the only place tests look for it.
+MNIST_DIR = Path(os.environ.get("HVD_COMPRESS_MNIST_DIR")
+                 or ROOT / ".." / "shared" / "data" / "mnist").resolve()
 MNIST_MISSING = (f"needs the MNIST test set (t10k-images-idx3-ubyte.gz, "
                  f"t10k-labels-idx1-ubyte.gz) in {MNIST_DIR}")
 needs_mnist = pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
@@ -21,6 +25,26 @@ def mnist_dir():
     if not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file():
         pytest.skip(MNIST_MISSING)
     return MNIST_DIR
+
+
+class SharedRuns:
+    """Run folders that tests of several modules read, each made once a session: the first
+    test to ask trains it (tests/test_lab.py's runs, tests/test_lab_course_route.py)."""
+
+    def __init__(self, base):
+        self.base, self.folders = base, {}
+
+    def get(self, name, make):
+        """The folder `name`, made by make(folder) the first time it is asked for."""
+        if name not in self.folders:
+            make(self.base / name)
+            self.folders[name] = self.base / name
+        return self.folders[name]
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
 def load_script(path, name):
@@ -37,22 +61,7 @@ def lab():
     return importlib.import_module("labs.mnist")
 
 
-# ---- markers (registered in pytest.ini): every test gets one by its module -------------------
-# netns: needs root and network namespaces; multiprocess: starts Horovod ranks (horovodrun,
-# mpirun); unit: one process. slow: also takes minutes on its own. Modules not named are unit.
-NETNS = {"test_netem", "test_gloo_patch", "test_lab_matrix_netem", "test_bench_collectives",
-         "test_link_faults"}
-MULTIPROCESS = {"test_exchange_multiprocess", "test_robustness_multiprocess", "test_course_patch",
-                "test_lab", "test_lab_cli", "test_lab_course_route", "test_lab_failures",
-                "test_grad_views", "test_powersgd", "test_topk", "test_quantizers", "test_elastic"}
-SLOW = {"test_exchange_multiprocess", "test_lab_failures", "test_lab_course_route", "test_netem",
-        "test_elastic", "test_link_faults"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        kind = "netns" if module in NETNS else "multiprocess" if module in MULTIPROCESS else "unit"
-        item.add_marker(getattr(pytest.mark, kind))
-        if module in SLOW:
-            item.add_marker(pytest.mark.slow)
+# ---- kinds: every test declares unit, multiprocess or netns; checked (tests/kinds.py) --------
+from kinds import (pytest_configure, pytest_make_collect_report,  # noqa: E402,F401
+                   pytest_runtest_call, pytest_runtest_protocol, pytest_runtest_setup,
+                   pytest_runtest_teardown, pytest_unconfigure)

@@ -8,6 +8,8 @@ import torch
 from hvd_compress.codecs import E4M3, FP16, SCALE_BLOCK, blocks, fp8_torch, fp16_torch, native
 from hvd_compress.codecs.scaling import pow2_scale
 
+pytestmark = pytest.mark.unit
+
 FORMATS = [E4M3, FP16]
 
 

@@ -12,6 +12,8 @@ import torch
 
 from hvd_compress.codecs import fp16_numpy, fp16_torch
 
+pytestmark = pytest.mark.unit
+
 
 def reference_encode(x: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():

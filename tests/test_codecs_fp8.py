@@ -21,6 +21,8 @@ import torch
 from conftest import ROOT, load_script
 from hvd_compress.codecs import E4M3, E5M2, Float8Format, fp8_numpy, fp8_torch
 
+pytestmark = pytest.mark.unit
+
 FORMATS = [E4M3, E5M2]
 MODES = [(fmt, sat) for fmt in FORMATS for sat in (True, False)]
 MODE_IDS = [f"{fmt.name}-{'sat' if sat else 'nonsat'}" for fmt, sat in MODES]

@@ -12,11 +12,14 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvd_compress.codecs import E4M3, E5M2, fp8_numpy, fp8_torch, fp16_numpy, fp16_torch, scaling
+
+pytestmark = pytest.mark.unit
 
 SETTINGS = settings(max_examples=150, deadline=None)
 MODES = [(E4M3, True), (E4M3, False), (E5M2, True), (E5M2, False)]

@@ -7,6 +7,8 @@ import torch
 
 from hvd_compress.codecs import E4M3, E5M2, fp8_numpy, fp8_torch, fp16_numpy, scaling
 
+pytestmark = pytest.mark.unit
+
 
 def brute_force_scale(amax: float, target: float) -> float:
     """Largest 2**k (k in float32's normal range) with amax * 2**k <= target, by trying all k.

@@ -1,5 +1,4 @@
 """Bit8Compressor / Bit16Compressor on one process: packets, error bounds, special values, odd tensors."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,8 @@ from labs.kit.data import read_idx
 from hvd_compress.fusion import buckets_by_size
 from hvd_compress.memory import ResidualMemory
 
-MNIST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
+pytestmark = pytest.mark.unit
+
 COMPRESSORS = [hc.Compression.bit8, hc.Compression.bit16]
 # relative error bound for values that are normal numbers of the code format after scaling
 BOUND = {"bit8": 2.0 ** -4, "bit16": 2.0 ** -11}
@@ -141,10 +141,10 @@ def test_bad_input_is_refused(comp):
             comp.decode_packet(packet[:-1])
 
 
-def real_gradients():
+def real_gradients(mnist_dir):
     """Gradients of a small CNN on real MNIST images (the course's model, one batch)."""
-    images = torch.from_numpy(read_idx(MNIST / "t10k-images-idx3-ubyte.gz").copy()).float()
-    labels = torch.from_numpy(read_idx(MNIST / "t10k-labels-idx1-ubyte.gz").copy()).long()
+    images = torch.from_numpy(read_idx(mnist_dir / "t10k-images-idx3-ubyte.gz").copy()).float()
+    labels = torch.from_numpy(read_idx(mnist_dir / "t10k-labels-idx1-ubyte.gz").copy()).long()
     x = ((images[:256] / 255 - 0.1307) / 0.3081).unsqueeze(1)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 10, 5), torch.nn.MaxPool2d(2), torch.nn.ReLU(),
@@ -155,8 +155,8 @@ def real_gradients():
     return [p.grad.clone() for p in net.parameters()]
 
 
-def test_scaling_keeps_real_gradients_that_plain_e4m3_flushes():
-    grads = real_gradients()
+def test_scaling_keeps_real_gradients_that_plain_e4m3_flushes(mnist_dir):
+    grads = real_gradients(mnist_dir)
     flat = torch.cat([g.reshape(-1) for g in grads])
     assert 1e-7 < float(flat.abs().median()) < 1e-2, "these should look like gradients"
     scaled = torch.cat([roundtrip(hc.Compression.bit8, g)[1].reshape(-1) for g in grads])
@@ -242,8 +242,8 @@ def test_decode_messages_sums_ranks_in_order(comp, n):
 
 
 @pytest.mark.parametrize("comp", COMPRESSORS, ids=lambda c: c.name)
-def test_block_scaling_is_no_worse_than_per_tensor_scaling_on_real_gradients(comp):
-    flat = torch.cat([g.reshape(-1) for g in real_gradients()])    # one bucket of the whole net
+def test_block_scaling_is_no_worse_than_per_tensor_scaling_on_real_gradients(comp, mnist_dir):
+    flat = torch.cat([g.reshape(-1) for g in real_gradients(mnist_dir)])    # one bucket of the whole net
     message = torch.zeros(comp.message_bytes(flat.numel()), dtype=torch.uint8)
     blocked = comp.decode_message(comp.encode_message(flat, message), flat.numel(), torch.empty_like(flat))
     whole = comp.decode_packet(comp.compress(flat)[0])

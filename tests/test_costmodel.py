@@ -20,6 +20,8 @@ import pytest
 from hvd_compress.costmodel import fit, model, units
 from hvd_compress.costmodel.model import Link
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
 G = 32 * MiB                        # 33,554,432 bytes

@@ -14,19 +14,52 @@ from hvd_compress.costmodel import methods
 from hvd_compress.fusion import buckets_by_size
 from labs.mnist import MODELS
 
+pytestmark = pytest.mark.unit
+
 
 def test_model_shapes_are_the_labs_networks():
     for name, net in MODELS.items():
         assert methods.MODEL_SHAPES[name] == [tuple(p.shape) for p in net().parameters()]
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize("threshold", [0, 4096, DEFAULT_FUSION_BYTES])
+# The buckets the optimizer fuses, worked out by hand from the networks' parameter sizes:
+# gradients arrive last layer first (backward order) and fuse while their float32 bytes fit in
+# the threshold (inclusive); a tensor larger than the threshold travels alone, 0 fuses nothing.
+#   horovod, backward: fc2.b 10, fc2.w 500, fc1.b 50, fc1.w 16,000, conv2.b 20, conv2.w 5,000,
+#                      conv1.b 10, conv1.w 250                               (21,840 in all)
+#   basic, backward:   fc2.b 10, fc2.w 1,280, fc1.b 128, fc1.w 1,179,648, conv2.b 64,
+#                      conv2.w 18,432, conv1.b 32, conv1.w 288            (1,199,882 in all)
+# 4096 bytes hold 1,024 values; 1 MiB (the default) holds 262,144.
+BY_HAND = {
+    ("horovod", 0): [10, 500, 50, 16000, 20, 5000, 10, 250],
+    ("horovod", 4096): [10 + 500 + 50, 16000, 20, 5000, 10 + 250],
+    ("horovod", DEFAULT_FUSION_BYTES): [21840],
+    ("basic", 0): [10, 1280, 128, 1179648, 64, 18432, 32, 288],
+    ("basic", 4096): [10, 1280, 128, 1179648, 64, 18432, 32 + 288],
+    ("basic", DEFAULT_FUSION_BYTES): [10 + 1280 + 128, 1179648, 64 + 18432 + 32 + 288],
+}
+
+
+@pytest.mark.parametrize("model,threshold", sorted(BY_HAND))
 def test_buckets_are_the_optimizers(model, threshold):
-    params = list(MODELS[model]().parameters())[::-1]          # backward order
-    groups = buckets_by_size(params, threshold)
-    expected = [sum(params[i].numel() for i in g) for g in groups]
-    assert methods.buckets([p.numel() for p in params[::-1]], threshold) == expected
+    """The cost model's buckets and the optimizer's (fusion.buckets_by_size, which the
+    communicators fuse with) against the sizes worked out by hand above."""
+    params = list(MODELS[model]().parameters())
+    assert methods.buckets([p.numel() for p in params], threshold) == BY_HAND[model, threshold]
+    backward = params[::-1]
+    groups = buckets_by_size(backward, threshold)
+    assert [sum(backward[i].numel() for i in g) for g in groups] == BY_HAND[model, threshold]
+    assert sorted(i for g in groups for i in g) == list(range(len(params)))   # each once, in order
+
+
+def test_bucket_edges():
+    """A bucket that fills its threshold exactly is kept; one value more starts the next."""
+    assert methods.buckets([1, 256, 256], 2048) == [512, 1]        # backward: 256, 256, 1
+    assert methods.buckets([1, 256, 257], 2048) == [257, 257]
+    assert methods.buckets([600, 100], 2048) == [100, 600]         # 600 alone is over 2048
+    assert methods.buckets([], 2048) == []
+    with pytest.raises(ValueError, match="fusion threshold"):
+        methods.buckets([1], -1)
 
 
 def test_formulas_by_hand():

@@ -12,6 +12,8 @@ from hypothesis import given, settings, strategies as st
 from conftest import MNIST_DIR, needs_mnist
 from labs.kit import data
 
+pytestmark = pytest.mark.unit
+
 IMAGES = MNIST_DIR / "t10k-images-idx3-ubyte.gz"
 LABELS = MNIST_DIR / "t10k-labels-idx1-ubyte.gz"
 

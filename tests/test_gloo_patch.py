@@ -17,6 +17,8 @@ import pytest
 
 from labs import netem
 
+pytestmark = pytest.mark.netns
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,7 +1,8 @@
 """The course lab end to end, on the real MNIST test set, with real horovodrun.
 
-One module-scoped set of runs (serial and 2 processes x none / bit16 / bit8, one epoch of
-8,000 images each) serves all the assertions on accuracy and records; a small run matrix,
+One set of runs (serial and 2 processes x none / bit16 / bit8, one epoch of 8,000 images each,
+made once a session: tests/test_lab_course_route.py reads np2-bit8 too) serves all the
+assertions on accuracy and records; a small run matrix,
 an interrupted + resumed run, the report and the plots are checked on top.
 """
 import gzip
@@ -29,11 +30,16 @@ PYTHON = sys.executable
 TRAINER = str(ROOT / "labs" / "mnist.py")
 # 8,000 training images, evaluated on the other 2,000; Horovod's small network (fast), lr 0.1
 # (x world size) and momentum 0.5 so that one epoch is enough for it to pass 90% with every
-# compression.
+# compression.  (MNIST_DIR is the mnist_dir fixture's folder: every test that trains on COMMON
+# asks for that fixture, whose skip names the missing files.)
 SMALL_NET = ["--model", "horovod", "--momentum", "0.5"]
 COMMON = ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "1",
           "--lr", "0.1", "--no-progress"] + SMALL_NET
 FLAGS = {"none": [], "bit16": ["--bit16-allreduce"], "bit8": ["--bit8-allreduce"]}
+# np2-bit8 gives every gradient tensor one scale, as the course's packets do, so that
+# tests/test_lab_course_route.py compares this very run with --route horovod, bit for bit; the
+# plugin's default (a scale per 256 values) trains on 2 ranks in the matrix and defaults tests.
+TENSOR_SCALES = ["--scale-block", "tensor"]
 TIMEOUT = 900
 
 
@@ -52,17 +58,18 @@ def train(out, ranks, extra, check=True):
     return done
 
 
+def lab_run(shared_runs, ranks, compression):
+    """The run folder of COMMON on `ranks` with `compression`, trained once a session (the
+    route tests read np2-bit8 too)."""
+    flags = COMMON + FLAGS[compression] + (TENSOR_SCALES if (ranks, compression) == (2, "bit8")
+                                           else [])
+    return shared_runs.get(f"np{ranks}-{compression}", lambda out: train(out, ranks, flags))
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, mnist_dir):
+def runs(shared_runs, mnist_dir):
     """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8."""
-    base = tmp_path_factory.mktemp("lab")
-    folders = {}
-    for ranks in (1, 2):
-        for compression, flags in FLAGS.items():
-            out = base / f"np{ranks}-{compression}"
-            train(out, ranks, COMMON + flags)
-            folders[(ranks, compression)] = out
-    return folders
+    return {(ranks, c): lab_run(shared_runs, ranks, c) for ranks in (1, 2) for c in FLAGS}
 
 
 CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
@@ -70,6 +77,7 @@ CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
 
 # --- the runs --------------------------------------------------------------------------------
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("ranks,compression", CASES)
 def test_one_epoch_reaches_90_percent(runs, ranks, compression):
     epochs = pd.read_csv(runs[(ranks, compression)] / "epochs.csv")
@@ -78,12 +86,13 @@ def test_one_epoch_reaches_90_percent(runs, ranks, compression):
     assert epochs["test_accuracy"].iloc[0] > 0.9
 
 
+@pytest.mark.multiprocess
 def test_the_labs_defaults_pass_90_percent_with_bit8_in_one_epoch(tmp_path, mnist_dir):
     """Issue 14's check, with nothing but the data and the scheme given: one epoch of bit8 on
     2 ranks over 8,000 real MNIST digits (pytorch/examples' network, lr 0.02 x 2, momentum
     0.9) tests above 90% on the other 2,000 (Horovod's example settings gave 56%)."""
     out = tmp_path / "defaults"
-    train(out, 2, ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "1",
+    train(out, 2, ["--data-dir", str(mnist_dir), "--split-test", "8000", "--epochs", "1",
                    "--bit8-allreduce", "--no-progress"])
     manifest = runlog.read_manifest(out)
     assert (manifest["args"]["model"], manifest["args"]["lr"], manifest["args"]["momentum"]
@@ -93,6 +102,7 @@ def test_the_labs_defaults_pass_90_percent_with_bit8_in_one_epoch(tmp_path, mnis
     assert epochs["test_accuracy"].iloc[-1] > 0.90
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("ranks,compression", CASES)
 def test_records_are_complete(runs, ranks, compression):
     folder = runs[(ranks, compression)]
@@ -120,6 +130,7 @@ def test_records_are_complete(runs, ranks, compression):
         (steps["loss"] * steps["samples"]).sum() / steps["samples"].sum(), rel=1e-9)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("ranks,compression", CASES)
 def test_manifest_is_complete(runs, ranks, compression):
     folder = runs[(ranks, compression)]
@@ -146,6 +157,7 @@ def test_manifest_is_complete(runs, ranks, compression):
     assert (folder / "checkpoint.pt").is_file()
 
 
+@pytest.mark.multiprocess
 def test_compression_sends_fewer_bytes(runs):
     sent = {c: pd.read_csv(runs[(2, c)] / "steps.csv")["bytes_sent"].mean() for c in FLAGS}
     assert 0 < sent["bit8"] < sent["bit16"] < sent["none"]
@@ -153,6 +165,7 @@ def test_compression_sends_fewer_bytes(runs):
     assert sent["bit8"] < 0.3 * sent["none"]
 
 
+@pytest.mark.multiprocess
 def test_each_rank_trains_on_its_own_shard(runs):
     """Each rank trains on its own shard: the two ranks' losses of a step differ."""
     steps = pd.read_csv(runs[(2, "none")] / "steps.csv")
@@ -195,6 +208,7 @@ def reference_weights(mnist_dir, split, epochs, batch_size, lr, momentum, seed):
     return model.state_dict()
 
 
+@pytest.mark.multiprocess
 def test_lab_trains_bit_identically_to_a_straight_line_loop(mnist_dir, tmp_path):
     """A fixed seed gives the same weights, bit for bit, as the loop above: the lab kit's
     bookkeeping (records, checkpoints, timing, the recorder's step loop) changes nothing."""
@@ -215,6 +229,7 @@ def test_lab_trains_bit_identically_to_a_straight_line_loop(mnist_dir, tmp_path)
 # --- command line errors (in-process: argparse runs before Horovod starts) -------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["--epochs", "0"], "--epochs must be at least 1"),
     (["--batch-size", "-5"], "--batch-size must be at least 1"),
@@ -235,6 +250,7 @@ def test_bad_flags_are_clear_errors(lab, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_flags_of_the_horovod_example_and_the_labs_own_defaults(lab):
     """Horovod's example's flags; four defaults are the lab's own (labs/kit/flags.py DEFAULTS)."""
     args = lab.parse_args([])
@@ -245,6 +261,7 @@ def test_flags_of_the_horovod_example_and_the_labs_own_defaults(lab):
     assert table.config_name(args, 4) == "np4-bit8-alltoall-ef"
 
 
+@pytest.mark.unit
 def test_one_vocabulary_for_the_table_and_the_trainer(lab):
     """The trainer names a run's flags as the matrix names the run (registry.run_name)."""
     for run in table.course_runs(extras=True):
@@ -260,6 +277,7 @@ def test_one_vocabulary_for_the_table_and_the_trainer(lab):
                                "np2-bit16", "np4-bit16", "np2-fp16", "np4-fp16"]
 
 
+@pytest.mark.multiprocess
 def test_missing_data_is_a_clear_error_and_creates_nothing(tmp_path):
     done = run([PYTHON, TRAINER, "--data-dir", str(tmp_path / "empty"),
                 "--out", str(tmp_path / "run")])
@@ -275,7 +293,7 @@ def matrix(tmp_path_factory, mnist_dir):
     """A two-row run matrix (serial and np2-bit8, two epochs), run twice."""
     out = tmp_path_factory.mktemp("matrix")
     cmd = [PYTHON, "-m", "labs.kit.matrix", "--dataset", "mnist",
-           "--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "2",
+           "--data-dir", str(mnist_dir), "--split-test", "8000", "--epochs", "2",
            "--lr", "0.1", "--model", "horovod", "--momentum", "0.5",
            "--only", "serial,np2-bit8", "--out", str(out), "--quiet"]
     first = run(cmd)
@@ -284,6 +302,7 @@ def matrix(tmp_path_factory, mnist_dir):
     return out, first, second
 
 
+@pytest.mark.multiprocess
 def test_matrix_skips_finished_runs(matrix):
     out, first, second = matrix
     assert first.stdout.count("starting") == 2
@@ -296,6 +315,7 @@ def test_matrix_skips_finished_runs(matrix):
     assert summary["ranks"].tolist() == [1, 2]
 
 
+@pytest.mark.multiprocess
 def test_summary_matches_the_run_records(matrix):
     out, _, _ = matrix
     summary = pd.read_csv(out / "summary.csv").set_index("run")
@@ -309,15 +329,16 @@ def test_summary_matches_the_run_records(matrix):
         assert row["bytes_per_step"] == pytest.approx(steps["bytes_sent"].mean())
 
 
-def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path):
+@pytest.mark.multiprocess
+def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path, mnist_dir):
     """Stop a 2-process run in its second epoch, resume it: every step is recorded once and
     the numbers equal those of the uninterrupted run of the matrix (same seed)."""
     out, _, _ = matrix
     reference = out / "np2-bit8"
     folder = tmp_path / "np2-bit8"
-    flags = ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "2",
+    flags = ["--data-dir", str(mnist_dir), "--split-test", "8000", "--epochs", "2",
              "--lr", "0.1", "--seed", "42", "--batch-size", "64", "--dataset", "mnist",
-             "--model", "horovod", "--momentum", "0.5",             "--no-progress", "--bit8-allreduce"]
+             "--model", "horovod", "--momentum", "0.5", "--no-progress", "--bit8-allreduce"]
     stopped = train(folder, 2, flags + ["--max-steps", "80"], check=False)
     assert stopped.returncode != 0
     manifest = runlog.read_manifest(folder)
@@ -350,12 +371,13 @@ def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path):
     pd.testing.assert_frame_equal(epochs[columns], ref_epochs[columns])
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("method", [["--powersgd-allreduce", "2"], ["--onebit-allreduce"]])
-def test_method_state_survives_checkpoint_and_resume(method, tmp_path):
+def test_method_state_survives_checkpoint_and_resume(method, tmp_path, mnist_dir):
     """PowerSGD's Q and every rank's error-feedback residuals are in the checkpoint (one state
     per rank): a run stopped after epoch 1 and resumed equals the straight run step by step.
     Without them the resumed run would restart from fresh Q and zero residuals and differ."""
-    flags = ["--data-dir", str(MNIST_DIR), "--split-test", "2000", "--epochs", "2",
+    flags = ["--data-dir", str(mnist_dir), "--split-test", "2000", "--epochs", "2",
              "--lr", "0.1", "--dataset", "mnist", "--no-progress"] + SMALL_NET + method
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, 2, flags)
@@ -385,6 +407,7 @@ def table_rows(report):
     return rows
 
 
+@pytest.mark.multiprocess
 def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
     out, _, _ = matrix
     report_path = tmp_path / "report.md"
@@ -416,6 +439,7 @@ def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
     assert manifest["environment"]["torch"] in report
 
 
+@pytest.mark.multiprocess
 def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
     out, _, _ = matrix
     summary = pd.read_csv(out / "summary.csv")
@@ -436,6 +460,7 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
         fill_report.fill("{{mystery}}", {})
 
 
+@pytest.mark.multiprocess
 def test_plots_are_written(matrix, tmp_path):
     out, _, _ = matrix
     done = run([PYTHON, str(ROOT / "scripts" / "plot_runs.py"), "--summary",
@@ -448,6 +473,7 @@ def test_plots_are_written(matrix, tmp_path):
 
 # --- run matrix planning (no launch) ---------------------------------------------------------
 
+@pytest.mark.unit
 def test_matrix_table_and_filter():
     names = [r.name for r in run_matrix.course_runs()]
     assert names == ["serial"] + [f"np{n}-{c}" for n in (2, 4)
@@ -460,6 +486,7 @@ def test_matrix_table_and_filter():
     assert "np4-bit8-alltoall" in extras and "np2-bit8-ef" in extras
 
 
+@pytest.mark.multiprocess
 def test_matrix_refuses_a_run_made_with_other_settings(matrix):
     out, _, _ = matrix
     args = run_matrix.parse_args(["--dataset", "mnist", "--split-test", "8000",
@@ -472,6 +499,7 @@ def test_matrix_refuses_a_run_made_with_other_settings(matrix):
     assert run_matrix.plan(spec, args, out / "serial") == "skip"
 
 
+@pytest.mark.multiprocess
 def test_model_basic_trains_serial_and_on_two_ranks(mnist_dir, tmp_path):
     """--model basic (pytorch/examples' network) runs through the whole lab, serial and on 2
     ranks with bit8; the 2-rank run counts each step's bytes as the formula says: one bit8

@@ -1,5 +1,11 @@
-"""Command-line edge cases of labs/mnist.py, as a user meets them: a real process, a clear
-message, exit code 2, and no run folder left behind."""
+"""Command-line edge cases of labs/mnist.py, as a user meets them: a clear message, exit code 2,
+and no run folder left behind.
+
+argparse and check_args run before Horovod starts, so the table of bad values is checked in
+process (parse_args exits 2 with the message on stderr); one real process proves what the user
+sees (exit code 2, the message, no traceback, no run folder), and two 2-rank launches prove
+that a data set too small for the ranks stops every rank with one message.
+"""
 import subprocess
 import sys
 
@@ -7,6 +13,7 @@ import pytest
 
 from conftest import MNIST_DIR, ROOT, needs_mnist
 
+from labs.kit import data as lab_data
 from labs.kit.launch import horovodrun_command, launch_env
 
 TRAINER = str(ROOT / "labs" / "mnist.py")
@@ -20,7 +27,7 @@ def lab(argv, out, ranks=1):
                           timeout=300)
 
 
-@needs_mnist
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,message", [
     (["--epochs", "0"], "--epochs must be at least 1, got 0"),
     (["--epochs", "-3"], "--epochs must be at least 1, got -3"),
@@ -35,9 +42,6 @@ def lab(argv, out, ranks=1):
     (["--step-timeout", "-1"], "--step-timeout must be >= 0"),
     (["--step-timeout", "nan"], "--step-timeout must be >= 0"),
     (["--epochs", "two"], "invalid int value: 'two'"),
-    # larger than the data: the MNIST test set has 10,000 images, one must be left to test on
-    (["--split-test", "10000"], "--split-test must be between 1 and 9999"),
-    (["--split-test", "60000"], "--split-test must be between 1 and 9999"),
     (["--topk-allreduce", "0"], "--topk-allreduce RATIO must be in (0, 1]"),
     (["--topk-allreduce", "1.5"], "--topk-allreduce RATIO must be in (0, 1]"),
     (["--powersgd-allreduce", "0"], "--powersgd-allreduce RANK must be at least 1"),
@@ -47,20 +51,46 @@ def lab(argv, out, ranks=1):
     (["--error-feedback"], "--error-feedback needs a compressed exchange"),
     (["--int8-allreduce", "--optimizer", "horovod"], "the other methods need --optimizer plugin"),
 ])
-def test_bad_values_are_clear_errors(tmp_path, argv, message):
-    done = lab(argv, tmp_path / "run")
+def test_bad_values_are_clear_errors(lab, capsys, tmp_path, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        lab.parse_args(["--data-dir", str(tmp_path), "--out", str(tmp_path / "run")] + argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("split", [10000, 60000])
+def test_split_test_beyond_the_data_is_a_clear_error(tmp_path, split):
+    """Larger than the data: the MNIST test set has 10,000 images, one must be left to test on.
+    (load_data turns this error into every rank's exit 2: tests/test_lab.py's missing-data
+    test runs that path in a real process.)"""
+    with pytest.raises(lab_data.DataError) as error:
+        lab_data.load_dataset("mnist", str(tmp_path), split_test=split)   # before any file
+    assert f"--split-test must be between 1 and 9999 (the test set has 10000 images), got {split}" \
+        == str(error.value)
+
+
+@pytest.mark.unit
+def test_a_bad_value_in_a_real_process(tmp_path):
+    """What the user sees: exit code 2, the message, no traceback, no run folder."""
+    done = subprocess.run([sys.executable, TRAINER, "--data-dir", str(tmp_path), "--out",
+                           str(tmp_path / "run"), "--epochs", "0"],
+                          capture_output=True, text=True, env=launch_env(), cwd=ROOT, timeout=300)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert message in done.stderr
+    assert "--epochs must be at least 1, got 0" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.unit
 def test_step_timeout_zero_disables_the_watchdog():
     from labs.mnist import parse_args
     assert parse_args(["--step-timeout", "0"]).step_timeout == 0
     assert parse_args([]).step_timeout is None          # adaptive: labs/kit/watchdog.py
 
 
+@pytest.mark.multiprocess
 @needs_mnist
 def test_more_ranks_than_training_samples(tmp_path):
     """--split-test 1 on 2 ranks: one training image for two processes."""
@@ -72,6 +102,7 @@ def test_more_ranks_than_training_samples(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.multiprocess
 @needs_mnist
 def test_more_ranks_than_test_samples(tmp_path):
     """--split-test 9999 on 2 ranks: one test image left for two processes."""
@@ -82,6 +113,7 @@ def test_more_ranks_than_test_samples(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.unit
 def test_model_basic_is_the_pytorch_examples_network():
     import torch
     from labs.kit.table import config_name
@@ -97,6 +129,7 @@ def test_model_basic_is_the_pytorch_examples_network():
     assert config_name(parse_args(["--bit8-allreduce"]), 2) == "np2-bit8"
 
 
+@pytest.mark.unit
 def test_method_flags_name_their_runs():
     from labs.kit.table import config_name
     from labs.mnist import parse_args

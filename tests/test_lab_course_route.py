@@ -14,23 +14,23 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from test_lab import COMMON, train
+from test_lab import COMMON, lab_run, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def routes(tmp_path_factory, mnist_dir):
-    """{route: run folder} of one 2-process bit8 epoch each."""
-    base = tmp_path_factory.mktemp("routes")
-    folders = {}
-    for route in ("plugin", "horovod"):
-        folders[route] = base / route
-        extra = ["--scale-block", "tensor"] if route == "plugin" else []
-        train(folders[route], 2, COMMON + ["--bit8-allreduce", "--optimizer", route] + extra)
-    return folders
+def routes(shared_runs, tmp_path_factory, mnist_dir):
+    """{route: run folder} of one 2-process bit8 epoch each.  The plugin's is tests/test_lab.py's
+    np2-bit8 run (--scale-block tensor: one scale per tensor, as the course's packets), trained
+    once for both modules."""
+    horovod = tmp_path_factory.mktemp("routes") / "horovod"
+    train(horovod, 2, COMMON + ["--bit8-allreduce", "--optimizer", "horovod"])
+    return {"plugin": lab_run(shared_runs, 2, "bit8"), "horovod": horovod}
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_the_two_routes_train_bit_identically(routes):
     plugin, horovod = (pd.read_csv(routes[r] / "epochs.csv") for r in ("plugin", "horovod"))
     assert len(plugin) == len(horovod) == 1
@@ -44,6 +44,8 @@ def test_the_two_routes_train_bit_identically(routes):
     assert (merged["loss"] == merged["loss_hvd"]).all()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_horovod_route_records_what_it_can_measure(routes):
     steps = pd.read_csv(routes["horovod"] / "steps.csv")
     plugin = pd.read_csv(routes["plugin"] / "steps.csv")
@@ -60,6 +62,8 @@ def test_horovod_route_records_what_it_can_measure(routes):
     assert 0 < gap <= (n - 1) * 4 * tensors and plugin["bytes_sent"].iloc[0] > 0
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_manifest_records_the_route(routes):
     plugin, horovod = (json.loads((routes[r] / "manifest.json").read_text())
                        for r in ("plugin", "horovod"))
@@ -71,6 +75,7 @@ def test_manifest_records_the_route(routes):
 
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv", [
     ["--optimizer", "horovod", "--bit8-allreduce", "--route", "alltoall"],
     ["--optimizer", "horovod", "--bit8-allreduce", "--error-feedback"],
@@ -83,6 +88,7 @@ def test_horovod_route_refuses_plugin_only_flags(lab, capsys, argv):
     assert "--optimizer horovod" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_optimizer_and_route_flags_default_and_choices(lab, capsys):
     args = lab.parse_args([])
     assert (args.optimizer, args.route) == ("plugin", None)

@@ -25,6 +25,8 @@ def netem_unavailable():
     return None if done.returncode == 0 else f"labs.netem check failed: {done.stdout}"
 
 
+@pytest.mark.netns
+@pytest.mark.slow
 def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_dir):
     problem = netem_unavailable()
     if problem:
@@ -72,6 +74,7 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_di
         assert again.returncode != 0 and why in again.stdout + again.stderr
 
 
+@pytest.mark.unit
 def test_default_folder_is_kept_apart():
     assert Path(run_matrix.parse_args(["--netem-rate", "1gbit"]).out).name == "matrix-netem-1gbit"
     assert Path(run_matrix.parse_args([]).out).name == "matrix"
@@ -85,6 +88,7 @@ def test_default_folder_is_kept_apart():
             run_matrix.parse_args(bad)
 
 
+@pytest.mark.unit
 def test_dry_run_prints_the_netem_command_and_writes_nothing(tmp_path):
     out = tmp_path / "m"
     done = subprocess.run([sys.executable, MATRIX, "--dry-run", "--only", "np2-bit8",

@@ -4,6 +4,8 @@ import torch
 
 from hvd_compress.codecs import int8
 
+pytestmark = pytest.mark.unit
+
 B = 256
 
 

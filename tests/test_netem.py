@@ -34,6 +34,7 @@ MiB = 2**20
 
 # ---------------------------------------------------------------- pure parts
 
+@pytest.mark.unit
 def test_parse_rate_in_bits_per_second():
     assert netem.parse_rate("100mbit") == 100e6
     assert netem.parse_rate("1gbit") == 1e9
@@ -42,6 +43,7 @@ def test_parse_rate_in_bits_per_second():
     assert netem.parse_rate(None) is None and netem.parse_rate("none") is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["1gbps", "fast", "10", "-1gbit", "1kbit"])
 def test_parse_rate_refuses_ambiguous_or_silly(bad):
     # '1gbps' is gigaBYTES per second to tc: refused rather than misread; '10' has no unit.
@@ -49,6 +51,7 @@ def test_parse_rate_refuses_ambiguous_or_silly(bad):
         netem.parse_rate(bad)
 
 
+@pytest.mark.unit
 def test_parse_duration():
     assert netem.parse_duration("0.5ms") == pytest.approx(5e-4)
     assert netem.parse_duration("100us") == pytest.approx(1e-4)
@@ -58,6 +61,7 @@ def test_parse_duration():
             netem.parse_duration(bad)
 
 
+@pytest.mark.unit
 def test_tbf_bucket_holds_frames_and_queue_holds_the_bucket():
     for rate in (1e6, 100e6, 1e9, 10e9):
         args = netem.tbf_args(rate, 1500)
@@ -68,6 +72,7 @@ def test_tbf_bucket_holds_frames_and_queue_holds_the_bucket():
         assert args[args.index("rate") + 1] == f"{int(rate)}bit"
 
 
+@pytest.mark.unit
 def test_commands_touch_only_our_namespaces():
     """Every ip/tc command is `ip netns add hvdc-...` or runs with `-n hvdc-...`: nothing is
     done to the root namespace's interfaces, addresses or routes."""
@@ -91,6 +96,7 @@ def test_commands_touch_only_our_namespaces():
     assert all(c[c.index("delay") + 1] == "200us" for c in netems)
 
 
+@pytest.mark.unit
 def test_delay_needs_netem_only_when_netem_is_to_add_it():
     caps = netem.Capabilities(root=True, iproute2=True, netns=True, tbf=True, netem=False)
     caps.require(netem.LinkShape.parse("1gbit", "0"))
@@ -115,6 +121,7 @@ def test_delay_needs_netem_only_when_netem_is_to_add_it():
         netem.Topology("1-0", 2), netem.LinkShape.parse("1gbit", "0")))
 
 
+@pytest.mark.unit
 def test_link_resolved_maps_auto_and_keeps_explicit_choices():
     auto = netem.LinkShape.parse("1gbit", "2ms")
     assert auto.delay_via == "auto"
@@ -144,6 +151,7 @@ def _by_kind(cmds):
     return tcs, masters, br0[0]
 
 
+@pytest.mark.unit
 def test_setup_commands_with_the_delay_bridge():
     topo = netem.Topology("5-0", 3)
     cmds = netem.setup_commands(topo, netem.LinkShape.parse("1gbit", "2ms", delay_via="bridge"))
@@ -172,6 +180,7 @@ def test_setup_commands_with_the_delay_bridge():
         topo, netem.LinkShape.parse(None, "2ms", delay_via="bridge")))
 
 
+@pytest.mark.unit
 def test_setup_commands_with_netem_as_before():
     topo = netem.Topology("5-0", 2)
     sw = topo.switch_ns
@@ -195,6 +204,7 @@ def test_setup_commands_with_netem_as_before():
     assert [c for c in plain if "master" in c] == masters
 
 
+@pytest.mark.unit
 def test_delay_bridge_parse_seconds():
     p = delay_bridge.parse_seconds
     assert p("0.5ms") == pytest.approx(5e-4)
@@ -211,6 +221,7 @@ def test_delay_bridge_parse_seconds():
             p(bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["11s", "-1ms"])
 def test_delay_bridge_refuses_a_silly_delay_before_opening_anything(bad, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -259,6 +270,7 @@ def _fake_switch(loss_file=None):
     return switch, ports
 
 
+@pytest.mark.unit
 def test_delay_switch_drops_frames_with_the_loss_files_probability(tmp_path):
     """`fault loss P` writes P into the switch's loss file: re-read when it changes (at most
     every LOSS_POLL_S), a bad value ignored; frames dropped with that probability, counted."""
@@ -286,6 +298,7 @@ def test_delay_switch_drops_frames_with_the_loss_files_probability(tmp_path):
     assert switch.loss == 0.3
 
 
+@pytest.mark.unit
 def test_delay_switch_holds_frames_learns_and_floods():
     """The forwarding logic, without sockets: nothing leaves before its time, unknown and
     broadcast destinations are flooded, learned ones go to one port only."""
@@ -314,6 +327,7 @@ def test_delay_switch_holds_frames_learns_and_floods():
     assert len(switch.queue) == 1 and switch.stats["dropped_queue_full"] == 1
 
 
+@pytest.mark.unit
 def test_hosts_file_maps_own_hostname_to_own_address():
     topo = netem.Topology("7-0", 2)
     text = netem.hosts_file(topo, 1, "myhost")
@@ -321,6 +335,7 @@ def test_hosts_file_maps_own_hostname_to_own_address():
     assert f"198.18.0.1 {topo.rank_ns(0)}" in text.splitlines()
 
 
+@pytest.mark.unit
 def test_mpirun_command_uses_our_agent_and_tcp_only():
     class FakeCluster:
         topo = netem.Topology("9-0", 2)
@@ -409,6 +424,7 @@ def _root_links():
     return {line.split(":")[1].strip() for line in out.splitlines() if ":" in line}
 
 
+@pytest.mark.netns
 @needs_netns
 def test_namespaces_exist_during_and_are_gone_after(tmp_path):
     before = _root_links()
@@ -426,6 +442,7 @@ def test_namespaces_exist_during_and_are_gone_after(tmp_path):
     assert not any((netem.NETNS_ETC / ns).exists() for ns in names)
 
 
+@pytest.mark.netns
 @needs_netns
 def test_teardown_when_the_command_fails_or_times_out():
     with netem.Cluster(2) as cluster:
@@ -440,6 +457,7 @@ def test_teardown_when_the_command_fails_or_times_out():
     assert not _ours_alive()
 
 
+@pytest.mark.netns
 @needs_netns
 def test_cli_cleans_up_after_failure_and_sigterm():
     # exit code of the failing rank comes back; no namespace of that process is left
@@ -466,6 +484,7 @@ def test_cli_cleans_up_after_failure_and_sigterm():
     assert subprocess.run(["pgrep", "-f", "sleep 55"], capture_output=True).returncode == 1
 
 
+@pytest.mark.netns
 @needs_netns
 def test_cleanup_removes_namespaces_of_dead_owners():
     dead = "hvdc-999999999-0-sw"          # above any pid_max: its owner cannot be alive
@@ -482,6 +501,7 @@ def test_cleanup_removes_namespaces_of_dead_owners():
         subprocess.run(["ip", "netns", "del", dead], capture_output=True)
 
 
+@pytest.mark.netns
 @needs_netns
 def test_rate_limit_slows_a_transfer(tmp_path):
     nbytes = 8 * MiB
@@ -507,6 +527,7 @@ ALLREDUCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.netns
 @needs_netns
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
 @pytest.mark.parametrize("delay,via", [("0", "auto"), ("1ms", "bridge")],
@@ -594,6 +615,7 @@ def _median_rtt(cluster, tmp_path, server_ns, server_ip, rounds=30):
     return float(re.search(r"MEDIAN (\S+)", client.stdout).group(1))
 
 
+@pytest.mark.netns
 @needs_netns
 def test_delay_bridge_adds_twice_the_delay_to_a_round_trip(tmp_path):
     delay = 2e-3
@@ -615,6 +637,7 @@ def test_delay_bridge_adds_twice_the_delay_to_a_round_trip(tmp_path):
     assert undelayed < 1.5e-3, rtts
 
 
+@pytest.mark.netns
 @needs_netns
 def test_delay_bridge_keeps_the_rate_limit(tmp_path):
     """16 MiB over 100 Mbit/s with 1 ms through the bridge takes about what the rate says: the
@@ -629,6 +652,7 @@ def test_delay_bridge_keeps_the_rate_limit(tmp_path):
     assert run.counters[1]["rx_bytes"] >= nbytes
 
 
+@pytest.mark.netns
 @needs_netns
 def test_delay_bridge_stops_with_the_cluster_and_reports(tmp_path):
     nbytes = 1 * MiB
@@ -648,6 +672,7 @@ def test_delay_bridge_stops_with_the_cluster_and_reports(tmp_path):
     assert not any((netem.NETNS_ETC / ns).exists() for ns in cluster.topo.namespaces)
 
 
+@pytest.mark.netns
 @needs_netns
 def test_cluster_is_removed_when_the_delay_bridge_does_not_start(tmp_path, monkeypatch):
     broken = tmp_path / "broken_bridge.py"
@@ -663,6 +688,7 @@ def test_cluster_is_removed_when_the_delay_bridge_does_not_start(tmp_path, monke
     assert not _ours_alive()
 
 
+@pytest.mark.netns                  # `labs.netem commands` probes with a namespace
 def test_cli_commands_with_the_delay_bridge():
     def commands(*via):
         r = subprocess.run([sys.executable, str(NETEM_PY), "commands", "-n", "2", "--rate",
@@ -681,6 +707,7 @@ def test_cli_commands_with_the_delay_bridge():
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
+@pytest.mark.netns                  # `labs.netem commands` probes with a namespace
 def test_the_script_and_the_package_are_one_command_line():
     """scripts/netem.py wraps `python -m labs.netem`; the delay bridge starts as a module, so
     it needs no path into the checkout (the namespace's working directory does not matter)."""

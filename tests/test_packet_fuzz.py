@@ -13,6 +13,8 @@ import torch
 from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.compressors import HEADER_BYTES, Compression
 
+pytestmark = pytest.mark.unit
+
 
 def gradient(n, seed):
     g = torch.Generator().manual_seed(seed)

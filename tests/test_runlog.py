@@ -13,6 +13,8 @@ import torch
 
 from labs.kit import runlog
 
+pytestmark = pytest.mark.unit
+
 
 # --- atomic writes ---------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ import pytest
 
 from labs.kit.watchdog import EXIT_CODE, StepWatchdog, suspects
 
+pytestmark = pytest.mark.unit
+
 
 def test_beats_keep_it_quiet_and_silence_trips_it():
     fired = threading.Event()
