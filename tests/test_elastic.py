@@ -1,13 +1,25 @@
 """Elastic training (labs/elastic.py) under horovodrun's elastic mode (Gloo), on three slots of
 this machine, each under a name of its own (Horovod blacklists a whole host when a worker on it
-fails). A rank is killed with SIGKILL in epoch 2 of 3 and its slot taken off the discovery
-list; the others roll back to the last commit and go on with two ranks; the slot is listed
-again and a new rank joins. The run must end on its own, with no step recorded twice, every
-sample of every epoch used once, and a final accuracy no more than one point below the same run
-with no fault. (Not "within one point" both ways: the shrunk epoch takes more, smaller steps, and
-the small network's third epoch moves by up to two points either way; CI once saw 78.9% after
-the fault against 77.05% without.)"""
+fails). A rank is killed with SIGKILL in epoch 2 of 8, halfway between two commits, and its slot
+taken off the discovery list; the others roll back to the last commit and go on with two ranks;
+the slot is listed again and a new rank joins. The run must end on its own, with no step recorded twice,
+every sample of every epoch used once, and a final accuracy no more than one point below the
+same run with no fault. (Not "within one point" both ways: the shrunk epochs take more, smaller
+steps.)
+
+The test proves detection, rollback and rejoin, not training, so the data is small: the first
+8,000 Fashion-MNIST test images train (--split-test), the other 2,000 test; 8 epochs of 42
+steps at 3 ranks. What decides the job's length is waiting, not training: Gloo's timeout
+(20 s) before the survivors go on, and the new rank's start; the run with no fault starts
+while the survivors wait out that timeout. After the shrink the job must
+still be training when the slot comes back: Horovod blacklists the slot when the survivors
+meet again, not when its rank dies, for the cooldown (--blacklist-cooldown-range 1 2: 2 s),
+then the discovery lists it within a second and the survivors meet the new rank at their next
+commit. The six epochs left give that about 400 steps at 2 ranks, some 8 s on an idle machine
+(4 epochs of this set were once done before the slot came back, with a 10 s cooldown).
+"""
 import json
+import math
 import os
 import signal
 import socket
@@ -23,11 +35,19 @@ from conftest import ROOT
 from labs.kit import runlog
 from labs.kit.launch import launch_env
 
+pytestmark = pytest.mark.multiprocess     # not slow: 44 s on an idle 2-core Zen 4
+
 HOSTS = ["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"]
-# Horovod's small network at its example's lr and momentum (the measurements in docs/lab.md).
-FLAGS = ["--dataset", "fashion-mnist", "--epochs", "3", "--bit8-allreduce", "--no-progress",
-         "--commit-every", "10", "--model", "horovod", "--lr", "0.01", "--momentum", "0.5"]
-TRAIN = 60000
+TRAIN = 8000
+COMMIT_EVERY = 5
+STEPS_3_RANKS = math.ceil(TRAIN / (3 * 64))     # 42 steps an epoch at 3 ranks
+# Horovod's small network at the lab's lr and momentum (0.02, 0.9; labs/kit/flags.py): on this
+# small set its accuracy rose 74.7, 75.5, 77.1, 77.5, 79.2% in epochs 2-6, where Horovod's
+# example's 0.01 and 0.5 went 66.1, 67.4, 69.8% in epochs 2-4 and dipped 3.5 points in one
+# faulty run's epoch 3.
+FLAGS = ["--dataset", "fashion-mnist", "--split-test", str(TRAIN), "--epochs", "8",
+         "--bit8-allreduce", "--no-progress", "--commit-every", str(COMMIT_EVERY),
+         "--model", "horovod"]
 
 
 def launch(out, hosts_file):
@@ -36,14 +56,14 @@ def launch(out, hosts_file):
     env["HVDC_HOSTS_FILE"] = str(hosts_file)
     cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "3", "--min-np",
            "2", "--max-np", "3", "--host-discovery-script", str(ROOT / "scripts" / "discover_hosts.sh"),
-           "--blacklist-cooldown-range", "5", "10",
+           "--blacklist-cooldown-range", "1", "2",
            sys.executable, str(ROOT / "labs" / "elastic.py"), "--out", str(out)] + FLAGS
     log = open(out.parent / f"{out.name}.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                             start_new_session=True)
 
 
-def wait_for(what, timeout, poll=0.5):
+def wait_for(what, timeout, poll=0.1):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = what()
@@ -61,44 +81,59 @@ def finish(proc, timeout=900):
         raise
 
 
+def rows_in(path):
+    try:
+        return max(0, len(path.read_text().splitlines()) - 1)
+    except FileNotFoundError:
+        return 0
+
+
 def epochs_done(out):
-    path = out / "epochs.csv"
-    return len(pd.read_csv(path)) if path.is_file() and path.stat().st_size else 0
+    return rows_in(out / "epochs.csv")
 
 
 @pytest.fixture(scope="module")
 def fashion():
-    if not os.path.isfile("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):
+    if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.fail("Fashion-MNIST is missing: scripts/setup.sh installs dataset-fashion-mnist")
 
 
 def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
-    straight = tmp_path / "straight"
-    assert finish(launch(straight, tmp_path / "hosts-straight")) == 0, \
-        (tmp_path / "straight.log").read_text()[-3000:]
-
     out, hosts = tmp_path / "faulty", tmp_path / "hosts"
     proc = launch(out, hosts)
 
     def in_epoch_2():
-        """epoch 1 finished"""
-        return epochs_done(out) >= 1
+        """a commit in epoch 2 (the steps after it are rolled back)"""
+        return epochs_done(out) >= 1 and rows_in(out / "steps.csv") > STEPS_3_RANKS
     wait_for(in_epoch_2, 600)
-    time.sleep(3)
+    # kill halfway to the next commit, so that there are steps to roll back: the committed
+    # rows' wall times say how long a step takes now
+    step_s = pd.read_csv(out / "steps.csv")["wall_time"].diff().tail(10).median()
+    time.sleep(min(5.0, COMMIT_EVERY / 2 * step_s))
     pid, host = (out / "pids" / "rank2").read_text().split()
     killed = time.time()
     os.kill(int(pid), signal.SIGKILL)
     hosts.write_text("\n".join(h for h in HOSTS if not h.startswith(host + ":")) + "\n")
+    # the same run with no fault, started while the survivors wait out Gloo's timeout (idle
+    # cores); its numbers do not depend on what runs beside it
+    straight = tmp_path / "straight"
+    reference = launch(straight, tmp_path / "hosts-straight")
 
     def shrunk():
         """the job going on with 2 ranks"""
         m = runlog.read_manifest(out)
         return [e for e in m["membership"] if e["world_size"] == 2]
-    shrink = wait_for(shrunk, 120)[0]
-    hosts.write_text("\n".join(HOSTS) + "\n")                   # the slot is back
-    relisted = time.time()
-    code = finish(proc)
-    assert code == 0, (tmp_path / "faulty.log").read_text()[-3000:]
+    try:
+        shrink = wait_for(shrunk, 120)[0]
+        hosts.write_text("\n".join(HOSTS) + "\n")               # the slot is back
+        relisted = time.time()
+        code = finish(proc)
+        assert code == 0, (tmp_path / "faulty.log").read_text()[-3000:]
+        assert finish(reference) == 0, (tmp_path / "straight.log").read_text()[-3000:]
+    finally:
+        for job in (proc, reference):
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
 
     manifest = runlog.read_manifest(out)
     assert manifest["status"] == "complete"
@@ -112,12 +147,12 @@ def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
     for epoch, rows in steps.groupby("epoch"):                  # every sample once an epoch
         assert TRAIN - 3 < rows["samples"].sum() <= TRAIN, epoch
     epochs, ref = pd.read_csv(out / "epochs.csv"), pd.read_csv(straight / "epochs.csv")
-    assert epochs["epoch"].tolist() == [1, 2, 3]
+    assert epochs["epoch"].tolist() == list(range(1, 9))
     lost = ref["test_accuracy"].iloc[-1] - epochs["test_accuracy"].iloc[-1]
     assert lost <= 0.01, (epochs["test_accuracy"].tolist(), ref["test_accuracy"].tolist())
     figures = {"detect_s": shrink["unix"] - killed, "steps_rolled_back": shrink["steps_rolled_back"],
                "rejoin_s_after_relisting": rejoin["unix"] - relisted,
-               "accuracy": float(epochs["test_accuracy"].iloc[-1]),
+               "steps": len(steps), "accuracy": float(epochs["test_accuracy"].iloc[-1]),
                "accuracy_uninterrupted": float(ref["test_accuracy"].iloc[-1])}
     (tmp_path / "figures.json").write_text(json.dumps(figures))
     print("elastic figures:", json.dumps(figures))

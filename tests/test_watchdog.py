@@ -143,6 +143,35 @@ def test_the_watchdog_measures_what_its_link_received(tmp_path):
     assert link["rx_bps"] == pytest.approx(10_000) and link["window_s"] == pytest.approx(6)
 
 
+def test_a_step_the_crawl_met_halfway_does_not_lift_the_limit(tmp_path):
+    """A step during which the link received under 1 Mbit/s measured the fault, not a step:
+    learnt from, the 11 s one that a crawl met halfway would have lifted the limit to 110 s,
+    past the crawl's 37 s steps (test_link_faults once saw it). A slow step on a link that
+    delivers is learnt from as before."""
+    clock, received = FakeClock(), {"bytes": 0}
+
+    def probe():
+        return {"iface": "eth0", "state": "up", "rx_bytes": received["bytes"]}
+    dog = StepWatchdog(None, heartbeat_dir=tmp_path, link_probe=probe, clock=clock,
+                       floor_s=20, factor=10)
+
+    def step(seconds, bytes_per_s):
+        """One step of `seconds`, the watchdog's thread sampling the link every second."""
+        end = clock.now + seconds
+        while clock.now < end:
+            clock.now = min(end, clock.now + 1.0)
+            received["bytes"] += int(bytes_per_s * 1.0)
+            dog.heartbeat()
+        dog.beat()
+    for _ in range(3):
+        step(0.5, 10e6)                           # start-up, then healthy steps
+    assert dog.limit() == 20
+    step(3.0, 10e6)                               # slow, but the link delivers: learnt
+    assert dog.limit() == pytest.approx(30)
+    step(11.0, 2_500)                             # 20 kbit/s: not a sample of a step
+    assert dog.limit() == pytest.approx(30)
+
+
 def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
     code = ("import json, time; from labs.kit.watchdog import StepWatchdog\n"
             f"open('{tmp_path}/rank1.json', 'w').write(json.dumps(dict(rank=1, steps=3, time=time.time() - 60)))\n"

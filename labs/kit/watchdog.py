@@ -11,7 +11,8 @@ horovodrun) then tears the job down. Nothing is lost that a checkpoint did not a
 The limit adapts to the run unless fixed (--step-timeout): for each kind of work (a training
 step, an evaluation, a checkpoint) it is FACTOR times the slowest one of that kind seen so far,
 at least FLOOR_S; the first of a kind (the first step pays for start-up and Horovod's first
-negotiation) may take STARTUP_S. A wedged rank is caught within FLOOR_S of its last step on a
+negotiation) may take STARTUP_S. A step during which this rank's emulated link received under
+CRAWL_BPS is not learnt from: the limit grows with slow steps, not with a crawling network. A wedged rank is caught within FLOOR_S of its last step on a
 run whose steps are fast, while a run whose steps or evaluations are slow (4 ranks on 2 cores,
 a large model) gets a limit that grows with them.
 
@@ -128,8 +129,20 @@ class StepWatchdog:
     def _done(self, kind):
         now = self.clock()
         took = now - self._last
-        self.slowest[kind] = max(self.slowest.get(kind, 0.0), took)
+        if not (kind == "step" and self._crawled(self._last, now)):
+            self.slowest[kind] = max(self.slowest.get(kind, 0.0), took)
         self._last = now
+
+    def _crawled(self, start, end):
+        """Whether this rank's link received under CRAWL_BPS between start and end (by the
+        heartbeat's samples, at least a period apart): a step that slow measured a failing
+        network, not how long a step takes. Learnt from, a step that the crawl met halfway
+        (11 s) would have lifted the limit to 110 s, past the crawl's 37 s steps."""
+        inside = [(t, b) for t, b in list(self._received) if start <= t <= end]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < self.period_s:
+            return False
+        (t0, b0), (t1, b1) = inside[0], inside[-1]
+        return (b1 - b0) / (t1 - t0) < CRAWL_BPS
 
     # ---- the thread ------------------------------------------------------------------------
     def _watch(self):
