@@ -2,10 +2,12 @@
 kinds): subprocess launches read from their command line, and Horovod's init.  Plain Python,
 no pytest: tests/kinds_site/sitecustomize.py runs the same checks in the processes a test starts.
 """
+import importlib.abc
 import os
 import re
 import shlex
 import subprocess
+import sys
 
 RANK_LAUNCHERS = {"horovodrun", "mpirun", "mpiexec", "orterun", "prterun", "gloorun"}
 INFO_FLAGS = {"--version", "-V", "--help", "-h"}      # `mpirun --version` starts no rank
@@ -128,12 +130,40 @@ def install_guards():
     The wrappers do nothing while no test runs."""
     if not hasattr(subprocess.Popen.__init__, "__wrapped__"):
         subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
-    try:
-        from horovod.common.basics import HorovodBasics
-    except ImportError:          # no Horovod here: nothing can call its init either
-        return
-    if not hasattr(HorovodBasics.init, "__wrapped__"):
-        HorovodBasics.init = _guarded_hvd_init(HorovodBasics.init)
+    if BASICS in sys.modules:
+        _guard_basics(sys.modules[BASICS])
+    elif not any(isinstance(f, _GuardOnImport) for f in sys.meta_path):
+        # Wrapped when first imported, not imported here: a process that never touches
+        # Horovod (a test of what a module imports, say) must not find it loaded.
+        sys.meta_path.insert(0, _GuardOnImport())
+
+
+BASICS = "horovod.common.basics"
+
+
+def _guard_basics(module):
+    if not hasattr(module.HorovodBasics.init, "__wrapped__"):
+        module.HorovodBasics.init = _guarded_hvd_init(module.HorovodBasics.init)
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Finds horovod.common.basics through the other finders and wraps its HorovodBasics.init
+    once the module has run."""
+
+    def find_spec(self, name, path, target=None):
+        if name != BASICS:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def exec_module(module, run=run):
+                    run(module)
+                    _guard_basics(module)
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
 
 
 # ---- the same checks in the Python processes a test starts ----------------------------------

@@ -85,7 +85,10 @@ def test_no_import_circle_among_the_plugins_modules():
 
 def test_the_runtime_does_not_import_the_cost_model():
     edges = graph()
-    runtime = [m for m in edges if not m.startswith("hvd_compress.costmodel")]
+    # The planner predicts steps on the cost model's timeline (docs/planner.md): it stands on the
+    # cost model, beside it; the runtime (optimizer, communicators, fusion, codecs) does not.
+    planning = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.plan_cli")
+    runtime = [m for m in edges if not m.startswith(planning)]
     assert "hvd_compress.fusion" in runtime and "hvd_compress.communicators" in runtime
     for name in runtime:
         wrong = {m for m in edges[name] if m.startswith("hvd_compress.costmodel")}

@@ -99,6 +99,7 @@ def test_optimizer_and_route_flags_default_and_choices(lab, capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("old,new,optimizer,route", [
     (["--route", "horovod"], "--optimizer horovod", "horovod", None),
     (["--route", "plugin"], "--optimizer plugin", "plugin", None),
@@ -114,6 +115,7 @@ def test_old_spellings_still_work_and_name_the_new_ones(lab, old, new, optimizer
     assert not hasattr(args, "reduction")
 
 
+@pytest.mark.unit
 def test_old_and_new_spellings_that_disagree_are_refused(lab, capsys):
     with pytest.raises(SystemExit), pytest.warns(FutureWarning):
         lab.parse_args(["--bit8-allreduce", "--route", "allgather", "--reduction", "alltoall"])

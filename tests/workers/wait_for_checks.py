@@ -1,4 +1,5 @@
-"""Run under horovodrun (tests/workers/suite.py, or alone): communicators.wait_for, Horovod's
+"""Run under horovodrun (tests/workers/suite.py, or alone): exchange.wait_for (re-exported by
+communicators), Horovod's
 synchronize() without its yield spin, on real ranks. It returns what synchronize() would (the
 sum of every rank's tensor), sleeping between polls from POLL_SLEEP_S[0] doubling up to
 POLL_SLEEP_S[1], and raises Horovod's own error for a handle it never made.
@@ -10,7 +11,7 @@ import time
 import torch
 
 import checks
-from hvd_compress import communicators
+from hvd_compress import communicators, exchange
 
 
 def run(hvd):
@@ -21,15 +22,15 @@ def run(hvd):
         delays.append(seconds)
         real_sleep(seconds)
     x = torch.arange(1 << 22, dtype=torch.float32)            # 16 MiB: long enough to be waited for
-    communicators.time.sleep = sleep
+    exchange.time.sleep = sleep                               # where wait_for sleeps
     try:
         outs = [communicators.wait_for(hvd.allreduce_async(x, name=f"wait_for.{i}", op=hvd.Sum))
                 for i in range(20)]
     finally:
-        communicators.time.sleep = real_sleep
+        exchange.time.sleep = real_sleep
     for i, out in enumerate(outs):
         checks.check(f"wait_for.allreduce{i}.returns_the_sum", torch.equal(out, x * hvd.size()))
-    first, longest = communicators.POLL_SLEEP_S
+    first, longest = exchange.POLL_SLEEP_S
     checks.check("wait_for.something_was_waited_for", len(delays) > 0,
                  "every allreduce was done before its first poll")
     checks.check("wait_for.first_sleep_is_the_shortest", delays[0] == first, f"{delays[:3]}")
