@@ -163,7 +163,6 @@ class AllgatherCommunicator(_PacketBase):
                                              self._block(bucket.numel), self._divisor(n))
 
 
-_chunk_bounds = chunk_bounds        # its first name (tests/workers use it)
 
 
 class AlltoallCommunicator(_PacketBase):
@@ -173,7 +172,7 @@ class AlltoallCommunicator(_PacketBase):
     def _chunks(self, bucket):
         # Cut on block boundaries so every chunk's scales are its own; with one scale per tensor
         # (scale_block=None) each chunk gets its own scale instead.
-        return _chunk_bounds(bucket.numel, hvd.size(), self.scale_block or 1)
+        return chunk_bounds(bucket.numel, hvd.size(), self.scale_block or 1)
 
     def start(self, bucket, memory=None):
         chunks = bucket.cached(("chunks", hvd.size()), lambda: self._chunks(bucket))

@@ -143,9 +143,6 @@ class ScaledFloatCompressor(BlockCodec):
         return raw.view(blocks.code_dtype(cls.fmt))
 
 
-_BlockScaledCompressor = ScaledFloatCompressor      # its first name
-
-
 class Bit8Compressor(ScaledFloatCompressor):
     """float32 -> scaled OCP E4M3 (torch.float8_e4m3fn bits), 1 byte per value + 8-byte header.
 

@@ -33,14 +33,13 @@ from ..registry import Route, powersgd_values, scheme, schemes, topk_count
 from .model import Cost, allgather, alltoall, reduce_scatter, ring_allreduce
 
 __all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "buckets", "chunk_bounds",
-           "message_bytes", "topk_k",
+           "message_bytes",
            "powersgd_values", "bytes_per_step", "step_cost", "exchange_units", "unit_seconds",
            "exchange_seconds", "two_phase", "break_even_rate"]
 
 FUSION_BYTES = DEFAULT_FUSION_BYTES   # the runtime's (bucketing.py), read, not copied
 # The methods' default parameters (top-k's ratio, PowerSGD's rank), from the registry.
 METHOD_DEFAULTS = {s.name: s.parameter for s in schemes().values() if s.parameter is not None}
-topk_k = topk_count                   # the registry's formulas, under the names used here
 # Each collective's alpha-beta coefficients for one call, bytes as fit.py defines them.
 COLLECTIVE_COSTS = {"allreduce": ring_allreduce, "allgather": allgather, "alltoall": alltoall,
                     "reducescatter": reduce_scatter, "allreduce_fp16": ring_allreduce}
@@ -124,7 +123,7 @@ def exchange_units(method, shapes, n, parameter=None, route=None, block=SCALE_BL
         return [[("allreduce_fp16", 2 * c)] for c in counts[::-1]]
     if method == "topk":
         ratio = _parameter(method, parameter)
-        return [[("allgather", 8 * topk_k(c, ratio))] for c in counts[::-1]]
+        return [[("allgather", 8 * topk_count(c, ratio))] for c in counts[::-1]]
     if method == "powersgd":
         rank = _parameter(method, parameter)
         units = []

@@ -14,7 +14,8 @@ from checks import check
 
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.communicators import make_communicator, _chunk_bounds
+from hvd_compress.bucketing import chunk_bounds
+from hvd_compress.communicators import make_communicator
 
 N = RANK = None                   # this job's world size and rank, set by run()
 
@@ -59,7 +60,7 @@ def simulate_alltoall(comp, rows, average, block):
     """Two-phase, done on one process: per chunk (cut on block boundaries), reduce decoded
     codes, re-encode, decode."""
     out = torch.empty(rows.shape[1])
-    for a, b in _chunk_bounds(rows.shape[1], N, block or 1):
+    for a, b in chunk_bounds(rows.shape[1], N, block or 1):
         reduced = simulate_allgather(comp, rows[:, a:b], average, block)
         out[a:b] = decoded(comp, reduced, block)
     return out

@@ -9,7 +9,8 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.communicators import _chunk_bounds, make_communicator
+from hvd_compress.bucketing import chunk_bounds
+from hvd_compress.communicators import make_communicator
 from hvd_compress.costmodel.methods import bytes_per_step
 from hvd_compress.memory import ResidualMemory
 from hvd_compress.quantizers import Int8Compressor
@@ -45,7 +46,7 @@ def reference(comp, route, xs, streams):
         out = torch.empty(numel)
         comp.decode_messages(torch.stack(msgs), numel, out, SCALE_BLOCK, world)
         return out, msgs
-    chunks = _chunk_bounds(numel, world, SCALE_BLOCK)
+    chunks = chunk_bounds(numel, world, SCALE_BLOCK)
     bounds = [a for a, _ in chunks] + [chunks[-1][1]]
     sizes = [comp.message_bytes(b - a) for a, b in chunks]
     offsets = [sum(sizes[:k]) for k in range(world + 1)]
@@ -67,7 +68,7 @@ def own_decoded(comp, route, msg, numel):
     out = torch.empty(numel)
     if route == "allgather":
         return comp.decode_message(msg, numel, out)
-    chunks = _chunk_bounds(numel, world, SCALE_BLOCK)
+    chunks = chunk_bounds(numel, world, SCALE_BLOCK)
     return comp.decode_chunks(msg, [a for a, _ in chunks] + [chunks[-1][1]], out)
 
 
