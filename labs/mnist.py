@@ -4,6 +4,7 @@
     python labs/mnist.py                                         # serial (world size 1)
     horovodrun -np 2 --gloo python labs/mnist.py --bit8-allreduce  # 2 processes, 8-bit gradients
     horovodrun -np 4 --gloo python labs/mnist.py --bit16-allreduce
+    horovodrun -np 2 --gloo python labs/mnist.py --auto-allreduce  # each bucket's scheme measured
 
 The flags of Horovod's examples/pytorch/pytorch_mnist.py plus the course's compression
 switches; the network, lr, momentum and epochs default to the lab's own (docs/lab.md,

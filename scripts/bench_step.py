@@ -1,20 +1,49 @@
 #!/usr/bin/env python
 """Training-step benchmark: stock `hvd.DistributedOptimizer` against ours, side by side.
 
-    python scripts/bench_step.py                                   # the whole grid, ~15 min
-    python scripts/bench_step.py --models lab --links loopback --ranks 2 --steps 10
+    python scripts/bench_step.py                     # the whole grid: 16 cells, see "Time" below
+    python scripts/bench_step.py --models lab --links loopback --ranks 2 --steps 5
 
-For every (model, link, ranks) one Horovod job is started (over an emulated link from
-scripts/netem.py where a rate is given, else loopback). Inside it every row -- stock none and
-fp16, ours none / fp16 / bit16 / bit8 (allgather and two-phase) -- trains its own copy of the
-model on the same synthetic MNIST-shaped batches, in interleaved rounds, so every ratio to
-stock float32 and stock fp16 is measured in the same run on the same machine state.
+For every (model, link, ranks) -- a cell -- one Horovod job is started (over an emulated link
+from scripts/netem.py where a rate is given, which needs root, else loopback). Inside it every
+row -- stock none and fp16, ours none / fp16 / bit16 / bit8 (allgather and two-phase), and
+ours:auto, the per-bucket plan the optimizer measures and chooses itself (Compression.auto,
+docs/planner.md) -- trains its own copy of the model on the same synthetic MNIST-shaped batches,
+in interleaved rounds, so every ratio is measured in the same run on the same machine state.
 
-Writes OUT/steps.csv (one row per timed step and rank 0), OUT/summary.csv (median step and its
-split per row, with ratios), OUT/summary.png. Models: `lab`, Horovod's example network of the
-lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M parameters).
+Links: loopback; 1gbit and 100mbit; 10mbit, a cross-site link, where the basic net's float32
+step takes ~4 s at 2 ranks and compression has the most to win.
+
+Steps: each row's timed steps come in rounds, every row once a round. After --rounds rounds
+more are run, up to --max-rounds, while any row's round-to-round spread is above
+--target-spread (3%, issue 25's): the spread of a row is (largest - smallest median of its
+rounds) / the median of all its steps, said in summary.csv (round_spread_pct, rounds) for
+every row. Defaults (STEPS): 5 steps a round, 8 to 16 rounds; the basic net at 10mbit 3 steps a
+round, 4 to 8 rounds (a step there takes 1-7 s). --steps (a row's steps in its first --rounds
+rounds), --rounds and --max-rounds set every cell alike.
+
+ours:auto: before the timed rounds its warm-up goes on until every rank has a plan (at most
+--auto-warmup-max steps, else the cell fails and says so); those steps are not timed as the
+row's steps, but their number and wall time and the calibration seconds the optimizer reports
+are in calibration.csv and on the row of summary.csv (auto_warmup_steps, auto_warmup_s,
+calibration_s), and its plan_report() in plans/<cell>.json. Its timed steps include whatever
+re-planning the optimizer does (plan_event in steps.csv).
+
+Writes OUT/steps.csv (one row per timed step of rank 0, with the plan it ran under for auto),
+OUT/calibration.csv, OUT/plans/, OUT/summary.csv (per row: median step and its split, p10/p90,
+the round spread, the plan and its predicted step, ratios to stock float32 and fp16 and to the
+cell's fastest fixed row, stock or ours: vs_fastest, fastest_row) and OUT/summary.png; then
+`python scripts/wins_losses.py OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
+example network of the lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M).
+
+Time of the whole grid on the 2-core Zen 4: about 40 minutes if every row is under the target
+spread after its first rounds, about 70 if every cell runs to --max-rounds (estimated from
+results/step's step times and, at 10mbit, the rows' bytes at 10 Mbit/s; not timed end to end;
+auto's calibration comes on top: see calibration.csv).
 """
 import argparse
+import csv
+import json
 import math
 import os
 import subprocess
@@ -23,9 +52,52 @@ import time
 from pathlib import Path
 
 ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",
-        "ours:bit8:allgather", "ours:bit8:alltoall"]
-LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit"}
+        "ours:bit8:allgather", "ours:bit8:alltoall", "ours:auto"]
+AUTO_ROW = "ours:auto"
+LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
 SPLIT = ["forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
+PLAN = ["plan", "plan_predicted_ms", "plan_measured_ms", "plan_event"]
+STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + SPLIT + [
+    "bytes_sent"] + PLAN
+CALIBRATION_COLUMNS = ["model", "link", "ranks", "row", "auto_warmup_steps", "auto_warmup_s",
+                       "calibration_s", "plan"]
+# (steps a round, first rounds, most rounds) per (model, link); "*" for any other.
+STEPS = {("*", "*"): (5, 8, 16), ("basic", "10mbit"): (3, 4, 8)}
+TARGET_SPREAD_PCT = 3.0
+CELL = ["model", "link", "ranks"]
+
+
+def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
+    """(steps a round, first rounds, most rounds) of a cell. The defaults (STEPS) go on past
+    their first rounds while a row's spread is over the target; --steps N (a row's steps in
+    its first rounds, at most one round a step) or --rounds R run exactly that, unless
+    --max-rounds allows more."""
+    per_round, first, most = STEPS.get((model, link), STEPS[("*", "*")])
+    if steps is not None or rounds is not None:
+        first = rounds if rounds is not None else min(first, steps)
+        per_round = max(1, steps // first) if steps is not None else per_round
+        most = first
+    if max_rounds is not None:
+        most = max_rounds
+    return per_round, first, max(first, most)
+
+
+def round_spread_pct(step_ms, rounds):
+    """A row's round-to-round spread, in % of its median step: (largest - smallest median of
+    its rounds) / median of all its steps. NaN with fewer than two rounds."""
+    medians = {}
+    for value, rnd in zip(step_ms, rounds):
+        medians.setdefault(rnd, []).append(value)
+    if len(medians) < 2:
+        return math.nan
+    per_round = [_median(v) for v in medians.values()]
+    return 100 * (max(per_round) - min(per_round)) / _median(list(step_ms))
+
+
+def _median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 # ---- inside one Horovod job -------------------------------------------------------------------
@@ -39,14 +111,30 @@ def make_optimizer(row, model):
     import torch
     import horovod.torch as hvd
     import hvd_compress as hc
+    from labs.kit.flags import auto_compression
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     who, scheme, *route = row.split(":")
     if who == "stock":
         return hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, scheme))
+    compression = auto_compression() if row == AUTO_ROW else getattr(hc.Compression, scheme)
     return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                   compression=getattr(hc.Compression, scheme),
-                                   route=route[0] if route else None)
+                                   compression=compression, route=route[0] if route else None)
+
+
+def plan_fields(row, stats):
+    """A step's plan columns: auto's from pop_stats() (a missing key is an error, never a
+    blank), empty for a fixed row."""
+    if row != AUTO_ROW:
+        return {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
+                "plan_event": ""}
+    missing = [k for k in ("plan", "plan_predicted_s", "plan_measured_s", "plan_event")
+               if k not in stats]
+    if missing:
+        raise RuntimeError(f"ours:auto: pop_stats() has no {', '.join(missing)}: this "
+                           f"hvd_compress's Compression.auto does not report its plan")
+    return {"plan": stats["plan"], "plan_predicted_ms": 1e3 * stats["plan_predicted_s"],
+            "plan_measured_ms": 1e3 * stats["plan_measured_s"], "plan_event": stats["plan_event"]}
 
 
 def worker(args):
@@ -65,42 +153,93 @@ def worker(args):
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(args.batch_size, 1, 28, 28, generator=g),
              torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(4)]
-    out = open(args.csv, "a") if rank == 0 else None
-    per_round = max(1, args.steps // args.rounds)
-    for rnd in range(args.rounds + 1):                  # round 0 warms every row up
+
+    def step(model, opt, i):
+        x, y = data[i % len(data)]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        return t0, t1, t2, opt.pop_stats() if hasattr(opt, "pop_stats") else {}
+
+    def warm_up_auto(model, opt):
+        """Steps until every rank has a plan: (steps, seconds, the report)."""
+        start = time.perf_counter()
+        for i in range(args.auto_warmup_max):
+            *_, stats = step(model, opt, i)
+            planned = bool(plan_fields(AUTO_ROW, stats)["plan"])
+            agreed = hvd.allreduce(torch.tensor([float(planned)]), op=hvd.Min,
+                                   name=f"auto_planned.{i}")
+            if agreed.item() == 1.0:
+                return i + 1, time.perf_counter() - start, opt.plan_report()
+        raise RuntimeError(f"ours:auto made no plan in {args.auto_warmup_max} warm-up steps "
+                           f"(--auto-warmup-max)")
+
+    out = open(args.csv, "a", newline="") if rank == 0 else None
+    writer = csv.writer(out) if out else None
+    times = {row: ([], []) for row in rows}          # rank 0's step_ms and rounds, per row
+    rnd = 0
+    while True:                                     # round 0 warms every row up
         for row, (model, opt) in rows.items():
             hvd.allreduce(torch.zeros(1), name="barrier")
-            for i in range(per_round if rnd else args.warmup):
-                x, y = data[i % len(data)]
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                F.nll_loss(model(x), y).backward()
-                t1 = time.perf_counter()
-                opt.step()
-                t2 = time.perf_counter()
-                stats = opt.pop_stats() if hasattr(opt, "pop_stats") else {}
-                if rnd and out:
-                    out.write(",".join(map(str, [
-                        args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),
-                        1e3 * (t1 - t0 - stats.get("in_backward_s", 0.0)),
-                        1e3 * stats.get("compress_s", math.nan), 1e3 * stats.get("communicate_s", math.nan),
-                        1e3 * stats.get("decompress_s", math.nan), 1e3 * stats.get("overlap_s", math.nan),
-                        stats.get("bytes_sent", math.nan)])) + "\n")
+            if rnd == 0 and row == AUTO_ROW:
+                count, seconds, report = warm_up_auto(model, opt)
+                if rank == 0:
+                    write_calibration(args, n, count, seconds, report)
+                continue
+            for i in range(args.per_round if rnd else args.warmup):
+                t0, t1, t2, stats = step(model, opt, i)
+                if rnd and writer:
+                    plan = plan_fields(row, stats)
+                    writer.writerow([args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),
+                                     1e3 * (t1 - t0 - stats.get("in_backward_s", 0.0)),
+                                     *(1e3 * stats.get(k, math.nan) for k in (
+                                         "compress_s", "communicate_s", "decompress_s",
+                                         "overlap_s")),
+                                     stats.get("bytes_sent", math.nan), *plan.values()])
+                    times[row][0].append(1e3 * (t2 - t0))
+                    times[row][1].append(rnd)
         if rank == 0:
-            print(f"[bench_step] {args.model} {args.link} n={n}: round {rnd}/{args.rounds}", flush=True)
+            print(f"[bench_step] {args.model} {args.link} n={n}: round {rnd}", flush=True)
+            out.flush()
+        more = 0.0
+        if rank == 0 and rnd < args.max_rounds:
+            worst = max((round_spread_pct(*t) for t in times.values() if t[0]), default=0.0)
+            more = float(rnd < args.rounds or not worst <= args.target_spread)
+        more = hvd.broadcast(torch.tensor([more]), root_rank=0, name=f"more.{rnd}").item()
+        if not more:
+            break
+        rnd += 1
+    if AUTO_ROW in rows and rank == 0:
+        plans = Path(args.csv).parent / "plans"
+        plans.mkdir(exist_ok=True)
+        (plans / f"{args.model}-{args.link}-n{n}.json").write_text(
+            json.dumps(rows[AUTO_ROW][1].plan_report(), indent=2, default=str) + "\n")
     if out:
         out.close()
 
 
-STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + SPLIT + ["bytes_sent"]
+def write_calibration(args, n, count, seconds, report):
+    """One line of calibration.csv: auto's warm-up until it planned, and what it reports."""
+    calibration = report.get("calibration_s", math.nan) if isinstance(report, dict) else math.nan
+    buckets = report.get("buckets", []) if isinstance(report, dict) else []
+    plan = " ".join(str(b.get("label", "")) for b in buckets)
+    with open(Path(args.csv).parent / "calibration.csv", "a", newline="") as stream:
+        csv.writer(stream).writerow([args.model, args.link, n, AUTO_ROW, count, seconds,
+                                     calibration, plan])
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-def launch(args, model, link, n, csv):
+def launch(args, model, link, n, csv_path):
     from labs.kit.launch import horovodrun_command, launch_env
+    per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
-           "--rows", ",".join(args.rows), "--steps", str(args.steps), "--rounds", str(args.rounds),
-           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--csv", str(csv)]
+           "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
+           "--max-rounds", str(most), "--target-spread", str(args.target_spread),
+           "--warmup", str(args.warmup), "--auto-warmup-max", str(args.auto_warmup_max),
+           "--batch-size", str(args.batch_size), "--csv", str(csv_path)]
     if LINKS[link]:
         netem = Path(__file__).with_name("netem.py")
         cmd = [sys.executable, str(netem), "run", "-n", str(n), "--rate", LINKS[link],
@@ -110,12 +249,17 @@ def launch(args, model, link, n, csv):
     subprocess.run(cmd, env=launch_env(), check=True, timeout=args.timeout + 60)
 
 
-def summarise(steps):
-    keys = ["model", "link", "ranks", "row"]
+def summarise(steps, calibration=None):
+    """One row per (model, link, ranks, row) from steps.csv's frame (and calibration.csv's)."""
+    import pandas as pd
+    keys = CELL + ["row"]
     summary = steps.groupby(keys, sort=False).agg(
-        steps=("step_ms", "size"), step_ms=("step_ms", "median"),
+        steps=("step_ms", "size"), rounds=("round", "nunique"), step_ms=("step_ms", "median"),
         step_p10_ms=("step_ms", lambda s: s.quantile(0.1)), step_p90_ms=("step_ms", lambda s: s.quantile(0.9)),
         **{c: (c, "median") for c in SPLIT}, bytes_per_step=("bytes_sent", "median")).reset_index()
+    groups = steps.groupby(keys, sort=False)
+    summary["round_spread_pct"] = [round_spread_pct(g.step_ms.tolist(), g["round"].tolist())
+                                   for _, g in groups]
     # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
     # of forward+backward, medians over the row's steps
     codec = (steps.compress_ms + steps.decompress_ms).groupby(
@@ -123,11 +267,47 @@ def summarise(steps):
     summary["codec_pct_of_fwd_bwd"] = [
         100 * codec.get(tuple(k), math.nan) / fb
         for k, fb in zip(summary[keys].values, summary.forward_backward_ms)]
+    summary = summary.join(plan_summary(steps, keys), on=keys)
     for base in ("stock:none", "stock:fp16"):
-        ref = summary[summary.row == base].set_index(keys[:3])["step_ms"]
+        ref = summary[summary.row == base].set_index(CELL)["step_ms"]
         summary[f"vs_{base.replace(':', '_')}"] = [
-            s / ref.get(tuple(k), math.nan) for s, k in zip(summary.step_ms, summary[keys[:3]].values)]
+            s / ref.get(tuple(k), math.nan) for s, k in zip(summary.step_ms, summary[CELL].values)]
+    # the fastest fixed row of each cell (stock or ours, any scheme; auto is what is judged)
+    fixed = summary[summary.row != AUTO_ROW]
+    fastest = fixed.loc[fixed.groupby(CELL, sort=False).step_ms.idxmin()].set_index(CELL)
+    cells = [tuple(k) for k in summary[CELL].values]
+    summary["fastest_row"] = [fastest.row.get(k, "") for k in cells]
+    summary["vs_fastest"] = [s / fastest.step_ms.get(k, math.nan)
+                             for s, k in zip(summary.step_ms, cells)]
+    if calibration is not None and len(calibration):
+        summary = summary.merge(calibration[keys + ["auto_warmup_steps", "auto_warmup_s",
+                                                    "calibration_s"]], on=keys, how="left")
+    else:
+        summary = summary.assign(auto_warmup_steps=math.nan, auto_warmup_s=math.nan,
+                                 calibration_s=math.nan)
     return summary
+
+
+def plan_summary(steps, keys):
+    """Per row: the plan of its last timed step, the median predicted step over its timed steps,
+    the optimizer's last measured median, and the re-plans and fallbacks among its events
+    (empty and NaN for fixed rows, and for a steps.csv from before the plan columns)."""
+    import pandas as pd
+    rows = []
+    for key, g in steps.groupby(keys, sort=False):
+        plan = g["plan"].fillna("").astype(str) if "plan" in g else pd.Series([""] * len(g))
+        events = (g["plan_event"].fillna("").astype(str) if "plan_event" in g
+                  else pd.Series([""] * len(g)))
+        planned = plan != ""
+        rows.append(dict(zip(keys, key), plan=plan[planned].iloc[-1] if planned.any() else "",
+                         plan_predicted_ms=g["plan_predicted_ms"][planned.values].median()
+                         if planned.any() else math.nan,
+                         plan_measured_ms=g["plan_measured_ms"][planned.values].iloc[-1]
+                         if planned.any() else math.nan,
+                         plan_replans=int(events.str.contains("replanned",
+                                                              regex=False).sum()),
+                         plan_fallbacks=int(events.str.contains("fallback", regex=False).sum())))
+    return pd.DataFrame(rows).set_index(keys)
 
 
 def plot(summary, path):
@@ -146,66 +326,114 @@ def plot(summary, path):
             frame = summary[(summary.model == model) & (summary.link == link) & (summary.ranks == n)]
             base = frame.step_ms / frame.vs_stock_none
             spread = [(frame.step_ms - frame.step_p10_ms) / base, (frame.step_p90_ms - frame.step_ms) / base]
-            colors = ["#999" if r.startswith("stock") else "#1f77b4" for r in frame.row]
+            colors = ["#999" if r.startswith("stock") else "#ff7f0e" if r == AUTO_ROW
+                      else "#1f77b4" for r in frame.row]
             ax.bar(range(len(frame)), frame.vs_stock_none, color=colors, yerr=spread, capsize=2)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_xticks(range(len(frame)), [r.replace("ours:", "") for r in frame.row],
                           rotation=70, fontsize=7)
             ax.set_title(f"{model}, {link}, n={n}", fontsize=9)
         axes[i][0].set_ylabel("step / stock float32 (lower: faster)")
-    fig.suptitle("Training step, stock hvd.DistributedOptimizer (grey) vs hvd_compress (blue), "
-                 "median and p10-p90, same run", fontsize=10)
+    fig.suptitle("Training step, stock hvd.DistributedOptimizer (grey) vs hvd_compress (blue; "
+                 "auto: orange), median and p10-p90, same run", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def replot(out):
-    """Redraw summary.csv and summary.png from steps.csv (e.g. after merging runs)."""
+    """Redraw summary.csv and summary.png from steps.csv and calibration.csv (e.g. after
+    merging runs)."""
     import pandas as pd
-    summary = summarise(pd.read_csv(Path(out) / "steps.csv"))
-    summary.to_csv(Path(out) / "summary.csv", index=False, float_format="%.4g")
-    plot(summary, Path(out) / "summary.png")
+    out = Path(out)
+    calibration = out / "calibration.csv"
+    summary = summarise(pd.read_csv(out / "steps.csv"),
+                        pd.read_csv(calibration) if calibration.is_file() else None)
+    summary.to_csv(out / "summary.csv", index=False, float_format="%.4g")
+    plot(summary, out / "summary.png")
     return summary
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="lab,basic")
-    p.add_argument("--links", default="loopback,100mbit,1gbit", help=f"of {list(LINKS)}")
+    p.add_argument("--links", default="loopback,100mbit,1gbit,10mbit", help=f"of {list(LINKS)}")
     p.add_argument("--ranks", default="2,4")
     p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--steps", type=int, default=20, help="timed steps per row (default 20)")
-    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per row in its first rounds, every cell (default: STEPS, "
+                        "5 a round; the basic net at 10mbit 3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds, every cell (default 8; the basic net at 10mbit 4)")
+    p.add_argument("--max-rounds", type=int, default=None,
+                   help="rounds allowed while a row's spread is over --target-spread (default "
+                        "16 and 8 with the default steps, else --rounds)")
+    p.add_argument("--target-spread", type=float, default=TARGET_SPREAD_PCT, metavar="PCT",
+                   help=f"round-to-round spread to reach, in %% (default {TARGET_SPREAD_PCT:g})")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--auto-warmup-max", type=int, default=200,
+                   help="ours:auto's most warm-up steps before it must have a plan (default 200)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--timeout", type=int, default=900, help="seconds per job")
+    p.add_argument("--timeout", type=int, default=2400, help="seconds per job (default 2400)")
     p.add_argument("--out", default="results/step")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--link", help=argparse.SUPPRESS)
+    p.add_argument("--per-round", type=int, help=argparse.SUPPRESS)
     p.add_argument("--csv", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        return worker(args)
+        return args
     args.rows = args.rows.split(",")
+    args.models, args.links = args.models.split(","), args.links.split(",")
     bad = [r for r in args.rows if r not in ROWS]
-    if bad or any(l not in LINKS for l in args.links.split(",")):
+    if bad or any(link not in LINKS for link in args.links):
         p.error(f"rows must be among {ROWS}, links among {list(LINKS)}")
+    if any(m not in ("lab", "basic") for m in args.models):
+        p.error("models must be among ['lab', 'basic']")
+    try:
+        args.ranks = [int(n) for n in args.ranks.split(",")]
+    except ValueError:
+        p.error(f"--ranks: comma-separated numbers of ranks, got {args.ranks!r}")
+    for name in ("steps", "rounds", "max_rounds", "warmup", "auto_warmup_max", "timeout"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            p.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
+    if min(args.ranks) < 2:
+        p.error("--ranks: at least 2 ranks (there is nothing to exchange on one)")
+    if AUTO_ROW in args.rows:
+        from labs.kit.flags import auto_compression
+        try:
+            auto_compression()
+        except RuntimeError as err:
+            p.error(f"{AUTO_ROW}: {err} (or leave the row out: --rows)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    csv = out / "steps.csv"
-    csv.write_text(",".join(STEP_COLUMNS) + "\n")
-    for model in args.models.split(","):
-        for link in args.links.split(","):
-            for n in map(int, args.ranks.split(",")):
+    csv_path = out / "steps.csv"
+    csv_path.write_text(",".join(STEP_COLUMNS) + "\n")
+    (out / "calibration.csv").write_text(",".join(CALIBRATION_COLUMNS) + "\n")
+    for model in args.models:
+        for link in args.links:
+            for n in args.ranks:
                 print(f"[bench_step] {model} over {link}, {n} ranks", flush=True)
-                launch(args, model, link, n, csv.resolve())
+                launch(args, model, link, n, csv_path.resolve())
     summary = replot(out)
-    cols = ["model", "link", "ranks", "row", "step_ms", "vs_stock_none", "vs_stock_fp16",
-            "forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms",
-            "codec_pct_of_fwd_bwd"]
+    cols = ["model", "link", "ranks", "row", "step_ms", "round_spread_pct", "vs_stock_none",
+            "vs_fastest", "forward_backward_ms", "communicate_ms", "codec_pct_of_fwd_bwd",
+            "plan", "plan_predicted_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    over = summary[~(summary.round_spread_pct <= args.target_spread)]
+    print(f"[bench_step] rows with a round-to-round spread over {args.target_spread:g}%: "
+          f"{len(over)} of {len(summary)}"
+          + (f" (largest {over.round_spread_pct.max():.1f}%: {over.loc[over.round_spread_pct.idxmax(), 'row']})"
+             if len(over) and over.round_spread_pct.notna().any() else ""), flush=True)
     return 0
 
 

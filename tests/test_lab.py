@@ -158,6 +158,38 @@ def test_manifest_is_complete(runs, ranks, compression):
 
 
 @pytest.mark.multiprocess
+def test_auto_trains_and_records_its_plan(runs, shared_runs):
+    """--auto-allreduce (issue 25) on 2 ranks, the same data and epoch as the runs above: the
+    plan is in every step's row from the step it is applied on, the same on both ranks, the
+    manifest holds the optimizer's plan report (its buckets' labels are the last plan), the
+    run summary and the report's auto row read them back, and it trains as well as float32."""
+    from hvd_compress.registry import parse_label
+    folder = shared_runs.get("np2-auto", lambda out: train(out, 2, COMMON + ["--auto-allreduce"]))
+    manifest = runlog.read_manifest(folder)
+    assert manifest["status"] == "complete" and manifest["compression"] == "auto"
+    assert manifest["config"] == "np2-auto-small" and manifest["collective"] == "auto"
+    labels = [bucket["label"] for bucket in manifest["plan_report"]["buckets"]]
+    assert labels and all(parse_label(label) for label in labels)
+    steps = pd.read_csv(folder / "steps.csv")
+    assert list(steps.columns) == runlog.STEP_COLUMNS + runlog.PLAN_COLUMNS
+    plans = steps.pivot(index="step", columns="rank", values="plan").fillna("")
+    assert (plans[0] == plans[1]).all()                     # one plan on every rank
+    planned = steps[steps["plan"].notna()]
+    assert len(planned) and planned["plan"].iloc[-1] == " ".join(labels)
+    assert (planned["plan_predicted_ms"] > 0).all()
+    assert steps[run_matrix.STEP_PARTS[0] + "_s"].notna().all()
+    accuracy = pd.read_csv(folder / "epochs.csv")["test_accuracy"].iloc[-1]
+    fp32 = pd.read_csv(runs[(2, "none")] / "epochs.csv")["test_accuracy"].iloc[-1]
+    assert accuracy > 0.9 and abs(accuracy - fp32) <= 0.01
+    row = run_matrix.summarize_run("np2-auto", folder)
+    assert row["plan"] == " ".join(labels) and row["plan_predicted_ms"] > 0
+    assert row["plan_measured_ms"] > 0 and row["compression"] == "auto"
+    baseline = run_matrix.summarize_run("np2-none", runs[(2, "none")])
+    text = fill_report.auto_section(pd.DataFrame([baseline, row]))
+    assert f"`{row['plan']}`" in text and "`np2-auto` |" in text
+
+
+@pytest.mark.multiprocess
 def test_compression_sends_fewer_bytes(runs):
     sent = {c: pd.read_csv(runs[(2, c)] / "steps.csv")["bytes_sent"].mean() for c in FLAGS}
     assert 0 < sent["bit8"] < sent["bit16"] < sent["none"]

@@ -6,8 +6,9 @@ import warnings
 
 from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "scale_block",
-           "add_compression_flags", "check_args", "compression_of"]
+__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "AUTO", "AUTO_FLAG",
+           "scale_block", "add_compression_flags", "check_args", "compression_of",
+           "auto_compression"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
@@ -27,6 +28,11 @@ def compression_flags():
 
 
 FLAGS = compression_flags()             # the built-in schemes' (plugins: compression_flags())
+# Compression.auto (issue 25, docs/planner.md): not one scheme but a per-bucket plan the
+# optimizer measures and chooses inside the job, so it has no registry entry of its own (no
+# bits, no bytes formula); its name is a run name all the same ('np2-auto'), and its switch
+# sits beside the schemes' in the same exclusive group.
+AUTO, AUTO_FLAG = "auto", "--auto-allreduce"
 # Methods that take a parameter and keep their own error feedback.
 TENSORWISE = tuple(s.name for s in registry.SCHEMES.values() if s.parameter is not None)
 
@@ -44,6 +50,11 @@ def add_compression_flags(group):
             group.add_argument(s.flag, type=kind, default=None,
                                metavar="RATIO" if kind is float else "RANK",
                                help=f"{s.summary} (e.g. {s.parameter})")
+    if AUTO not in registry.SCHEMES:    # unless the runtime registers it itself
+        group.add_argument(AUTO_FLAG, action="store_true", default=False,
+                           help="per-bucket plan measured and chosen inside the job: float32, "
+                                "fp16, bit16 or bit8 and their route, bucket by bucket "
+                                "(hc.Compression.auto, docs/planner.md)")
 
 
 def scale_block(text):
@@ -105,6 +116,11 @@ def check_args(parser, args):
     flags = compression_flags()
     args.compression = next((name for name, flag in flags.items()
                              if getattr(args, flag, None) not in (None, False)), "none")
+    if getattr(args, _dest(AUTO_FLAG), False):
+        args.compression = AUTO
+    if args.compression == AUTO and AUTO not in registry.SCHEMES:
+        check_auto(parser, args)
+        return
     entry = registry.scheme(args.compression)
     if args.topk_allreduce is not None and not 0 < args.topk_allreduce <= 1:
         parser.error(f"--topk-allreduce RATIO must be in (0, 1], got {args.topk_allreduce}")
@@ -135,9 +151,41 @@ def check_args(parser, args):
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
 
 
+def check_auto(parser, args):
+    """--auto-allreduce: the plan picks each bucket's scheme, route and error feedback, so the
+    flags that fix them for the whole model are refused, and so is a build of hvd_compress
+    without the runtime (before Horovod starts, exit code 2, no run folder)."""
+    for flag, given in (("--route", args.route), ("--error-feedback", args.error_feedback),
+                        ("--use-adasum", args.use_adasum)):
+        if given not in (None, False):
+            parser.error(f"{flag} cannot be combined with {AUTO_FLAG}: the plan chooses "
+                         f"each bucket's scheme, route and error feedback (docs/planner.md)")
+    if args.optimizer == "horovod":
+        parser.error(f"{AUTO_FLAG} needs --optimizer plugin: Horovod's own optimizer has one "
+                     f"fixed compression")
+    try:
+        auto_compression()
+    except RuntimeError as err:
+        parser.error(str(err))
+    if args.resume and not args.out:
+        parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
+
+
+def auto_compression():
+    """hc.Compression.auto, or a RuntimeError saying that this hvd_compress has none."""
+    from hvd_compress.compressors import Compression
+    auto = getattr(Compression, AUTO, None)
+    if auto is None:
+        raise RuntimeError(f"{AUTO_FLAG}: this hvd_compress has no Compression.auto (the "
+                           f"per-bucket planner's runtime, issue 25); update the checkout")
+    return auto
+
+
 def compression_of(args):
     """The hvd_compress compression the parsed flags ask for (top-k and PowerSGD with their
     ratio or rank, and error feedback unless --no-error-feedback)."""
+    if args.compression == AUTO and AUTO not in registry.SCHEMES:
+        return auto_compression()
     entry = registry.scheme(args.compression)
     if entry.parameter is not None:
         value = getattr(args, _dest(entry.flag))

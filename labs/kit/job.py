@@ -4,6 +4,7 @@ with predictions from a calibration of that network, then the report and its fig
     python -m labs.kit.job                        # what scripts/run_lab.sh runs
     python -m labs.kit.job --no-network           # the loopback table only
     python -m labs.kit.job --dry-run              # the plan, nothing run
+    python -m labs.kit.job --auto                 # + np2-auto, np4-auto in both tables
 
 Stages, each one resumable (a finished run is skipped, an interrupted one resumed, a finished
 calibration kept): run the same command again after an interruption.
@@ -19,6 +20,9 @@ calibration kept): run the same command again after an interruption.
     more than a rank's forward and backward (0.24-0.29 s in the committed run, results/lab): the
     regime the course's question is about.  (Over loopback a step there waits 18-29 ms for the
     same exchange.)
+    With --auto (a run matrix flag, passed on) both tables get the per-bucket plan's rows,
+    np2-auto and np4-auto (--auto-allreduce): the report sets each one's plan beside its
+    predicted and measured step.
  3. The report (runs/report.md by default) and the PNGs next to it (labs/kit/report.py,
     labs/kit/plots.py). The committed run's are in results/lab/.
 
@@ -185,9 +189,9 @@ def calibrate(network, csv, fit_json, dry_run):
 def main(argv=None):
     args, extra = parse_args(argv)
     table = table_args(args, extra)
-    main_runs = matrix.select(course_runs(table.extras, table.methods), table.only)
+    main_runs = matrix.select(course_runs(table.extras, table.methods, table.auto), table.only)
     network = network_args(args, table)
-    net_runs = [run for run in course_runs() if run.ranks > 1]
+    net_runs = [run for run in course_runs(auto=table.auto) if run.ranks > 1]
     problem = None if not args.no_network else "--no-network"
     if problem is None and not args.dry_run:
         problem = matrix.netem_problem()

@@ -11,13 +11,36 @@ from pathlib import Path
 import horovod.torch as hvd
 
 from . import runlog
+from .flags import AUTO
 from .ranks import horovod_settings
 
 
+def plans(args):
+    """Does this run's optimizer choose a plan per bucket (--auto-allreduce)?"""
+    return args.compression == AUTO
+
+
+def plan_report(optimizer, args):
+    """The optimizer's plan report (buckets and their scheme:route, predicted and measured
+    step, measurements, refused candidates, calibration time, events) for --auto-allreduce,
+    None for a fixed scheme; an optimizer that plans but cannot report is an error, never a
+    blank."""
+    if not plans(args):
+        return None
+    report = getattr(optimizer, "plan_report", None)
+    if report is None:
+        raise RuntimeError("--auto-allreduce: the optimizer has no plan_report(); this "
+                           "hvd_compress's Compression.auto cannot say what it chose")
+    return report()
+
+
 def collective(optimizer, args, world_size):
-    """The collective that really carries the gradients (the compressor's default included)."""
+    """The collective that really carries the gradients (the compressor's default included);
+    'auto' where the plan picks one per bucket (the manifest's plan_report names them)."""
     if args.use_adasum:
         return "adasum"
+    if plans(args):
+        return AUTO
     if args.optimizer == "horovod":
         if world_size == 1:
             return "none"               # Horovod's optimizer skips the exchange at size 1
@@ -29,8 +52,11 @@ def codec_path(optimizer, args):
     """Which implementation coded the gradients: 'native' (the C++ kernel) or 'torch' (its
     fallback, about 5x slower: a kernel not built for this torch warns once and shows here)."""
     comm = getattr(optimizer, "communicator", None)
-    if comm is not None:
+    if comm is not None and hasattr(comm, "codec_path"):
         return comm.codec_path()
+    if plans(args):                     # the plan's codecs: the kernel bit8 and bit16 share
+        from hvd_compress.codecs import E4M3, blocks
+        return blocks.codec_path(E4M3)
     from hvd_compress import registry           # Horovod's own optimizer: the course's patch
     compression = registry.scheme(args.compression).load()   # codes with the plugin's classes
     path = getattr(compression, "codec_path", None)
@@ -92,6 +118,8 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "start_time": runlog.now_iso(), "start_unix": time.time(), "end_time": None,
         "end_unix": None, "epochs_completed": first_epoch - 1,
         "resumes": resumes,
+        # --auto-allreduce: what the plan is (rewritten after every epoch and at the end)
+        "plan_report": plan_report(optimizer, args),
     }
     if manifest:                       # keep when the run first started
         fresh["start_time"] = manifest.get("start_time", fresh["start_time"])
@@ -100,12 +128,14 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
     return fresh
 
 
-def finish(run_dir, status, reason):
-    """Merge the ranks' step files into steps.csv and record how the run ended."""
+def finish(run_dir, status, reason, plan=None):
+    """Merge the ranks' step files into steps.csv and record how the run ended (and, with
+    --auto-allreduce, the last plan report)."""
     run_dir = Path(run_dir)
     parts = sorted(run_dir.glob("steps_rank*.csv"),
                    key=lambda p: int(p.stem.replace("steps_rank", "")))
     if parts:
         runlog.merge_csvs(parts, run_dir / "steps.csv")
+    fields = {"plan_report": plan} if plan is not None else {}
     runlog.update_manifest(run_dir, status=status, reason=reason,
-                           end_time=runlog.now_iso(), end_unix=time.time())
+                           end_time=runlog.now_iso(), end_unix=time.time(), **fields)

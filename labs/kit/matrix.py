@@ -4,6 +4,7 @@
     python -m labs.kit.matrix --only 'serial,np2-*'          # a subset
     python -m labs.kit.matrix --extras                       # + bit8 alltoall / error feedback
     python -m labs.kit.matrix --methods                      # + int8, onebit, topk, powersgd
+    python -m labs.kit.matrix --auto                         # + np2-auto, np4-auto (the plan)
     python -m labs.kit.matrix --summary-only                 # rebuild summary.csv only
     python -m labs.kit.matrix --netem-rate 1gbit             # over an emulated 1 Gbit/s net
     python -m labs.kit.matrix --netem-rate 1gbit --netem-delay 1ms   # ... with 1 ms latency
@@ -264,6 +265,7 @@ def summarize_run(name, run_dir):
     row.update({f"{part}_ms": math.nan for part in STEP_PARTS})
     row.update(exchange_ms=math.nan, launch_span_ms=math.nan, slowest_launch_span_ms=math.nan,
                bytes_per_step=math.nan, wire_bytes_per_step=math.nan)
+    row.update(NO_PLAN)
     epochs_csv, steps_csv = run_dir / "epochs.csv", run_dir / "steps.csv"
     if epochs_csv.is_file():
         epochs = pd.read_csv(epochs_csv)
@@ -290,6 +292,8 @@ def summarize_run(name, run_dir):
             if "launch_span_s" in steps:     # the rank whose backward launches last
                 row["slowest_launch_span_ms"] = 1000 * steps.groupby("rank")[
                     "launch_span_s"].mean().max()
+            if "plan" in steps:
+                row.update(plan_summary(steps))
     row["method_parameter"] = manifest.get("method_parameter")
     args = manifest.get("args") or {}
     row.update(model=args.get("model", "horovod"), lr=args.get("lr"),
@@ -300,12 +304,35 @@ def summarize_run(name, run_dir):
     return row
 
 
+NO_PLAN = {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
+           "plan_replans": math.nan, "plan_fallbacks": math.nan}
+
+
+def plan_summary(steps):
+    """An --auto-allreduce run's plan, from rank 0's steps (every rank applies the same one):
+    the last plan, its predicted step and the measured median the optimizer reported with it,
+    and how many steps' events say it re-planned or fell back."""
+    rank0 = steps[steps["rank"] == 0]
+    planned = rank0[rank0["plan"].fillna("").astype(str) != ""]
+    events = rank0["plan_event"].fillna("").astype(str)
+    counts = {"plan_replans": int(events.str.contains("replanned", regex=False).sum()),
+              "plan_fallbacks": int(events.str.contains("fallback", regex=False).sum())}
+    if planned.empty:
+        return dict(NO_PLAN, **counts)
+    last = planned.iloc[-1]
+    return {"plan": last["plan"], "plan_predicted_ms": float(last["plan_predicted_ms"]),
+            "plan_measured_ms": float(last["plan_measured_ms"]), **counts}
+
+
 def formula_bytes(manifest):
     """The cost model's bytes per step for the run (hvd_compress.costmodel.methods), to set
     beside the bytes its communicator counted; NaN where the manifest cannot say."""
     shapes, ranks = manifest.get("parameter_shapes"), manifest.get("world_size")
     block = (manifest.get("args") or {}).get("scale_block")
-    # no formula for Horovod's own optimizer, Adasum, or one scale per tensor (no fusion)
+    # no formula for Horovod's own optimizer, Adasum, one scale per tensor (no fusion), or a
+    # plan (its buckets' schemes are in the manifest's plan_report)
+    if manifest.get("compression") == "auto":
+        return math.nan
     if not shapes or not ranks or manifest.get("optimizer", manifest.get("route")) != "plugin" or not block:
         return math.nan
     return methods.bytes_per_step(manifest["compression"], [tuple(s) for s in shapes], ranks,
@@ -327,7 +354,8 @@ def write_summary(out):
     """summary.csv over every run folder of the table present in ``out`` (not only the ones
     this invocation ran: ``--only`` re-runs one row without dropping the others)."""
     rows = [summarize_run(spec.name, out / spec.name)
-            for spec in course_runs(extras=True, methods=True) if (out / spec.name).exists()]
+            for spec in course_runs(extras=True, methods=True, auto=True)
+            if (out / spec.name).exists()]
     frame = pd.DataFrame(rows)
     runlog.atomic_write_text(out / "summary.csv", frame.to_csv(index=False))
     return frame
@@ -366,6 +394,9 @@ def parse_args(argv=None):
                         help="add the other methods (int8, onebit, topk 0.01, powersgd rank 2) "
                              "at 2 and 4 processes; the report compares them in a table of "
                              "their own")
+    parser.add_argument("--auto", action="store_true",
+                        help="add the per-bucket plan (--auto-allreduce) at 2 and 4 processes; "
+                             "the report sets its plan beside its predicted and measured step")
     parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
     parser.add_argument("--netem-rate", default=None, metavar="RATE",
                         help="run the multi-process rows over an emulated network of RATE "
@@ -410,7 +441,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out).resolve()
-    runs = select(course_runs(args.extras, args.methods), args.only)
+    runs = select(course_runs(args.extras, args.methods, args.auto), args.only)
     if args.summary_only:
         print(write_summary(out).to_string(index=False))
         return 0

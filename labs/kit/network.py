@@ -37,6 +37,8 @@ from pathlib import Path
 from hvd_compress.costmodel import methods
 from hvd_compress.costmodel.model import Cost, Link
 
+from .flags import AUTO
+
 # Where a prediction is judged (issue 14): rows whose measured exchange is at least this long.
 JUDGED_MS = 5.0
 TOLERANCE = 0.25
@@ -127,7 +129,7 @@ def predictions(net_frame, net_manifests, loop_frame, links, links_after=None):
     rows = {row.run: row for row in net_frame.itertuples()}
     out = []
     for row in net_frame.itertuples():
-        if row.ranks < 2:
+        if row.ranks < 2 or row.compression == AUTO:    # a plan predicts its own step
             continue
         n = int(row.ranks)
         if n not in links or (links_after is not None and n not in links_after):
@@ -154,6 +156,43 @@ def predictions(net_frame, net_manifests, loop_frame, links, links_after=None):
                 loop[base].decompress_ms / 1000 if base in loop else 0.0, decode / 1000)
         out.append(Prediction(row.run, n, row.compression, row.exchange_ms,
                               1000 * wire + decode, be))
+    return out
+
+
+@dataclass
+class PlanRow:
+    """An --auto-allreduce row of a table: the plan it ran, the optimizer's own prediction of
+    its step beside the step it measured, and the step the table measured."""
+    run: str
+    ranks: int
+    plan: str                     # scheme:route per bucket, launch order
+    predicted_ms: float           # the plan's predicted step (the optimizer's)
+    plan_measured_ms: float       # the optimizer's median measured step since the plan
+    step_ms: float                # the table's mean step over the whole run (calibration in)
+
+    @property
+    def error(self):
+        return self.predicted_ms / self.plan_measured_ms - 1
+
+
+def plan_rows(frame):
+    """A PlanRow per --auto-allreduce row of a summary (labs/kit/matrix.py); a row whose plan is
+    missing is an error: the report never shows a blank where the plan should be."""
+    out = []
+    for row in frame.itertuples():
+        if row.compression != AUTO:
+            continue
+        plan = getattr(row, "plan", "")
+        if not isinstance(plan, str) or not plan.strip():
+            raise NetworkError(f"{row.run}: no plan in its steps (did the optimizer plan before "
+                               f"the run ended?)")
+        found = PlanRow(row.run, int(row.ranks), plan.strip(), float(row.plan_predicted_ms),
+                        float(row.plan_measured_ms), float(row.step_ms))
+        if not all(map(math.isfinite, (found.predicted_ms, found.plan_measured_ms))):
+            raise NetworkError(f"{row.run}: its plan has no predicted or no measured step "
+                               f"(predicted {found.predicted_ms}, measured "
+                               f"{found.plan_measured_ms} ms)")
+        out.append(found)
     return out
 
 

@@ -49,7 +49,7 @@ def load(summary_path):
 def style(run):
     """Same colour for a compression, solid for 2 processes, dashed for 4."""
     colours = {"none": "tab:blue", "fp16": "tab:green", "bit16": "tab:orange",
-               "bit8": "tab:red"}
+               "bit8": "tab:red", "auto": "tab:cyan"}
     parts = run.split("-")
     colour = colours.get(parts[1] if len(parts) > 1 else "", "black")
     if run == "serial":
@@ -173,11 +173,13 @@ def plot_network(net_summary_path, calibration, loop_summary, path):
     ax.set_title("Step time: where compression pays")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    bx.bar([i - width / 2 for i in x], [preds[n].measured_ms for n in names], width,
+    predicted = [n for n in names if n in preds]    # an auto row predicts its own step
+    px = range(len(predicted))
+    bx.bar([i - width / 2 for i in px], [preds[n].measured_ms for n in predicted], width,
            label="measured", color="tab:blue")
-    bx.bar([i + width / 2 for i in x], [preds[n].predicted_ms for n in names], width,
+    bx.bar([i + width / 2 for i in px], [preds[n].predicted_ms for n in predicted], width,
            label="predicted (alpha-beta + decode)", color="tab:orange")
-    bx.set_xticks(list(x), names, rotation=45, ha="right")
+    bx.set_xticks(list(px), predicted, rotation=45, ha="right")
     bx.set_ylabel("exchange per step (ms)")
     bx.set_title(f"Exchange on the {rate} link: measured and predicted")
     bx.legend(fontsize=8)

@@ -67,6 +67,7 @@ class RunRecorder:
         self.first_epoch, self.dropped = 1, 0
         self.optimizer = self.steps_log = self.epochs_log = self.watchdog = None
         self._fixed_stats, self._train = dict(NO_STATS), None
+        self.plans = False              # set by recording(): the optimizer plans per bucket
         self._wire = wire_counter()     # bytes on this rank's emulated link, read per epoch
 
     # ---- the run folder and --resume ---------------------------------------------------------
@@ -145,6 +146,13 @@ class RunRecorder:
         files are open; SIGTERM interrupts; the watchdog ends a job that stopped moving."""
         self.optimizer = optimizer
         self._fixed_stats = self._horovod_stats(optimizer)
+        self.plans = manifest.plans(self.args)      # --auto-allreduce: plan columns too
+        if self.plans and not (hasattr(optimizer, "plan_report")
+                               and hasattr(optimizer, "pop_stats")):
+            # every rank sees the same optimizer: each stops here, none waits in a collective
+            raise RuntimeError("--auto-allreduce: the optimizer has no plan_report() or "
+                               "pop_stats(); this hvd_compress's Compression.auto cannot say "
+                               "what it chose")
         if self.rank == 0:
             started = manifest.start(self.run_dir, self.args, self.config, self.size,
                                      optimizer, data, self.first_epoch, self.dropped)
@@ -152,7 +160,8 @@ class RunRecorder:
                   f"{self.args.dataset} {len(data.train_y)} train / {len(data.test_y)} test, "
                   f"epochs {self.first_epoch}..{self.args.epochs}", flush=True)
         self.steps_log = runlog.CsvLog(self.run_dir / f"steps_rank{self.rank}.csv",
-                                       runlog.STEP_COLUMNS)
+                                       runlog.STEP_COLUMNS
+                                       + (runlog.PLAN_COLUMNS if self.plans else []))
         if self.rank == 0:
             self.epochs_log = runlog.CsvLog(self.run_dir / "epochs.csv", runlog.EPOCH_COLUMNS)
         signal.signal(signal.SIGTERM, _interrupt)
@@ -190,7 +199,7 @@ class RunRecorder:
             try:
                 self.steps_log.close()
                 if self.rank == 0:
-                    manifest.finish(self.run_dir, status, reason)
+                    manifest.finish(self.run_dir, status, reason, self._plan_report())
             except OSError as err:      # a full disk may refuse the manifest too: say so
                 print(f"rank {self.rank}: could not record how the run ended in "
                       f"{self.run_dir}: {err}", file=sys.stderr, flush=True)
@@ -295,7 +304,9 @@ class RunRecorder:
         with self.watchdog.phase("checkpoint"):
             self._save_checkpoint(model, optimizer, epoch)
             if self.rank == 0:
-                runlog.update_manifest(self.run_dir, epochs_completed=epoch)
+                runlog.update_manifest(self.run_dir, epochs_completed=epoch,
+                                       **({"plan_report": self._plan_report()}
+                                          if self.plans else {}))
         args = self.args
         if args.max_steps is not None and self.step >= args.max_steps and epoch < args.epochs:
             raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
@@ -326,6 +337,16 @@ class RunRecorder:
         compression = getattr(hvd.Compression, self.args.compression)
         return dict(NO_STATS, bytes_sent=horovod_bytes_sent(compression, numels, self.size))
 
+    def _plan_report(self):
+        """The optimizer's plan report (--auto-allreduce), None otherwise or if it fails now:
+        how the run ended is recorded all the same."""
+        try:
+            return manifest.plan_report(self.optimizer, self.args)
+        except Exception as err:        # the run's own error is the one to report
+            print(f"rank {self.rank}: no plan report: {type(err).__name__}: {err}",
+                  file=sys.stderr, flush=True)
+            return None
+
     def _pop_stats(self):
         """The plugin's timings and bytes since the last call, or Horovod's fixed numbers."""
         if hasattr(self.optimizer, "pop_stats"):
@@ -339,16 +360,32 @@ class RunRecorder:
         in_backward = stats.get("in_backward_s", 0.0)
         in_step = (stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"]
                    - in_backward)
-        return {"rank": self.rank, "epoch": epoch, "step": self.step, "batch": batch,
-                "samples": samples, "loss": loss, "step_s": times["step"],
-                "forward_backward_s": times["forward_backward"] - in_backward,
-                "compress_s": stats["compress_s"], "communicate_s": stats["communicate_s"],
-                "decompress_s": stats["decompress_s"],
-                "update_s": times["optimizer"] - in_step if math.isfinite(in_step)
-                else times["optimizer"],
-                "bytes_sent": stats["bytes_sent"],
-                "exchange_s": stats.get("exchange_s", math.nan),
-                "launch_span_s": stats.get("launch_span_s", math.nan), "wall_time": time.time()}
+        row = {"rank": self.rank, "epoch": epoch, "step": self.step, "batch": batch,
+               "samples": samples, "loss": loss, "step_s": times["step"],
+               "forward_backward_s": times["forward_backward"] - in_backward,
+               "compress_s": stats["compress_s"], "communicate_s": stats["communicate_s"],
+               "decompress_s": stats["decompress_s"],
+               "update_s": times["optimizer"] - in_step if math.isfinite(in_step)
+               else times["optimizer"],
+               "bytes_sent": stats["bytes_sent"],
+               "exchange_s": stats.get("exchange_s", math.nan),
+               "launch_span_s": stats.get("launch_span_s", math.nan), "wall_time": time.time()}
+        if self.plans:
+            row.update(plan_columns(stats))
+        return row
+
+
+def plan_columns(stats):
+    """The PLAN_COLUMNS of a step from pop_stats() of an optimizer that plans per bucket; a
+    missing key is an error (a blank would read as 'no plan yet')."""
+    missing = [k for k in ("plan", "plan_predicted_s", "plan_measured_s", "plan_event")
+               if k not in stats]
+    if missing:
+        raise RuntimeError(f"--auto-allreduce: pop_stats() has no {', '.join(missing)}; this "
+                           f"hvd_compress's Compression.auto does not report its plan")
+    return {"plan": stats["plan"], "plan_predicted_ms": 1000 * stats["plan_predicted_s"],
+            "plan_measured_ms": 1000 * stats["plan_measured_s"],
+            "plan_event": stats["plan_event"]}
 
 
 def _interrupt(signum, frame):

@@ -39,6 +39,7 @@ ALGORITHMS = {
     "onebit": "1-bit 符号 / 1-bit sign + error feedback",
     "topk": "Top-K 稀疏化 / Top-K sparsification",
     "powersgd": "PowerSGD 低秩 / PowerSGD low rank",
+    "auto": "自动选择 / auto: per-bucket plan (--auto-allreduce)",
 }
 REQUIRED = ["ranks", "train_time_s", "final_test_accuracy", "step_ms", "forward_backward_ms",
             "compress_ms", "communicate_ms", "decompress_ms", "update_ms", "bytes_per_step"]
@@ -308,7 +309,7 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
              "网卡字节 / Bytes on the wire per step | wire / counted | 盈亏平衡 / Pays below | "
              "运行 / Run |", "|" + "---|" * 14]
     for row in frame.itertuples():
-        if row.ranks < 2:
+        if row.ranks < 2 or row.run not in preds:   # auto: its own table below
             continue
         p = preds[row.run]
         fp32, fp16 = run_name(row.ranks, "none"), run_name(row.ranks, "fp16")
@@ -359,9 +360,65 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "- Bytes on the wire: each process's eth0 transmit counter "
               "(/sys/class/net/eth0/statistics/tx_bytes in its namespace), read before and "
               "after the training loop of each epoch, per process and step.",
-              "", wire_sentence(frame), "", calibration_table(links, idle),
+              "", wire_sentence(frame), "", auto_on_link(frame, net, rate),
+              "", calibration_table(links, idle),
               "", where_it_pays(net, loop, preds, rate)]
     return "\n".join(lines) + "\n\n![网络上的步时间与预测 / Step time and predicted exchange on the emulated link](network.png)"
+
+
+def plan_table(frame, baseline):
+    """The --auto-allreduce rows: the plan (scheme:route per bucket, launch order), the
+    optimizer's predicted step beside its measured one, the table's mean step (calibration
+    included) against float32's of the same table; `baseline(ranks)` gives that float32 row."""
+    try:
+        rows = network.plan_rows(frame)
+    except network.NetworkError as err:
+        raise ReportError(str(err)) from None
+    header = ("| 设备数 / Devices | 计划 / Plan (scheme:route per bucket) | 预测 / Predicted step "
+              "(ms) | 实测 / Measured step since the plan (ms) | error | 每步 / Step, whole run "
+              "(ms) | step / fp32 | 正确率 / Accuracy | vs fp32 (points) | 运行 / Run |")
+    lines = [header, "|" + "---|" * 10]
+    for p in rows:
+        row = frame[frame["run"] == p.run].iloc[0]
+        fp32 = baseline(p.ranks)
+        if fp32 is None:
+            raise ReportError(f"{p.run}: the table has no {run_name(p.ranks, 'none')} to "
+                              f"compare it with")
+        lines.append(
+            f"| {p.ranks} | `{p.plan}` | {p.predicted_ms:.1f} | {p.plan_measured_ms:.1f} | "
+            f"{100 * p.error:+.0f}% | {p.step_ms:.1f} | {p.step_ms / fp32.step_ms:.2f} | "
+            f"{100 * row.final_test_accuracy:.2f}% | "
+            f"{100 * (row.final_test_accuracy - fp32.final_test_accuracy):+.2f} | `{p.run}` |")
+    return "\n".join(lines)
+
+
+PLAN_NOTES = ("- Plan: each gradient bucket's scheme and route, in the order backward launches "
+              "them, as the optimizer chose it from what the job measured (backward's pace, the "
+              "link, the codecs' cost; docs/planner.md); the run folder's manifest.json holds "
+              "the whole `plan_report` (buckets, bytes, measurements, refused candidates, "
+              "calibration time, events) and steps.csv the plan of every step.\n"
+              "- Predicted: the plan's step on the cost model's timeline; measured: the "
+              "optimizer's median step since the plan was applied (issue 25's target: within "
+              "15%). Step, whole run: the table's mean over every step, calibration included, "
+              "so what the decision cost is in it.")
+
+
+def auto_section(frame):
+    """The per-bucket plan's rows of the loopback table, or how to add them."""
+    if not (frame["compression"] == "auto").any():
+        return ("Not run in this matrix: `python -m labs.kit.matrix --auto` (or `bash "
+                "scripts/run_lab.sh --auto`) adds the per-bucket plan (`--auto-allreduce`) at 2 "
+                "and 4 processes.")
+    by_run = {row.run: row for row in frame.itertuples()}
+    return (plan_table(frame, lambda n: by_run.get(run_name(n, "none"))) + "\n\n" + PLAN_NOTES)
+
+
+def auto_on_link(frame, net, rate):
+    """The per-bucket plan's rows on the emulated link (empty when the table has none)."""
+    if not (frame["compression"] == "auto").any():
+        return ""
+    return (f"### 自动选择 / The per-bucket plan on the {network.rate_text(rate)} link\n\n"
+            + plan_table(frame, lambda n: net.get(run_name(n, "none"))) + "\n\n" + PLAN_NOTES)
 
 
 def wire_sentence(frame):
@@ -519,6 +576,7 @@ def build_report(summary_path, template_path, network_summary=None, calibration=
         epoch_size=epoch_size(frame, manifests),
         results_table=results_table(frame[~frame["compression"].isin(METHODS)]),
         methods_section=methods_section(frame),
+        auto_section=auto_section(frame),
         findings=findings(frame, env.get("cpus_usable")),
         network_section=network_section(
             network_summary, calibration, frame,

@@ -45,6 +45,15 @@ STEP_COLUMNS = [
     "launch_span_s",        # first bucket launched -> last bucket launched (backward's pace)
     "wall_time",            # unix time at the end of the step
 ]
+# After STEP_COLUMNS in a run whose optimizer plans per bucket (--auto-allreduce: its
+# pop_stats() reports them): what each step ran under.
+PLAN_COLUMNS = [
+    "plan",                 # per-bucket scheme:route in launch order, space-separated ("" before
+                            # the first plan)
+    "plan_predicted_ms",    # the plan's predicted step (nan before it)
+    "plan_measured_ms",     # median measured step since the plan was applied (nan before)
+    "plan_event",           # "", "calibrating", "planned", "replanned: why", "fallback: why"
+]
 EPOCH_COLUMNS = [
     "epoch", "steps", "train_samples", "train_loss", "epoch_s", "train_samples_per_s",
     "test_samples", "test_loss", "test_accuracy", "eval_s", "bytes_sent",

@@ -11,13 +11,14 @@ from typing import Optional
 from hvd_compress.costmodel.methods import METHOD_DEFAULTS
 from hvd_compress.registry import COURSE_SCHEMES, METHODS, SCHEMES, run_name
 
-from .flags import DEFAULTS
-
+from .flags import AUTO, AUTO_FLAG, DEFAULTS
 
 
 def scheme_flags(name):
     """The trainer's flags that pick scheme `name` (its registry entry's flag, with the
-    method's default parameter where it takes one)."""
+    method's default parameter where it takes one; auto's own switch)."""
+    if name == AUTO and AUTO not in SCHEMES:
+        return [AUTO_FLAG]
     entry = SCHEMES[name]
     if not entry.flag:
         return []
@@ -28,6 +29,8 @@ def scheme_flags(name):
 SCHEME_FLAGS = {name: scheme_flags(name) for name in COURSE_SCHEMES}
 # The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
 METHOD_FLAGS = {name: scheme_flags(name) for name in METHODS}
+# The per-bucket plan (issue 25): the matrix's --auto rows, at 2 and 4 processes.
+AUTO_FLAGS = {AUTO: scheme_flags(AUTO)}
 RANKS = (2, 4)
 # A run of the network that is not the default is named so: np2-bit8-small (Horovod's small
 # example network; "-horovod" already names Horovod's own optimizer, --optimizer horovod).
@@ -51,7 +54,7 @@ class Run:
 
     @property
     def flags(self):
-        flags = list({**SCHEME_FLAGS, **METHOD_FLAGS}[self.scheme])
+        flags = list({**SCHEME_FLAGS, **METHOD_FLAGS, **AUTO_FLAGS}[self.scheme])
         if self.route:
             flags += ["--route", self.route]
         if self.error_feedback:
@@ -59,16 +62,19 @@ class Run:
         return flags
 
 
-def course_runs(extras=False, methods=False):
+def course_runs(extras=False, methods=False, auto=False):
     """The course's table in the order the matrix runs it: serial, then 2 and 4 processes x
     every scheme; `extras` adds bit8 by the two-phase route and bit8 with error feedback,
-    `methods` the other methods (int8, onebit, topk, powersgd) at 2 and 4 processes."""
+    `methods` the other methods (int8, onebit, topk, powersgd) at 2 and 4 processes, `auto`
+    the per-bucket plan (np2-auto, np4-auto)."""
     runs = [Run(1)] + [Run(ranks, scheme) for ranks in RANKS for scheme in SCHEME_FLAGS]
     if extras:
         for ranks in RANKS:
             runs += [Run(ranks, "bit8", route="alltoall"), Run(ranks, "bit8", error_feedback=True)]
     if methods:
         runs += [Run(ranks, method) for ranks in RANKS for method in METHOD_FLAGS]
+    if auto:
+        runs += [Run(ranks, AUTO) for ranks in RANKS]
     return runs
 
 

@@ -1,0 +1,232 @@
+"""The step benchmark's own arithmetic (scripts/bench_step.py: its grid, steps per cell, the
+round-to-round spread, the summary's ratios and plan columns) and the wins-and-losses count
+(scripts/wins_losses.py), on hand-made frames whose answers are known by construction. Nothing
+here starts Horovod."""
+import math
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, load_script
+
+pytestmark = pytest.mark.unit
+
+bench = load_script(ROOT / "scripts" / "bench_step.py", "bench_step")
+wins = load_script(ROOT / "scripts" / "wins_losses.py", "wins_losses")
+
+FIXED = [r for r in bench.ROWS if r != bench.AUTO_ROW]
+
+
+# ---- the grid -------------------------------------------------------------------------------
+
+def test_the_grid_has_a_10mbit_link_the_emulator_reads_as_10_mbit_per_s():
+    from labs import netem
+    args = bench.parse_args(["--rows", ",".join(FIXED)])
+    assert args.links == ["loopback", "100mbit", "1gbit", "10mbit"]
+    assert args.models == ["lab", "basic"] and args.ranks == [2, 4]
+    assert bench.LINKS["10mbit"] == "10mbit" and netem.parse_rate("10mbit") == 1e7
+    assert [netem.parse_rate(bench.LINKS[k]) for k in ("1gbit", "100mbit")] == [1e9, 1e8]
+    assert bench.LINKS["loopback"] is None
+    assert bench.AUTO_ROW in bench.ROWS and bench.ROWS[:7] == FIXED
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--links", "56kbit"], "links among"),
+    (["--rows", "ours:bit4"], "rows must be among"),
+    (["--models", "resnet"], "models must be among"),
+    (["--ranks", "two"], "comma-separated numbers"),
+    (["--ranks", "1"], "at least 2 ranks"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--max-rounds", "0"], "--max-rounds must be at least 1"),
+])
+def test_bad_arguments_are_clear_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(argv + (["--rows", "stock:none"] if "--rows" not in argv else []))
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_auto_row_without_the_runtime_is_refused_before_anything_runs(monkeypatch, capsys):
+    """An hvd_compress without Compression.auto: the auto row is refused at once, saying how
+    to leave it out (labs.kit.flags.auto_compression's error, replaced here by one that says
+    the same thing, since this checkout may have the runtime)."""
+    from labs.kit import flags
+
+    def missing():
+        raise RuntimeError("--auto-allreduce: this hvd_compress has no Compression.auto")
+    monkeypatch.setattr(flags, "auto_compression", missing)
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--rows", "stock:none,ours:auto"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "ours:auto" in err and "no Compression.auto" in err and "--rows" in err
+
+
+def test_steps_per_cell_defaults_and_overrides():
+    """5 steps a round, 8 rounds going on to 16 while a row's spread is over the target; the
+    basic net at 10mbit 3 a round, 4 to 8. --steps/--rounds run exactly what they say
+    (--steps 5: five rounds of one step, as before), --max-rounds allows more."""
+    assert bench.cell_steps("lab", "loopback") == (5, 8, 16)
+    assert bench.cell_steps("basic", "100mbit") == (5, 8, 16)
+    assert bench.cell_steps("lab", "10mbit") == (5, 8, 16)
+    assert bench.cell_steps("basic", "10mbit") == (3, 4, 8)
+    assert bench.cell_steps("lab", "loopback", steps=5) == (1, 5, 5)
+    assert bench.cell_steps("lab", "loopback", steps=40) == (5, 8, 8)
+    assert bench.cell_steps("basic", "10mbit", steps=12) == (3, 4, 4)
+    assert bench.cell_steps("lab", "loopback", rounds=4) == (5, 4, 4)
+    assert bench.cell_steps("lab", "loopback", steps=20, rounds=4) == (5, 4, 4)
+    assert bench.cell_steps("lab", "loopback", max_rounds=12) == (5, 8, 12)
+    assert bench.cell_steps("lab", "loopback", steps=40, max_rounds=3) == (5, 8, 8)
+
+
+# ---- the spread and the summary -------------------------------------------------------------
+
+def test_round_spread_by_hand():
+    """Round 1: 10, 10, 12 (median 10); round 2: 11, 11 (median 11); all five: median 11.
+    Spread (11 - 10) / 11 = 9.09%. One round: no spread."""
+    assert bench.round_spread_pct([10, 10, 12, 11, 11], [1, 1, 1, 2, 2]) == pytest.approx(
+        100 / 11)
+    assert bench.round_spread_pct([5, 5, 5, 5], [1, 2, 3, 4]) == 0.0
+    assert math.isnan(bench.round_spread_pct([10, 12], [1, 1]))
+
+
+def steps_frame():
+    """Two cells, each row four steps in two rounds; auto's plan columns filled."""
+    rows = []
+    steps = {("lab", "loopback", 2): {"stock:none": [10, 10, 10, 10], "ours:bit8:allgather":
+                                      [9, 9, 9.9, 9.9], "ours:auto": [9.5, 9.5, 9.5, 9.5]},
+             ("basic", "10mbit", 2): {"stock:none": [4000, 4100, 4000, 4100],
+                                      "stock:fp16": [2000, 2000, 2000, 2000],
+                                      "ours:auto": [1000, 1000, 1100, 1100]}}
+    for (model, link, n), cell in steps.items():
+        for row, values in cell.items():
+            for i, ms in enumerate(values):
+                auto = row == "ours:auto"
+                rows.append({"model": model, "link": link, "ranks": n, "row": row,
+                             "round": 1 + i // 2, "step": i % 2, "step_ms": ms,
+                             "forward_backward_ms": 1.0, "compress_ms": 0.1,
+                             "communicate_ms": 0.2, "decompress_ms": 0.1, "overlap_ms": 0.0,
+                             "bytes_sent": 100.0,
+                             "plan": ("none:allreduce bit8:allgather" if i else "") if auto else "",
+                             "plan_predicted_ms": (0.9 * ms if i else math.nan) if auto else math.nan,
+                             "plan_measured_ms": (ms + i if i else math.nan) if auto else math.nan,
+                             "plan_event": ("planned" if i == 1 else "replanned: drift"
+                                            if i == 3 else "") if auto else ""})
+    return pd.DataFrame(rows, columns=bench.STEP_COLUMNS)
+
+
+def test_summary_ratios_spread_plan_and_calibration():
+    calibration = pd.DataFrame([{"model": "basic", "link": "10mbit", "ranks": 2,
+                                 "row": "ours:auto", "auto_warmup_steps": 12,
+                                 "auto_warmup_s": 30.5, "calibration_s": 4.25,
+                                 "plan": "bit8:allgather"}])
+    summary = bench.summarise(steps_frame(), calibration).set_index(["link", "row"])
+    # the fastest fixed row of each cell; auto is judged against it, never counted as it
+    assert summary.loc[("loopback", "ours:auto"), "fastest_row"] == "ours:bit8:allgather"
+    assert summary.loc[("loopback", "ours:auto"), "vs_fastest"] == pytest.approx(9.5 / 9.45)
+    assert summary.loc[("loopback", "stock:none"), "vs_fastest"] == pytest.approx(10 / 9.45)
+    assert summary.loc[("10mbit", "ours:auto"), "fastest_row"] == "stock:fp16"
+    assert summary.loc[("10mbit", "ours:auto"), "vs_fastest"] == pytest.approx(1050 / 2000)
+    assert summary.loc[("10mbit", "ours:auto"), "vs_stock_none"] == pytest.approx(1050 / 4050)
+    # round to round: bit8 9 then 9.9 around a median of 9.45; stock 4050 in both rounds
+    assert summary.loc[("loopback", "ours:bit8:allgather"), "round_spread_pct"] == pytest.approx(
+        100 * 0.9 / 9.45)
+    assert summary.loc[("10mbit", "stock:none"), "round_spread_pct"] == 0.0
+    assert (summary.rounds == 2).all() and (summary.steps == 4).all()
+    # the plan of the last timed step, the median predicted over planned steps, re-plans
+    auto = summary.loc[("10mbit", "ours:auto")]
+    assert auto.plan == "none:allreduce bit8:allgather"
+    assert auto.plan_predicted_ms == pytest.approx(0.9 * 1100)     # of 1000, 1100, 1100
+    assert auto.plan_measured_ms == 1100 + 3 and auto.plan_replans == 1
+    assert summary.loc[("loopback", "stock:none"), "plan"] == ""
+    assert math.isnan(summary.loc[("loopback", "stock:none"), "plan_predicted_ms"])
+    # auto's warm-up to its plan, on its own row only
+    assert (auto.auto_warmup_steps, auto.auto_warmup_s, auto.calibration_s) == (12, 30.5, 4.25)
+    assert math.isnan(summary.loc[("loopback", "ours:auto"), "calibration_s"])
+
+
+def test_summary_of_a_benchmark_from_before_the_plan_columns():
+    """results/step/steps.csv as committed (no plan columns, no auto row) still summarises."""
+    old = pd.read_csv(ROOT / "results" / "step" / "steps.csv")
+    assert "plan" not in old
+    summary = bench.summarise(old)
+    assert len(summary) == 84 and (summary.plan == "").all()
+    assert summary.round_spread_pct.notna().all() and (summary.vs_fastest >= 1).all()
+    assert (summary.groupby(["model", "link", "ranks"]).vs_fastest.min() == 1).all()
+
+
+# ---- wins and losses ------------------------------------------------------------------------
+
+def hand_made_summary():
+    """Three cells whose answers are known:
+    A lab/loopback/2:   bit8 9 fastest; auto 9.3 (x1.033 of it, x0.93 of stock float32 10)
+    B basic/100mbit/2:  bit8 300 fastest fixed; auto 290 faster still (x0.967; x0.58 of 500)
+    C basic/1gbit/4:    stock float32 270 fastest, ours none 272 (0.74% behind); auto 290
+                        (x1.074 of both: a loss worth naming)"""
+    steps = {("lab", "loopback", 2): [10, 12, 11, 9, 9.3],
+             ("basic", "100mbit", 2): [500, 350, 490, 300, 290],
+             ("basic", "1gbit", 4): [270, 300, 272, 280, 290]}
+    rows = ["stock:none", "stock:fp16", "ours:none", "ours:bit8:allgather", "ours:auto"]
+    return pd.DataFrame([{"model": m, "link": l, "ranks": n, "row": r, "step_ms": ms,
+                          "plan": "bit8:allgather" if r == "ours:auto" else "",
+                          "round_spread_pct": 1.5}
+                         for (m, l, n), values in steps.items() for r, ms in zip(rows, values)])
+
+
+def test_wins_and_losses_by_construction(tmp_path):
+    path = tmp_path / "summary.csv"
+    hand_made_summary().to_csv(path, index=False)
+    assert wins.main([str(path)]) == 0
+    table = pd.read_csv(tmp_path / "wins_losses.csv").set_index("row")
+    assert table.fastest_in.to_dict() == {"stock:none": 1, "stock:fp16": 0, "ours:none": 0,
+                                          "ours:bit8:allgather": 2, "ours:auto": 1}
+    assert table.beats_stock_none_in.to_dict() == {"stock:none": 0, "stock:fp16": 1,
+                                                   "ours:none": 1, "ours:bit8:allgather": 2,
+                                                   "ours:auto": 2}
+    assert (table.cells == 3).all()
+    auto = table.loc["ours:auto"]
+    assert (auto.within_5pct_of_fastest_in, auto.within_5pct_of_stock_none_in) == (2, 2)
+    assert auto.median_vs_fastest == pytest.approx(9.3 / 9, rel=1e-3)
+    assert auto.worst_vs_fastest == pytest.approx(290 / 270, rel=1e-3)
+    assert table.loc[["stock:none", "ours:none"], "within_5pct_of_fastest_in"].isna().all()
+    cells = pd.read_csv(tmp_path / "wins_losses_cells.csv")
+    assert cells.fastest_row.tolist() == ["ours:bit8:allgather", "ours:bit8:allgather",
+                                          "stock:none"]
+    assert cells.auto_vs_stock_none.tolist() == pytest.approx([0.93, 0.58, 290 / 270], rel=1e-3)
+    assert cells.auto_plan.tolist() == ["bit8:allgather"] * 3
+    text = (tmp_path / "wins_losses.md").read_text()
+    assert "3 cells" in text and "| ours:bit8:allgather | 3 | 2 | 2 |" in text
+
+
+def test_ties_within_a_margin_count_for_every_tied_row(tmp_path):
+    """With --tie-pct 1, ours none (272, 0.74% behind stock's 270) shares cell C's win."""
+    path = tmp_path / "summary.csv"
+    hand_made_summary().to_csv(path, index=False)
+    assert wins.main([str(path), "--tie-pct", "1", "--out-dir", str(tmp_path / "tied")]) == 0
+    table = pd.read_csv(tmp_path / "tied" / "wins_losses.csv").set_index("row")
+    assert table.loc["ours:none", "fastest_in"] == 1 and table.loc["stock:none", "fastest_in"] == 1
+    cells = pd.read_csv(tmp_path / "tied" / "wins_losses_cells.csv")
+    assert cells.fastest_row.iloc[2] == "stock:none ours:none"
+
+
+def test_a_summary_without_auto_counts_the_fixed_schemes_alone(tmp_path):
+    frame = hand_made_summary()
+    frame[frame.row != "ours:auto"].to_csv(tmp_path / "summary.csv", index=False)
+    assert wins.main([str(tmp_path / "summary.csv")]) == 0
+    table = pd.read_csv(tmp_path / "wins_losses.csv")
+    assert "ours:auto" not in set(table.row) and table.fastest_in.sum() == 3
+
+
+def test_wins_losses_refuses_what_it_cannot_count(tmp_path, capsys):
+    pd.DataFrame({"model": ["lab"], "row": ["stock:none"]}).to_csv(tmp_path / "a.csv", index=False)
+    assert wins.main([str(tmp_path / "a.csv")]) == 1
+    assert "not a bench_step summary (no link, ranks, step_ms)" in capsys.readouterr().err
+    frame = hand_made_summary()
+    frame.loc[2, "step_ms"] = math.nan
+    frame.to_csv(tmp_path / "b.csv", index=False)
+    assert wins.main([str(tmp_path / "b.csv")]) == 1
+    assert "lab/loopback/n=2/ours:none" in capsys.readouterr().err
+    frame = hand_made_summary()
+    frame[frame.row == "ours:auto"].to_csv(tmp_path / "c.csv", index=False)
+    assert wins.main([str(tmp_path / "c.csv")]) == 1
+    assert "no fixed row" in capsys.readouterr().err
+    assert not (tmp_path / "wins_losses.csv").exists()
