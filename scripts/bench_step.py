@@ -206,8 +206,9 @@ def worker(args):
             out.flush()
         more = 0.0
         if rank == 0 and rnd < args.max_rounds:
-            worst = max((round_spread_pct(*t) for t in times.values() if t[0]), default=0.0)
-            more = float(rnd < args.rounds or not worst <= args.target_spread)
+            spreads = [round_spread_pct(*t) for t in times.values() if t[0]]
+            worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
+            more = float(rnd < args.rounds or worst > args.target_spread)
         more = hvd.broadcast(torch.tensor([more]), root_rank=0, name=f"more.{rnd}").item()
         if not more:
             break
@@ -295,8 +296,8 @@ def plan_summary(steps, keys):
     import pandas as pd
     rows = []
     for key, g in steps.groupby(keys, sort=False):
-        plan = g["plan"].fillna("").astype(str) if "plan" in g else pd.Series([""] * len(g))
-        events = (g["plan_event"].fillna("").astype(str) if "plan_event" in g
+        plan = g["plan"].astype("string").fillna("") if "plan" in g else pd.Series([""] * len(g))
+        events = (g["plan_event"].astype("string").fillna("") if "plan_event" in g
                   else pd.Series([""] * len(g)))
         planned = plan != ""
         rows.append(dict(zip(keys, key), plan=plan[planned].iloc[-1] if planned.any() else "",

@@ -155,9 +155,10 @@ def check_auto(parser, args):
     """--auto-allreduce: the plan picks each bucket's scheme, route and error feedback, so the
     flags that fix them for the whole model are refused, and so is a build of hvd_compress
     without the runtime (before Horovod starts, exit code 2, no run folder)."""
-    for flag, given in (("--route", args.route), ("--error-feedback", args.error_feedback),
+    for flag, given in (("--route", args.route is not None),
+                        ("--error-feedback", args.error_feedback is not None),  # or --no-...
                         ("--use-adasum", args.use_adasum)):
-        if given not in (None, False):
+        if given:
             parser.error(f"{flag} cannot be combined with {AUTO_FLAG}: the plan chooses "
                          f"each bucket's scheme, route and error feedback (docs/planner.md)")
     if args.optimizer == "horovod":

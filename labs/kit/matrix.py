@@ -313,8 +313,8 @@ def plan_summary(steps):
     the last plan, its predicted step and the measured median the optimizer reported with it,
     and how many steps' events say it re-planned or fell back."""
     rank0 = steps[steps["rank"] == 0]
-    planned = rank0[rank0["plan"].fillna("").astype(str) != ""]
-    events = rank0["plan_event"].fillna("").astype(str)
+    planned = rank0[rank0["plan"].astype("string").fillna("") != ""]
+    events = rank0["plan_event"].astype("string").fillna("")
     counts = {"plan_replans": int(events.str.contains("replanned", regex=False).sum()),
               "plan_fallbacks": int(events.str.contains("fallback", regex=False).sum())}
     if planned.empty:

@@ -327,6 +327,8 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
             f"{100 * p.error:+.0f}%{judged} | {row.bytes_per_step:,.0f} | "
             f"{row.wire_bytes_per_step:,.0f} | {row.wire_bytes_per_step / row.bytes_per_step:.3f} | "
             f"{pays} | `{row.run}` |")
+    auto = auto_on_link(frame, net, rate)
+    auto_lines = [auto, ""] if auto else []
     judged = [p for p in preds.values() if p.judged]
     worst = max(judged, key=lambda p: abs(p.error)) if judged else None
     within = sum(abs(p.error) <= network.TOLERANCE for p in judged)
@@ -360,8 +362,7 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "- Bytes on the wire: each process's eth0 transmit counter "
               "(/sys/class/net/eth0/statistics/tx_bytes in its namespace), read before and "
               "after the training loop of each epoch, per process and step.",
-              "", wire_sentence(frame), "", auto_on_link(frame, net, rate),
-              "", calibration_table(links, idle),
+              "", wire_sentence(frame), ""] + auto_lines + [calibration_table(links, idle),
               "", where_it_pays(net, loop, preds, rate)]
     return "\n".join(lines) + "\n\n![网络上的步时间与预测 / Step time and predicted exchange on the emulated link](network.png)"
 
