@@ -22,11 +22,12 @@ every row. Defaults (STEPS): 5 steps a round, 8 to 16 rounds; the basic net at 1
 round, 4 to 8 rounds (a step there takes 1-7 s). --steps (a row's steps in its first --rounds
 rounds), --rounds and --max-rounds set every cell alike.
 
-ours:auto: before the timed rounds its warm-up goes on until every rank has a plan (at most
---auto-warmup-max steps, else the cell fails and says so); those steps are not timed as the
-row's steps, but their number and wall time and the calibration seconds the optimizer reports
-are in calibration.csv and on the row of summary.csv (auto_warmup_steps, auto_warmup_s,
-calibration_s), and its plan_report() in plans/<cell>.json. Its timed steps include whatever
+ours:auto: before the timed rounds its warm-up goes on until every rank has decided, a plan or
+a fallback to float32 (at most --auto-warmup-max steps, else the cell fails and says so); those
+steps are not timed as the row's steps, but their number and wall time, the calibration seconds
+the optimizer reports and the outcome ("planned" or its "fallback: why") are in calibration.csv
+and on the row of summary.csv (auto_warmup_steps, auto_warmup_s, calibration_s, auto_outcome),
+and its plan_report() in plans/<cell>.json. Its timed steps include whatever
 re-planning the optimizer does (plan_event in steps.csv).
 
 Writes OUT/steps.csv (one row per timed step of rank 0, with the plan it ran under for auto),
@@ -60,7 +61,7 @@ PLAN = ["plan", "plan_predicted_ms", "plan_measured_ms", "plan_event"]
 STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + SPLIT + [
     "bytes_sent"] + PLAN
 CALIBRATION_COLUMNS = ["model", "link", "ranks", "row", "auto_warmup_steps", "auto_warmup_s",
-                       "calibration_s", "plan"]
+                       "calibration_s", "auto_outcome", "plan"]
 # (steps a round, first rounds, most rounds) per (model, link); "*" for any other.
 STEPS = {("*", "*"): (5, 8, 16), ("basic", "10mbit"): (3, 4, 8)}
 TARGET_SPREAD_PCT = 3.0
@@ -165,17 +166,22 @@ def worker(args):
         return t0, t1, t2, opt.pop_stats() if hasattr(opt, "pop_stats") else {}
 
     def warm_up_auto(model, opt):
-        """Steps until every rank has a plan: (steps, seconds, the report)."""
-        start = time.perf_counter()
+        """Steps until every rank has decided (a plan, or a fallback to float32, which the
+        optimizer says in plan_event): (steps, seconds, outcome, the report)."""
+        start, outcome = time.perf_counter(), ""
         for i in range(args.auto_warmup_max):
             *_, stats = step(model, opt, i)
-            planned = bool(plan_fields(AUTO_ROW, stats)["plan"])
-            agreed = hvd.allreduce(torch.tensor([float(planned)]), op=hvd.Min,
-                                   name=f"auto_planned.{i}")
+            fields = plan_fields(AUTO_ROW, stats)
+            if "fallback" in fields["plan_event"]:
+                outcome = fields["plan_event"]
+            decided = bool(fields["plan"]) or bool(outcome)
+            agreed = hvd.allreduce(torch.tensor([float(decided)]), op=hvd.Min,
+                                   name=f"auto_decided.{i}")
             if agreed.item() == 1.0:
-                return i + 1, time.perf_counter() - start, opt.plan_report()
-        raise RuntimeError(f"ours:auto made no plan in {args.auto_warmup_max} warm-up steps "
-                           f"(--auto-warmup-max)")
+                return (i + 1, time.perf_counter() - start, outcome or "planned",
+                        opt.plan_report())
+        raise RuntimeError(f"ours:auto neither planned nor fell back in {args.auto_warmup_max} "
+                           f"warm-up steps (--auto-warmup-max)")
 
     out = open(args.csv, "a", newline="") if rank == 0 else None
     writer = csv.writer(out) if out else None
@@ -185,9 +191,9 @@ def worker(args):
         for row, (model, opt) in rows.items():
             hvd.allreduce(torch.zeros(1), name="barrier")
             if rnd == 0 and row == AUTO_ROW:
-                count, seconds, report = warm_up_auto(model, opt)
+                count, seconds, outcome, report = warm_up_auto(model, opt)
                 if rank == 0:
-                    write_calibration(args, n, count, seconds, report)
+                    write_calibration(args, n, count, seconds, outcome, report)
                 continue
             for i in range(args.per_round if rnd else args.warmup):
                 t0, t1, t2, stats = step(model, opt, i)
@@ -222,14 +228,14 @@ def worker(args):
         out.close()
 
 
-def write_calibration(args, n, count, seconds, report):
-    """One line of calibration.csv: auto's warm-up until it planned, and what it reports."""
+def write_calibration(args, n, count, seconds, outcome, report):
+    """One line of calibration.csv: auto's warm-up until it decided, and what it reports."""
     calibration = report.get("calibration_s", math.nan) if isinstance(report, dict) else math.nan
     buckets = report.get("buckets", []) if isinstance(report, dict) else []
     plan = " ".join(str(b.get("label", "")) for b in buckets)
     with open(Path(args.csv).parent / "calibration.csv", "a", newline="") as stream:
         csv.writer(stream).writerow([args.model, args.link, n, AUTO_ROW, count, seconds,
-                                     calibration, plan])
+                                     calibration, outcome, plan])
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -282,10 +288,11 @@ def summarise(steps, calibration=None):
                              for s, k in zip(summary.step_ms, cells)]
     if calibration is not None and len(calibration):
         summary = summary.merge(calibration[keys + ["auto_warmup_steps", "auto_warmup_s",
-                                                    "calibration_s"]], on=keys, how="left")
+                                                    "calibration_s", "auto_outcome"]],
+                                on=keys, how="left")
     else:
         summary = summary.assign(auto_warmup_steps=math.nan, auto_warmup_s=math.nan,
-                                 calibration_s=math.nan)
+                                 calibration_s=math.nan, auto_outcome="")
     return summary
 
 

@@ -15,7 +15,8 @@ its median step (step_ms). Writes, beside the summary (or in --out-dir):
                          it beats stock float32; for ours:auto, cells within 5% of the fastest
                          fixed row and of stock float32 (issue 25's targets) and its ratios
   wins_losses_cells.csv  one line per cell: the fastest fixed row, stock float32, auto, its plan
-                         and its ratios to both
+                         (or its fallback), its ratios to both, and the round-to-round spread
+                         of the fastest row and of auto (a ratio inside them is a tie)
   wins_losses.md         both, as tables
 Pure pandas on the CSV: nothing is run or measured here.
 """
@@ -64,13 +65,23 @@ def per_cell(frame, tie_pct=0.0):
         stock_ms = stock.iloc[0] if len(stock) else math.nan
         lines.append(dict(zip(CELL, key), fastest_row=" ".join(tied.row),
                           fastest_ms=best, stock_none_ms=stock_ms, auto_ms=auto_ms,
-                          auto_plan=(auto["plan"].iloc[0] if len(auto) and "plan" in auto
-                                     and isinstance(auto["plan"].iloc[0], str) else ""),
+                          auto_plan=_text(auto, "plan"), auto_outcome=_text(auto, "auto_outcome"),
                           auto_vs_fastest=auto_ms / best, auto_vs_stock_none=auto_ms / stock_ms,
-                          auto_spread_pct=(auto["round_spread_pct"].iloc[0]
-                                           if len(auto) and "round_spread_pct" in auto
-                                           else math.nan)))
+                          fastest_spread_pct=_number(tied.iloc[:1], "round_spread_pct"),
+                          auto_spread_pct=_number(auto, "round_spread_pct")))
     return pd.DataFrame(lines)
+
+
+def _text(rows, column):
+    """The first row's text in `column`, "" where there is none."""
+    if not len(rows) or column not in rows:
+        return ""
+    value = rows[column].iloc[0]
+    return value if isinstance(value, str) else ""
+
+
+def _number(rows, column):
+    return float(rows[column].iloc[0]) if len(rows) and column in rows else math.nan
 
 
 def counts(frame, cells):

@@ -118,7 +118,7 @@ def test_summary_ratios_spread_plan_and_calibration():
     calibration = pd.DataFrame([{"model": "basic", "link": "10mbit", "ranks": 2,
                                  "row": "ours:auto", "auto_warmup_steps": 12,
                                  "auto_warmup_s": 30.5, "calibration_s": 4.25,
-                                 "plan": "bit8:allgather"}])
+                                 "auto_outcome": "planned", "plan": "bit8:allgather"}])
     summary = bench.summarise(steps_frame(), calibration).set_index(["link", "row"])
     # the fastest fixed row of each cell; auto is judged against it, never counted as it
     assert summary.loc[("loopback", "ours:auto"), "fastest_row"] == "ours:bit8:allgather"
@@ -140,7 +140,8 @@ def test_summary_ratios_spread_plan_and_calibration():
     assert summary.loc[("loopback", "stock:none"), "plan"] == ""
     assert math.isnan(summary.loc[("loopback", "stock:none"), "plan_predicted_ms"])
     # auto's warm-up to its plan, on its own row only
-    assert (auto.auto_warmup_steps, auto.auto_warmup_s, auto.calibration_s) == (12, 30.5, 4.25)
+    assert (auto.auto_warmup_steps, auto.auto_warmup_s, auto.calibration_s,
+            auto.auto_outcome) == (12, 30.5, 4.25, "planned")
     assert math.isnan(summary.loc[("loopback", "ours:auto"), "calibration_s"])
 
 
@@ -193,6 +194,7 @@ def test_wins_and_losses_by_construction(tmp_path):
                                           "stock:none"]
     assert cells.auto_vs_stock_none.tolist() == pytest.approx([0.93, 0.58, 290 / 270], rel=1e-3)
     assert cells.auto_plan.tolist() == ["bit8:allgather"] * 3
+    assert (cells.fastest_spread_pct == 1.5).all() and (cells.auto_spread_pct == 1.5).all()
     text = (tmp_path / "wins_losses.md").read_text()
     assert "3 cells" in text and "| ours:bit8:allgather | 3 | 2 | 2 |" in text
 

@@ -184,6 +184,7 @@ def test_auto_trains_and_records_its_plan(runs, shared_runs):
     row = run_matrix.summarize_run("np2-auto", folder)
     assert row["plan"] == " ".join(labels) and row["plan_predicted_ms"] > 0
     assert row["plan_measured_ms"] > 0 and row["compression"] == "auto"
+    assert row["plan_calibration_s"] == manifest["plan_report"]["calibration_s"] > 0
     baseline = run_matrix.summarize_run("np2-none", runs[(2, "none")])
     text = fill_report.auto_section(pd.DataFrame([baseline, row]))
     assert f"`{row['plan']}`" in text and "`np2-auto` |" in text

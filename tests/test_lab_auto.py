@@ -145,15 +145,15 @@ def summary_frame():
              plan="", plan_predicted_ms=math.nan, plan_measured_ms=math.nan),
         dict(base, run="np2-auto", compression="auto", reduction="auto",
              final_test_accuracy=0.8995, step_ms=36.0, plan=PLAN, plan_predicted_ms=33.0,
-             plan_measured_ms=30.0)])
+             plan_measured_ms=30.0, plan_calibration_s=0.8)])
 
 
 def test_the_report_sets_the_plan_beside_predicted_and_measured():
     text = report.auto_section(summary_frame())
     line = next(l for l in text.splitlines() if l.endswith("`np2-auto` |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells == ["2", f"`{PLAN}`", "33.0", "30.0", "+10%", "36.0", "0.90", "89.95%",
-                     "-0.17", "`np2-auto`"]
+    assert cells == ["2", f"`{PLAN}`", "33.0", "30.0", "+10%", "36.0", "0.90", "0.80 (0.8%)",
+                     "89.95%", "-0.17", "`np2-auto`"]
     assert "plan_report" in text and "15%" in text
     fixed_only = summary_frame().iloc[:1]
     assert report.auto_section(fixed_only).startswith("Not run in this matrix")
@@ -171,6 +171,10 @@ def test_an_auto_row_without_a_plan_or_a_float32_row_is_refused():
     frame = summary_frame()
     frame.loc[1, "plan_measured_ms"] = math.nan
     with pytest.raises(report.ReportError, match="no predicted or no measured step"):
+        report.auto_section(frame)
+    frame = summary_frame()
+    frame.loc[1, "plan_calibration_s"] = math.nan
+    with pytest.raises(report.ReportError, match="no calibration_s"):
         report.auto_section(frame)
     with pytest.raises(report.ReportError, match="no np2-none to compare"):
         report.auto_section(summary_frame().iloc[1:])

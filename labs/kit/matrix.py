@@ -294,6 +294,9 @@ def summarize_run(name, run_dir):
                     "launch_span_s"].mean().max()
             if "plan" in steps:
                 row.update(plan_summary(steps))
+    plan_report = manifest.get("plan_report")
+    if isinstance(plan_report, dict):   # what deciding cost: calibrations, rank 0's seconds
+        row["plan_calibration_s"] = float(plan_report.get("calibration_s", math.nan))
     row["method_parameter"] = manifest.get("method_parameter")
     args = manifest.get("args") or {}
     row.update(model=args.get("model", "horovod"), lr=args.get("lr"),
@@ -305,7 +308,7 @@ def summarize_run(name, run_dir):
 
 
 NO_PLAN = {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
-           "plan_replans": math.nan, "plan_fallbacks": math.nan}
+           "plan_replans": math.nan, "plan_fallbacks": math.nan, "plan_calibration_s": math.nan}
 
 
 def plan_summary(steps):

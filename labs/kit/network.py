@@ -169,6 +169,8 @@ class PlanRow:
     predicted_ms: float           # the plan's predicted step (the optimizer's)
     plan_measured_ms: float       # the optimizer's median measured step since the plan
     step_ms: float                # the table's mean step over the whole run (calibration in)
+    calibration_s: float          # what deciding cost (the optimizer's calibration seconds)
+    train_time_s: float           # the run's training time, which that is a share of
 
     @property
     def error(self):
@@ -187,11 +189,16 @@ def plan_rows(frame):
             raise NetworkError(f"{row.run}: no plan in its steps (did the optimizer plan before "
                                f"the run ended?)")
         found = PlanRow(row.run, int(row.ranks), plan.strip(), float(row.plan_predicted_ms),
-                        float(row.plan_measured_ms), float(row.step_ms))
+                        float(row.plan_measured_ms), float(row.step_ms),
+                        float(getattr(row, "plan_calibration_s", math.nan)),
+                        float(row.train_time_s))
         if not all(map(math.isfinite, (found.predicted_ms, found.plan_measured_ms))):
             raise NetworkError(f"{row.run}: its plan has no predicted or no measured step "
                                f"(predicted {found.predicted_ms}, measured "
                                f"{found.plan_measured_ms} ms)")
+        if not math.isfinite(found.calibration_s):
+            raise NetworkError(f"{row.run}: its manifest's plan_report has no calibration_s "
+                               f"(what deciding cost)")
         out.append(found)
     return out
 

@@ -377,8 +377,9 @@ def plan_table(frame, baseline):
         raise ReportError(str(err)) from None
     header = ("| 设备数 / Devices | 计划 / Plan (scheme:route per bucket) | 预测 / Predicted step "
               "(ms) | 实测 / Measured step since the plan (ms) | error | 每步 / Step, whole run "
-              "(ms) | step / fp32 | 正确率 / Accuracy | vs fp32 (points) | 运行 / Run |")
-    lines = [header, "|" + "---|" * 10]
+              "(ms) | step / fp32 | 决策 / Calibration (s, of training) | 正确率 / Accuracy | "
+              "vs fp32 (points) | 运行 / Run |")
+    lines = [header, "|" + "---|" * 11]
     for p in rows:
         row = frame[frame["run"] == p.run].iloc[0]
         fp32 = baseline(p.ranks)
@@ -388,6 +389,7 @@ def plan_table(frame, baseline):
         lines.append(
             f"| {p.ranks} | `{p.plan}` | {p.predicted_ms:.1f} | {p.plan_measured_ms:.1f} | "
             f"{100 * p.error:+.0f}% | {p.step_ms:.1f} | {p.step_ms / fp32.step_ms:.2f} | "
+            f"{p.calibration_s:.2f} ({100 * p.calibration_s / p.train_time_s:.1f}%) | "
             f"{100 * row.final_test_accuracy:.2f}% | "
             f"{100 * (row.final_test_accuracy - fp32.final_test_accuracy):+.2f} | `{p.run}` |")
     return "\n".join(lines)
@@ -401,7 +403,9 @@ PLAN_NOTES = ("- Plan: each gradient bucket's scheme and route, in the order bac
               "- Predicted: the plan's step on the cost model's timeline; measured: the "
               "optimizer's median step since the plan was applied (issue 25's target: within "
               "15%). Step, whole run: the table's mean over every step, calibration included, "
-              "so what the decision cost is in it.")
+              "so what the decision cost is in it. Calibration: the seconds the optimizer "
+              "spent measuring for its plans (its `plan_report`'s `calibration_s`, rank 0), and "
+              "their share of the run's training time (issue 25's target: under 2%).")
 
 
 def auto_section(frame):
