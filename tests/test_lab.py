@@ -158,7 +158,7 @@ def test_manifest_is_complete(runs, ranks, compression):
 
 
 @pytest.mark.multiprocess
-def test_auto_trains_and_records_its_plan(runs, shared_runs):
+def test_auto_trains_and_records_its_plan(shared_runs, mnist_dir):
     """--auto-allreduce (issue 25) on 2 ranks, the same data and epoch as the runs above: the
     plan is in every step's row from the step it is applied on, the same on both ranks, the
     manifest holds the optimizer's plan report (its buckets' labels are the last plan), the
@@ -172,22 +172,36 @@ def test_auto_trains_and_records_its_plan(runs, shared_runs):
     assert labels and all(parse_label(label) for label in labels)
     steps = pd.read_csv(folder / "steps.csv")
     assert list(steps.columns) == runlog.STEP_COLUMNS + runlog.PLAN_COLUMNS
-    plans = steps.pivot(index="step", columns="rank", values="plan").fillna("")
+    plans = steps.pivot(index="step", columns="rank", values="plan").astype("string").fillna("")
     assert (plans[0] == plans[1]).all()                     # one plan on every rank
     planned = steps[steps["plan"].notna()]
-    assert len(planned) and planned["plan"].iloc[-1] == " ".join(labels)
-    assert (planned["plan_predicted_ms"] > 0).all()
+    events = steps["plan_event"].astype("string").fillna("")
+    fell_back = events.str.contains("fallback").any()
+    # the decision is on record: a plan from the step it was applied on, or a calibration
+    # that failed, said in the step's event (the job then trains on float32 everywhere)
+    assert len(planned) or fell_back
+    if len(planned):
+        assert planned["plan"].iloc[-1] == " ".join(labels)
+        assert (planned["plan_predicted_ms"] > 0).all()
+    else:
+        assert set(labels) == {"none:allreduce"}
     assert steps[run_matrix.STEP_PARTS[0] + "_s"].notna().all()
     accuracy = pd.read_csv(folder / "epochs.csv")["test_accuracy"].iloc[-1]
-    fp32 = pd.read_csv(runs[(2, "none")] / "epochs.csv")["test_accuracy"].iloc[-1]
+    float32 = lab_run(shared_runs, 2, "none")          # the runs fixture's, made once
+    fp32 = pd.read_csv(float32 / "epochs.csv")["test_accuracy"].iloc[-1]
     assert accuracy > 0.9 and abs(accuracy - fp32) <= 0.01
     row = run_matrix.summarize_run("np2-auto", folder)
-    assert row["plan"] == " ".join(labels) and row["plan_predicted_ms"] > 0
-    assert row["plan_measured_ms"] > 0 and row["compression"] == "auto"
+    assert row["compression"] == "auto"
+    if len(planned):
+        assert row["plan"] == " ".join(labels) and row["plan_predicted_ms"] > 0
+        assert row["plan_measured_ms"] > 0
+    else:
+        assert row["plan"] == "" and row["plan_fallback"].startswith("fallback")
     assert row["plan_calibration_s"] == manifest["plan_report"]["calibration_s"] > 0
-    baseline = run_matrix.summarize_run("np2-none", runs[(2, "none")])
+    baseline = run_matrix.summarize_run("np2-none", float32)
     text = fill_report.auto_section(pd.DataFrame([baseline, row]))
-    assert f"`{row['plan']}`" in text and "`np2-auto` |" in text
+    assert (f"`{row['plan']}`" if len(planned) else "`float32 on every bucket (fallback") in text
+    assert "`np2-auto` |" in text
 
 
 @pytest.mark.multiprocess

@@ -127,11 +127,17 @@ def test_the_summary_takes_the_last_plan_and_counts_re_plans():
     got = matrix.plan_summary(auto_steps())
     assert got == {"plan": "bit8:allgather bit8:allgather fp16:allreduce",
                    "plan_predicted_ms": 103.0, "plan_measured_ms": 113.0, "plan_replans": 1,
-                   "plan_fallbacks": 0}
+                   "plan_fallbacks": 0, "plan_fallback": ""}
     for label in got["plan"].split():
         parse_label(label)              # every label is a registry scheme:route
     never = auto_steps().assign(plan=float("nan"), plan_event="calibrating")
     assert matrix.plan_summary(never)["plan"] == ""
+    fell = never.copy()
+    fell.loc[1, "plan_event"] = "fallback: calibration failed: timeout"
+    got = matrix.plan_summary(fell)
+    assert (got["plan"], got["plan_fallbacks"], got["plan_fallback"]) == (
+        "", 1, "fallback: calibration failed: timeout")
+    assert math.isnan(got["plan_predicted_ms"])
 
 
 def summary_frame():
@@ -166,8 +172,14 @@ def test_the_report_sets_the_plan_beside_predicted_and_measured():
 def test_an_auto_row_without_a_plan_or_a_float32_row_is_refused():
     frame = summary_frame()
     frame.loc[1, "plan"] = math.nan
-    with pytest.raises(report.ReportError, match="np2-auto: no plan"):
+    with pytest.raises(report.ReportError, match="np2-auto: no plan and no fallback"):
         report.auto_section(frame)
+    frame = summary_frame()
+    frame.loc[1, ["plan", "plan_predicted_ms", "plan_measured_ms"]] = ["", math.nan, math.nan]
+    frame["plan_fallback"] = ["", "fallback: calibration failed: timeout"]
+    line = report.auto_section(frame).splitlines()[2]      # the run that fell back: a row too
+    assert line.startswith("| 2 | `float32 on every bucket (fallback: calibration failed: "
+                           "timeout)` | — | — | — | 36.0 | 0.90 |")
     frame = summary_frame()
     frame.loc[1, "plan_measured_ms"] = math.nan
     with pytest.raises(report.ReportError, match="no predicted or no measured step"):

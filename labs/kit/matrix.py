@@ -308,18 +308,22 @@ def summarize_run(name, run_dir):
 
 
 NO_PLAN = {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
-           "plan_replans": math.nan, "plan_fallbacks": math.nan, "plan_calibration_s": math.nan}
+           "plan_replans": math.nan, "plan_fallbacks": math.nan, "plan_fallback": "",
+           "plan_calibration_s": math.nan}
 
 
 def plan_summary(steps):
     """An --auto-allreduce run's plan, from rank 0's steps (every rank applies the same one):
     the last plan, its predicted step and the measured median the optimizer reported with it,
-    and how many steps' events say it re-planned or fell back."""
+    how many steps' events say it re-planned or fell back, and the last fallback's words
+    (a run that never planned trained on float32 and says why there)."""
     rank0 = steps[steps["rank"] == 0]
     planned = rank0[rank0["plan"].astype("string").fillna("") != ""]
     events = rank0["plan_event"].astype("string").fillna("")
+    fallbacks = events[events.str.contains("fallback", regex=False)]
     counts = {"plan_replans": int(events.str.contains("replanned", regex=False).sum()),
-              "plan_fallbacks": int(events.str.contains("fallback", regex=False).sum())}
+              "plan_fallbacks": len(fallbacks),
+              "plan_fallback": str(fallbacks.iloc[-1]) if len(fallbacks) else ""}
     if planned.empty:
         return dict(NO_PLAN, **counts)
     last = planned.iloc[-1]

@@ -178,21 +178,27 @@ class PlanRow:
 
 
 def plan_rows(frame):
-    """A PlanRow per --auto-allreduce row of a summary (labs/kit/matrix.py); a row whose plan is
-    missing is an error: the report never shows a blank where the plan should be."""
+    """A PlanRow per --auto-allreduce row of a summary (labs/kit/matrix.py). A run that never
+    planned (its calibration failed: it trained on float32 and said why) is a row too, its plan
+    that fallback and no prediction; a row with neither, or a plan without its predicted and
+    measured step, is an error: the report never shows a blank where the plan should be."""
     out = []
     for row in frame.itertuples():
         if row.compression != AUTO:
             continue
         plan = getattr(row, "plan", "")
-        if not isinstance(plan, str) or not plan.strip():
-            raise NetworkError(f"{row.run}: no plan in its steps (did the optimizer plan before "
-                               f"the run ended?)")
-        found = PlanRow(row.run, int(row.ranks), plan.strip(), float(row.plan_predicted_ms),
-                        float(row.plan_measured_ms), float(row.step_ms),
-                        float(getattr(row, "plan_calibration_s", math.nan)),
+        plan = plan.strip() if isinstance(plan, str) else ""
+        fallback = getattr(row, "plan_fallback", "")
+        fallback = fallback.strip() if isinstance(fallback, str) else ""
+        if not plan and not fallback:
+            raise NetworkError(f"{row.run}: no plan and no fallback in its steps (did the "
+                               f"optimizer decide before the run ended?)")
+        found = PlanRow(row.run, int(row.ranks),
+                        plan or f"float32 on every bucket ({fallback})",
+                        float(row.plan_predicted_ms), float(row.plan_measured_ms),
+                        float(row.step_ms), float(getattr(row, "plan_calibration_s", math.nan)),
                         float(row.train_time_s))
-        if not all(map(math.isfinite, (found.predicted_ms, found.plan_measured_ms))):
+        if plan and not all(map(math.isfinite, (found.predicted_ms, found.plan_measured_ms))):
             raise NetworkError(f"{row.run}: its plan has no predicted or no measured step "
                                f"(predicted {found.predicted_ms}, measured "
                                f"{found.plan_measured_ms} ms)")

@@ -386,9 +386,12 @@ def plan_table(frame, baseline):
         if fp32 is None:
             raise ReportError(f"{p.run}: the table has no {run_name(p.ranks, 'none')} to "
                               f"compare it with")
+        planned = math.isfinite(p.predicted_ms)      # else it fell back: no prediction
         lines.append(
-            f"| {p.ranks} | `{p.plan}` | {p.predicted_ms:.1f} | {p.plan_measured_ms:.1f} | "
-            f"{100 * p.error:+.0f}% | {p.step_ms:.1f} | {p.step_ms / fp32.step_ms:.2f} | "
+            f"| {p.ranks} | `{p.plan}` | "
+            + (f"{p.predicted_ms:.1f} | {p.plan_measured_ms:.1f} | {100 * p.error:+.0f}% | "
+               if planned else "— | — | — | ")
+            + f"{p.step_ms:.1f} | {p.step_ms / fp32.step_ms:.2f} | "
             f"{p.calibration_s:.2f} ({100 * p.calibration_s / p.train_time_s:.1f}%) | "
             f"{100 * row.final_test_accuracy:.2f}% | "
             f"{100 * (row.final_test_accuracy - fp32.final_test_accuracy):+.2f} | `{p.run}` |")
