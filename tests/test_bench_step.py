@@ -30,6 +30,13 @@ def test_the_grid_has_a_10mbit_link_the_emulator_reads_as_10_mbit_per_s():
     assert bench.AUTO_ROW in bench.ROWS and bench.ROWS[:7] == FIXED
 
 
+def test_the_default_rows_include_auto_with_the_runtime():
+    """With Compression.auto in this checkout, the default grid runs every row, auto last."""
+    args = bench.parse_args([])
+    assert args.rows == bench.ROWS and args.rows[-1] == "ours:auto"
+    assert (args.steps, args.rounds, args.max_rounds, args.target_spread) == (None, None, None, 3.0)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--links", "56kbit"], "links among"),
     (["--rows", "ours:bit4"], "rows must be among"),
