@@ -527,6 +527,10 @@ def fit_affine(points) -> Affine:
 
 # ---------------------------------------------------------------- fitting the links
 
+# s/byte: 100 GB/s, a memory copy's pace; the least a fitted link's beta is taken at.
+BETA_FLOOR = 1e-11
+
+
 def fit_links(rows):
     """{collective: costmodel.fit.Fit} from timed collectives, rows of (collective, n, bytes,
     seconds), bytes as fit.py defines them: what a job fits to the collectives it timed. The
@@ -535,4 +539,11 @@ def fit_links(rows):
     measurements = link_fit.measurements_from_rows(
         [{"collective": c, "n": n, "bytes": b, "seconds": s} for c, n, b, s in rows],
         source="timed collectives")
-    return {c: link_fit.fit(measurements, c) for c in sorted({m.collective for m in measurements})}
+    fits = {c: link_fit.fit(measurements, c) for c in sorted({m.collective for m in measurements})}
+    for f in fits.values():
+        if f.beta <= 0:
+            # The sizes timed could not resolve a cost per byte (the larger message no slower
+            # than the smaller, within noise): bytes that cost nothing measurable there are
+            # taken at memory-copy pace, never free (a link needs beta > 0).
+            f.beta, f.clamped = BETA_FLOOR, "beta"
+    return fits

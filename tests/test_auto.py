@@ -272,3 +272,10 @@ def test_auto_across_ranks(controller, np, request):
     for tag in ("raises", "non_finite", "disagrees"):
         for what in ("every_rank_falls_back", "float32", "identical_weights"):
             assert f"bad.{tag}.{what}" in names
+
+
+@pytest.mark.unit
+def test_a_link_whose_bytes_cost_nothing_measurable_gets_the_floor_not_zero():
+    rows = [("allreduce", 2, 4096, 1e-3), ("allreduce", 2, 262144, 0.9e-3)]
+    fit = planner.fit_links(rows)["allreduce"]
+    assert fit.beta == planner.BETA_FLOOR and fit.clamped == "beta" and fit.link().beta > 0
