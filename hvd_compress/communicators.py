@@ -63,6 +63,9 @@ class AllreduceCommunicator(_Base):
     """compress -> hvd.allreduce_async_ -> decompress: Horovod's own path, tensor by tensor."""
     route = Route.ALLREDUCE
     fuses = False
+    # Horovod's own name (the parameter's), so results match hvd.DistributedOptimizer's; True:
+    # the scheme and route in it (Compression.auto, where buckets change schemes).
+    tagged = False
 
     def start(self, bucket, memory=None):
         if memory is not None:
@@ -76,7 +79,8 @@ class AllreduceCommunicator(_Base):
             compressed, restore = compressed.float(), torch.bfloat16   # float32, cast back
         elif not compressed.is_contiguous():      # Horovod needs a dense row-major buffer
             compressed = compressed.contiguous()
-        handle = hvd.allreduce_async_(compressed, name=bucket.name, op=self.op,
+        name = self._tag(bucket.name) if self.tagged else bucket.name
+        handle = hvd.allreduce_async_(compressed, name=name, op=self.op,
                                       prescale_factor=1.0, postscale_factor=1.0)
         self.stats.values["bytes_sent"] += int(2 * (n - 1) * compressed.numel()
                                                * compressed.element_size() // n)
@@ -123,7 +127,8 @@ class _PacketBase(_Base):
             sizes = [comp.message_bytes(b - a, self._block(b - a)) for a, b in pieces]
             message = torch.zeros(sum(sizes), dtype=torch.uint8, device=bucket.device)
             return message, sizes, [a for a, _ in pieces] + [pieces[-1][1]]
-        return bucket.cached(("layout", self.route, tuple(pieces)), make)
+        # keyed by the codec too: Compression.auto exchanges one bucket by several schemes
+        return bucket.cached(("layout", self.route, comp.name, tuple(pieces)), make)
 
     def _encode(self, bucket, pieces, memory):
         """Encode bucket.buffer[a:b] for each (a, b) in `pieces` into one message of segments;
@@ -227,6 +232,10 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
         if route is not None and Route.parse(route) != Route.parse(reduction):
             raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
         route = reduction
+    if getattr(compression, "per_bucket", False):
+        raise ValueError("Compression.auto chooses a scheme per bucket inside "
+                         "hvd_compress.DistributedOptimizer, which builds its communicator "
+                         "(autocomm.AutoCommunicator); make_communicator takes one scheme")
     own = getattr(compression, "communicator", None)
     if callable(own):                            # a method with a collective of its own
         comm = own(op=op)

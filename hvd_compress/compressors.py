@@ -34,6 +34,7 @@ import math
 import torch
 from horovod.torch.compression import FP16Compressor, NoneCompressor
 
+from .auto import Auto
 from .bfloat16 import BF16Compressor
 from .blockcodec import BlockCodec
 from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
@@ -187,6 +188,9 @@ class Compression:
     int8 = Int8Compressor       # int8 codes, a scale per block, stochastic rounding
     onebit = OneBitCompressor   # sign bits and a mean magnitude per block, error feedback
     bf16 = BF16Compressor       # bfloat16 codes, reduced in float32 (Horovod's allreduce has none)
+    # The optimizer chooses per bucket from what the job measures (docs/planner.md); bare or
+    # called with options: Compression.auto(warmup_steps=10, margin=0.0).
+    auto = Auto()
 
     # Methods that are not a codec of values but a communicator of their own (imported when
     # called: Horovod's patched source imports this module while horovod.torch loads).

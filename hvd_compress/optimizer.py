@@ -35,6 +35,8 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
+from .auto import Auto
+from .autocomm import AutoCommunicator
 from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
 from .compressors import Compression, compressor_name
@@ -50,8 +52,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._params = _ordered_named_params(self.param_groups, named_parameters)
         self._compression = compression
-        self._communicator = make_communicator(compression, route, op, fusion_threshold_bytes,
-                                               scale_block)
+        if isinstance(compression, Auto):            # a communicator per bucket, planned
+            if route is not None:
+                raise ValueError("Compression.auto chooses each bucket's route: pass no route")
+            self._communicator = AutoCommunicator(compression, op, fusion_threshold_bytes,
+                                                  scale_block)
+        else:
+            self._communicator = make_communicator(compression, route, op,
+                                                   fusion_threshold_bytes, scale_block)
         # What the communicator can do is declared (roles.Communicator): the packet routes take
         # the optimizer's memory; top-k and PowerSGD keep their own residuals (on by default:
         # TopK/PowerSGD's error_feedback). None is the method's own default (on for onebit).
@@ -87,8 +95,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         _take_hooks(self)
 
     def _describe_setup(self):
+        route = self._communicator.route
         return {"compression": compressor_name(self._compression),
-                "route": self._communicator.route.value,
+                "options": repr(self._compression) if isinstance(self._compression, Auto) else None,
+                "route": route.value if route is not None else self._communicator.describe(),
                 "op": str(self.op),
                 "error_feedback": self._memory is not None,
                 "fusion_threshold_bytes": self._communicator.fusion_threshold_bytes,
@@ -103,6 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._arrived = set()                    # parameters already in their bucket
         self._in_flight = {}                     # bucket index -> Exchange
         self._first_launch = self._last_launch = None   # this step's first and last launch
+        self._first_hook = None                  # this step's first gradient hook (last pass)
 
     # ---- during backward ----------------------------------------------------------------
     def _on_gradient(self, p):
@@ -120,6 +131,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None or p.grad.is_sparse:   # left for synchronize(), which handles both
             return
         start = time.perf_counter()
+        if self._first_hook is None:
+            self._first_hook = start
         self._put(p, p.grad)
         self._progress()
         self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
@@ -178,7 +191,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
 
     def _synchronize(self):
-        now = time.perf_counter()
+        now = backward_end = time.perf_counter()
         stats = self._communicator.stats.values
         stats["overlap_s"] += sum(now - ex.launched for ex in self._in_flight.values())
         for name, p in self._params:
@@ -200,8 +213,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._first_launch is not None:
             stats["exchange_s"] += time.perf_counter() - self._first_launch
             stats["launch_span_s"] += self._last_launch - self._first_launch
+        first_hook = self._first_hook
         self._reset_step()
         self._synchronized = True
+        # a step boundary every rank reaches at the same count (Compression.auto plans here)
+        end_step = getattr(self._communicator, "end_step", None)   # a user's may lack it
+        if end_step is not None:
+            end_step(first_hook, backward_end)
 
     def _final_grad(self, name, p):
         if p.grad is None:
@@ -244,6 +262,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         backward); communicate_s is only the time step() waited; overlap_s sums, over buckets,
         how long each collective was in flight before step() began."""
         return self._communicator.pop_stats()
+
+    def plan_report(self):
+        """Compression.auto: the plan (a label per bucket), its predicted and measured step,
+        what it was chosen from, the calibration's cost and the events, JSON-able; None for a
+        fixed scheme."""
+        report = getattr(self._communicator, "plan_report", None)
+        return report() if report is not None else None
 
     @property
     def communicator(self):
@@ -367,7 +392,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 | .int8 |
         .onebit | .topk(ratio) | .powersgd(rank) (these two carry their own error feedback, on
-        by default).
+        by default) | .auto or .auto(options): a scheme and route per bucket, planned from
+        what the job measures (docs/planner.md); pop_stats() then adds plan, plan_predicted_s,
+        plan_measured_s and plan_event, and plan_report() says how the plan was chosen.
     route: None (the scheme's default, registry.SCHEMES: allreduce for none/fp16, allgather for
         bit8, int8 and onebit, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for
         bit8/bit16/int8. `reduction=` is its old name, still accepted (deprecated).

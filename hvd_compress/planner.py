@@ -40,13 +40,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .costmodel import fit as link_fit
 from .costmodel import methods
 from .registry import label, parse_label, resolve_route
 
 __all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
            "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",
            "REPLAN_EVERY", "REPLAN_WINDOW", "MAX_FRONT", "candidates_for", "wire_units", "predict",
-           "fixed_plan", "search", "exhaustive", "should_replan", "Replan", "fit_affine"]
+           "fixed_plan", "search", "exhaustive", "should_replan", "Replan", "fit_affine",
+           "fit_links"]
 
 # The candidates, in the fixed order that breaks every tie: least lossy first.
 # int8 is left out: it sends exactly bit8's bytes (so it never moves less), its stochastic
@@ -521,3 +523,27 @@ def fit_affine(points) -> Affine:
         return Affine(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
     return Affine(a, b)
 
+
+
+# ---------------------------------------------------------------- fitting the links
+
+# s/byte: 100 GB/s, a memory copy's pace; the least a fitted link's beta is taken at.
+BETA_FLOOR = 1e-11
+
+
+def fit_links(rows):
+    """{collective: costmodel.fit.Fit} from timed collectives, rows of (collective, n, bytes,
+    seconds), bytes as fit.py defines them: what a job fits to the collectives it timed. The
+    runtime reaches the cost model through here only (tests/test_import_graph.py). Raises
+    costmodel.fit.FitError (a ValueError) where the rows cannot determine a link."""
+    measurements = link_fit.measurements_from_rows(
+        [{"collective": c, "n": n, "bytes": b, "seconds": s} for c, n, b, s in rows],
+        source="timed collectives")
+    fits = {c: link_fit.fit(measurements, c) for c in sorted({m.collective for m in measurements})}
+    for f in fits.values():
+        if f.beta <= 0:
+            # The sizes timed could not resolve a cost per byte (the larger message no slower
+            # than the smaller, within noise): bytes that cost nothing measurable there are
+            # taken at memory-copy pace, never free (a link needs beta > 0).
+            f.beta, f.clamped = BETA_FLOOR, "beta"
+    return fits

@@ -202,6 +202,11 @@ class Communicator:
         """{compress_s, communicate_s, decompress_s, bytes_sent, ...} since the last call."""
         raise NotImplementedError
 
+    def end_step(self, backward_start, backward_end):
+        """After every step's exchange, on every rank at the same step count: a step boundary
+        (Compression.auto measures and plans here). Times from time.perf_counter(): the step's
+        first gradient hook (None if none fired) and the start of synchronize()."""
+
     def state_dict(self):
         """State a checkpoint must keep (this rank's), or None when there is none."""
         return None

@@ -72,6 +72,7 @@ SUITE = {
     "topk_checks": FOUR,
     "powersgd_checks": FOUR,
     "quantizer_checks": FOUR,
+    "auto_checks": [("gloo", 2), ("mpi", 2), ("gloo", 4)],
     "exchange_checks": [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)],
     # last: it registers a plugin scheme (e5m2) in the ranks' registry
     "contract_checks": TWO,

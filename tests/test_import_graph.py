@@ -83,15 +83,31 @@ def test_no_import_circle_among_the_plugins_modules():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-def test_the_runtime_does_not_import_the_cost_model():
+PLANNING = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.plan_cli")
+
+
+def test_the_runtime_reaches_the_cost_model_only_through_the_planner():
     edges = graph()
     # The planner predicts steps on the cost model's timeline (docs/planner.md): it stands on the
-    # cost model, beside it; the runtime (optimizer, communicators, fusion, codecs) does not.
-    planning = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.plan_cli")
-    runtime = [m for m in edges if not m.startswith(planning)]
+    # cost model, and the runtime (Compression.auto's communicator) stands on the planner, as
+    # DESIGN layers them (optimizer, planner, communicators, ...). No runtime module imports
+    # the cost model itself (optimizer, communicators, fusion, codecs, autocomm, calibration).
+    runtime = [m for m in edges if not m.startswith(PLANNING)]
     assert "hvd_compress.fusion" in runtime and "hvd_compress.communicators" in runtime
+    assert "hvd_compress.planner" in edges["hvd_compress.calibration"]
     for name in runtime:
         wrong = {m for m in edges[name] if m.startswith("hvd_compress.costmodel")}
+        assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_the_planner_and_the_cost_model_stand_on_nothing_of_the_runtime():
+    """Pure (no torch, no Horovod): they import only each other, the registry, the bucketing and
+    the codecs' formats, so plan_cli and the cost model's CLI run without the runtime."""
+    edges = graph()
+    allowed = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.registry",
+               "hvd_compress.bucketing", "hvd_compress.codecs.formats")
+    for name in [m for m in edges if m.startswith(PLANNING[:2])]:
+        wrong = {m for m in edges[name] if not m.startswith(allowed)}
         assert not wrong, f"{name} imports {sorted(wrong)}"
 
 

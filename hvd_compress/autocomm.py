@@ -1,0 +1,362 @@
+"""AutoCommunicator: each bucket by the scheme and route its plan gives it, the plan chosen in
+the job from what the job measures (Compression.auto; docs/planner.md, "In the job").
+
+Buckets are fixed fused float32 buffers (DEFAULT_FUSION_BYTES, launch order = backward order),
+as for the packet routes. Each is exchanged by the route communicator of its label, the very
+objects make_communicator builds for a fixed scheme (none and fp16: Horovod's allreduce of the
+bucket's buffer; bit16/bit8: the packet allgather or two-phase), so a bucket's exchange is
+bit for bit what that fixed scheme's would be. Every collective's name carries its label, so
+ranks that disagreed on a plan would never match each other's collectives silently.
+
+The life of a plan, at step boundaries (end_step, which every rank reaches at the same count):
+  measuring   `warmup_steps` steps on the current plan (float32 at first): their pace
+  calibrate   this rank's codecs and errors (no collective), gathered; the collectives timed
+              (all ranks, same order), gathered; rank 0 combines and searches; the plan is
+              broadcast; applied from the next step. Any failure: every rank still joins each
+              gather, and all keep the last good plan (float32 at first), warn once, record why
+  planned     every `replan_every` steps the ranks' last steps are gathered and
+              planner.should_replan decides, identically everywhere; a drift -> measuring again
+"""
+import math
+import statistics
+import time
+import warnings
+
+import torch
+import horovod.torch as hvd
+
+from . import calibration, planner, registry
+from .bucketing import DEFAULT_FUSION_BYTES
+from .codecs import SCALE_BLOCK
+from .communicators import make_communicator
+from .exchange import CommunicatorBase, launch_next_phases
+from .registry import Route, parse_label
+
+__all__ = ["AutoCommunicator", "FLOAT32"]
+
+FLOAT32 = "none:allreduce"
+
+
+class AutoCommunicator(CommunicatorBase):
+    """Per-bucket exchange by the current plan, and the plan's measuring and re-planning."""
+    route = None                 # per bucket: plan_report() and pop_stats()['plan'] say which
+    fuses = True
+    takes_memory = True          # the packet labels compensate; an allreduce label carries the
+                                 # residual once, exactly (_carry_residual)
+    per_bucket = True
+
+    def __init__(self, auto, op=hvd.Average, fusion_threshold_bytes=None,
+                 scale_block=SCALE_BLOCK):
+        super().__init__(auto, op)
+        if scale_block is None:
+            raise ValueError("Compression.auto needs block scales (scale_block values per "
+                             "scale), not one scale per tensor")
+        self.settings = auto
+        self.scale_block = int(scale_block)
+        self.fusion_threshold_bytes = (DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None
+                                       else int(fusion_threshold_bytes))
+        self._subs = {}
+        for text in auto.candidates:
+            name, route = parse_label(text)
+            comm = make_communicator(registry.scheme(name).load(), route, op,
+                                     self.fusion_threshold_bytes, self.scale_block)
+            comm.stats = self.stats          # one set of counters for the optimizer
+            if comm.route == Route.ALLREDUCE:
+                comm.tagged = True           # the label in the collective's name
+            self._subs[text] = comm
+        self._buckets, self._index, self._active = [], {}, {}
+        self._events, self._history = [], []
+        self._warned = False
+        self._calibration_s, self._calibrations = 0.0, 0
+        self._measurements = {}
+        self._refused = {}
+        self._last_replan = None
+        self._forget_plan("calibrating")
+
+    # ---- the plan's state ---------------------------------------------------------------
+    def _forget_plan(self, event):
+        self._labels = [FLOAT32] * len(self._buckets)
+        self._plan = None                    # the decision applied: labels, predicted_s, ...
+        self._good = None                    # the last plan that was not a fallback
+        self._measured, self._since_plan = [], 0
+        self._start_measuring()
+        self._event(event)
+
+    def _start_measuring(self):
+        self._phase = "measuring"
+        self._samples = []                   # the plan in force stays, and its steps
+        self._last_end = None
+        self._launches = [None] * len(self._buckets)
+
+    def _event(self, text):
+        self._events.append(text)
+        self._history.append({"step": self._steps_total(), "event": text})
+
+    def _steps_total(self):
+        return getattr(self, "_total", 0)
+
+    def describe(self):
+        return "auto/per-bucket"
+
+    def plan(self, names, tensors, prefix=""):
+        planned = super().plan(names, tensors, prefix)
+        self._buckets = [bucket for _, bucket in planned]
+        self._index = {id(b): i for i, b in enumerate(self._buckets)}
+        self._labels = [FLOAT32] * len(self._buckets)
+        self._launches = [None] * len(self._buckets)
+        return planned
+
+    @property
+    def labels(self):
+        """The current plan: a label per bucket, in launch order."""
+        return list(self._labels)
+
+    # ---- the exchange -------------------------------------------------------------------
+    def start(self, bucket, memory=None):
+        i = self._index[id(bucket)]
+        sub = self._subs[self._labels[i]]
+        began = time.perf_counter()
+        if sub.route == Route.ALLREDUCE:
+            if memory is not None:
+                _carry_residual(bucket, memory)
+            bucket.tensor = bucket.buffer
+            exchange = sub.start(bucket)
+        else:
+            exchange = sub.start(bucket, memory)
+        self._active[id(bucket)] = sub
+        self._launches[i] = (began, time.perf_counter() - began)
+        return exchange
+
+    def progress(self, exchange):
+        self._active[id(exchange.bucket)].progress(exchange)
+
+    def advance(self, exchanges):
+        launch_next_phases(self, [ex for ex in exchanges
+                                  if self._active[id(ex.bucket)].route == Route.ALLTOALL])
+
+    def finish(self, exchange):
+        bucket = exchange.bucket
+        sub = self._active.pop(id(bucket))
+        sub.finish(exchange)
+        if sub.route == Route.ALLREDUCE:
+            if bucket.tensor.data_ptr() != bucket.buffer.data_ptr():   # fp16: cast back
+                bucket.buffer.copy_(bucket.tensor)
+            bucket.tensor = None
+
+    def codec_path(self):
+        paths = {s.codec_path() for s in self._subs.values() if s.route != Route.ALLREDUCE}
+        return "native" if paths == {"native"} else ("torch" if paths else "none")
+
+    # ---- at a step boundary -------------------------------------------------------------
+    def end_step(self, backward_start, backward_end):
+        """After a step's exchange (the optimizer calls it on every rank, every step): note
+        the step's pace; calibrate, or decide whether to re-plan, at the same step on every
+        rank. Times from time.perf_counter(); backward_start None if no hook fired."""
+        now = time.perf_counter()
+        self._total = self._steps_total() + 1
+        step_s = now - self._last_end if self._last_end is not None else math.nan
+        sample = calibration.step_sample(step_s, backward_start, backward_end, now,
+                                         self._launches)
+        self._launches = [None] * len(self._buckets)
+        if self._phase == "measuring":
+            self._samples.append(sample)
+            if len(self._samples) >= self.settings.warmup_steps:
+                self._calibrate()
+        else:
+            self._measured.append(step_s)
+            del self._measured[:-1000]
+            self._since_plan += 1
+            predicted = self._plan["predicted_s"] if self._plan else math.nan
+            if self._since_plan % self.settings.replan_every == 0 and math.isfinite(predicted):
+                self._check_drift(predicted)
+        self._last_end = time.perf_counter()
+
+    def _check_drift(self, predicted):
+        """Every rank: gather the ranks' last steps (the slowest rank's each step), decide."""
+        window = planner.REPLAN_WINDOW
+        recent = [t if math.isfinite(t) else 0.0 for t in self._measured[-window:]]
+        recent = [0.0] * (window - len(recent)) + recent
+        every = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
+                              name="hvdc.auto.replan")
+        slowest = every.max(dim=0).values.tolist()
+        decision = planner.should_replan(predicted, slowest, self._since_plan,
+                                         every=self.settings.replan_every)
+        self._last_replan = {"step": self._total, "now": decision.now, "reason": decision.reason,
+                             "drift": decision.drift}
+        if decision:
+            self._event(f"replanned: {decision.reason}")
+            self._start_measuring()
+
+    def _calibrate(self):
+        """Measure, gather, decide on rank 0, broadcast, apply: the same collectives on every
+        rank whatever fails where."""
+        began = time.perf_counter()
+        n, rank = hvd.size(), hvd.rank()
+        local = self._measure_here(rank, n)
+        ranks = hvd.allgather_object(local, name="hvdc.auto.measurements")
+        problems = [r["error"] for r in ranks if "error" in r]
+        links = [[] for _ in ranks]
+        if not problems and n > 1:
+            try:
+                rows = calibration.time_collectives(
+                    hvd, calibration.link_sizes(max(4 * b.numel for b in self._buckets)))
+            except Exception as err:
+                rows = {"error": f"rank {rank}: timing the collectives: {_say(err)}"}
+            links = hvd.allgather_object(rows, name="hvdc.auto.links")
+            problems = [r["error"] for r in links if isinstance(r, dict)]
+        decision = None
+        if rank == 0:
+            decision = _decide(self.settings, ranks, links, problems, n)
+        decision = hvd.broadcast_object(decision, root_rank=0, name="hvdc.auto.plan")
+        cost = time.perf_counter() - began
+        self._calibration_s += cost
+        self._calibrations += 1
+        self._apply(decision, cost)
+
+    def _measure_here(self, rank, n):
+        """This rank's measurements, or {'error': why}: no collective in here."""
+        try:
+            buffers = [b.buffer for b in self._buckets]
+            return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
+                    "pace": calibration.pace_summary(self._samples),
+                    "codecs": calibration.time_codecs(buffers, self.settings.candidates, n,
+                                                      self.scale_block),
+                    "errors": calibration.measure_errors(buffers, [b.name for b in self._buckets],
+                                                         self.settings.candidates,
+                                                         self.scale_block)}
+        except Exception as err:
+            return {"error": f"rank {rank}: {_say(err)}"}
+
+    def _apply(self, decision, cost):
+        if decision.get("ok"):
+            self._plan = self._good = decision
+            self._labels = list(decision["labels"])
+            self._measurements = decision.get("measurements", {})
+            self._refused = decision.get("refused", {})
+            self._phase = "planned"
+            self._measured, self._since_plan = [], 0
+            self._event("planned")
+            return
+        reason = decision.get("reason", "no decision")
+        keep = self._good
+        self._plan = keep
+        self._labels = list(keep["labels"]) if keep else [FLOAT32] * len(self._buckets)
+        self._phase = "planned"
+        self._measured, self._since_plan = [], 0
+        self._event(f"fallback: {reason}")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"hvd_compress Compression.auto: {reason}; training goes on with "
+                          f"{'the last good plan' if keep else 'float32 on every bucket'} "
+                          "(optimizer.plan_report() keeps the reason)", RuntimeWarning,
+                          stacklevel=2)
+
+    # ---- what it shows --------------------------------------------------------------------
+    def measured_s(self):
+        steps = [t for t in self._measured if math.isfinite(t)]
+        return statistics.median(steps) if steps else math.nan
+
+    def pop_stats(self):
+        out = super().pop_stats()
+        out.update(plan=" ".join(self._labels) if self._plan else "",
+                   plan_predicted_s=self._plan["predicted_s"] if self._plan else math.nan,
+                   plan_measured_s=self.measured_s() if self._plan else math.nan,
+                   plan_event="; ".join(self._events))
+        self._events = []
+        return out
+
+    def plan_report(self):
+        """The plan and what it was chosen from, JSON-able (the lab's manifest)."""
+        return {
+            "plan": " ".join(self._labels) if self._plan else "",
+            "phase": self._phase,
+            "buckets": [{"name": b.name, "bytes": 4 * b.numel, "label": t}
+                        for b, t in zip(self._buckets, self._labels)],
+            "predicted_s": self._plan["predicted_s"] if self._plan else math.nan,
+            "fastest_s": self._plan.get("fastest_s", math.nan) if self._plan else math.nan,
+            "measured_s": self.measured_s() if self._plan else math.nan,
+            "settings": {k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in self.settings.options().items()},
+            "measurements": self._measurements,
+            "refused": self._refused,
+            "calibration_s": self._calibration_s,
+            "calibrations": self._calibrations,
+            "last_replan_check": self._last_replan,
+            "events": list(self._history),
+        }
+
+    # ---- state ------------------------------------------------------------------------------
+    def state_dict(self):
+        """The plan in force (the same on every rank), so a resumed run takes it up without
+        measuring again; None while there is none."""
+        if not self._plan:
+            return None
+        return {"auto_plan": {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
+                              "decision": self._plan}}
+
+    def load_state_dict(self, state):
+        """Take up a saved plan from the next step. Every rank must load the state of the same
+        step (labs/kit/recorder.py does). A plan for other buckets is not taken: then the job
+        measures and plans afresh."""
+        saved = (state or {}).get("auto_plan")
+        if not saved:
+            return
+        layout = [[b.name, 4 * b.numel] for b in self._buckets]
+        if [list(x) for x in saved["buckets"]] != layout:
+            self._forget_plan("calibrating (the saved plan is for other buckets)")
+            return
+        decision = dict(saved["decision"])
+        self._plan = self._good = decision
+        self._labels = list(decision["labels"])
+        self._measurements = decision.get("measurements", {})
+        self._refused = decision.get("refused", {})
+        self._phase = "planned"
+        self._measured, self._since_plan = [], 0
+        self._event("planned: restored from a checkpoint")
+
+    def reset_state(self):
+        """Elastic training changed the ranks: the link, n and the pace are other; forget the
+        plan, exchange float32, measure and plan again."""
+        self._active = {}
+        self._forget_plan("calibrating (membership changed)")
+
+
+def _say(err):
+    return f"{type(err).__name__}: {err}"
+
+
+def _carry_residual(bucket, memory):
+    """A bucket that moves to an exact route (none, fp16) carries its error-feedback residual
+    once, in this exchange, and keeps none: nothing that was not sent is lost."""
+    memory.compensate(bucket.name, bucket.buffer, inplace=True)
+    memory.remember(bucket.name, bucket.buffer, bucket.buffer)
+
+
+def _decide(settings, ranks, links, problems, n):
+    """Rank 0: the plan from every rank's measurements, or why there is none. Never raises
+    (the other ranks wait for its broadcast)."""
+    if problems:
+        return {"ok": False, "reason": "calibration failed: " + "; ".join(problems)}
+    try:
+        layout = ranks[0]["buckets"]
+        if n == 1:
+            return {"ok": True, "labels": [FLOAT32] * len(layout),
+                    "predicted_s": ranks[0]["pace"]["step_s"], "fastest_s": math.nan,
+                    "measurements": {}, "refused": {}, "note": "one rank: nothing travels"}
+        m = calibration.combine(ranks, links, n)
+        plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
+        return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
+                "fastest_s": plan.fastest_s, "exact": plan.exact,
+                "measurements": calibration.summary(m),
+                "refused": {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
+                "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}
+    except Exception as err:
+        return {"ok": False, "reason": f"no plan from the measurements: {_say(err)}"}
+
+
+def _predicted(m, text):
+    """A fixed scheme's predicted step on these measurements (nan where it cannot be)."""
+    try:
+        return planner.predict(m, planner.fixed_plan(m, text)).step_s
+    except ValueError:
+        return math.nan

@@ -1,0 +1,307 @@
+"""What Compression.auto measures in the running job, and how the ranks' measurements become
+one planner.Measurements (docs/planner.md, "In the job").
+
+On each rank, no collective inside (an error here is gathered, never raised past a collective
+the other ranks are in):
+  step_sample     one step's pace from the optimizer's times: when each bucket left (hook work
+                  before it subtracted), backward's span, the wait after it, the rest (fixed)
+  pace_summary    the median of the warm-up steps, the first discarded
+  time_codecs     each candidate's encode / two-phase reduce / decode on the real buckets
+  measure_errors  each lossy scheme's ||decode(encode(g)) - g|| / ||g|| on the buckets
+Collective, every rank in the same order:
+  time_collectives  each candidate collective on two sizes, a few repetitions
+Pure:
+  combine         every rank's measurements -> planner.Measurements (the slowest rank's pace
+                  and codec costs; each collective's fastest rank, see below), or a ValueError
+                  saying why they cannot be planned from
+"""
+import math
+import statistics
+import time
+
+import torch
+
+from . import planner, registry
+from .bucketing import chunk_bounds
+from .registry import Route, parse_label
+
+__all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
+           "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
+           "measure_errors", "link_sizes", "time_collectives", "combine", "summary"]
+
+LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
+# Two sizes per collective (alpha and beta need two): a small message, and the job's largest
+# bucket held within [64 KiB, 256 KiB]: big enough that bandwidth dominates on a fast link,
+# small enough that a 10 Mbit/s link times it in ~0.2 s.
+LINK_SMALL_BYTES = 4 << 10
+LINK_LARGE_BYTES = (64 << 10, 256 << 10)
+# Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
+# it does for the job's own buckets): the fit takes their median.
+LINK_REPS = 3
+CODEC_REPS = 3
+# In synchronous training every rank's step lasts as long as the slowest's: ranks whose median
+# steps differ by more than this factor measured something else (a clock, a stalled rank).
+DISAGREE_FACTOR = 3.0
+# Calibration polls a collective every 50 us (not wait_for's up to 1 ms), so the poll adds
+# little to what is timed.
+_POLL_S = 50e-6
+
+
+# ---------------------------------------------------------------- the pace (each rank)
+
+def step_sample(step_s, backward_start, backward_end, now, launches):
+    """One step's pace, times from time.perf_counter(). launches: per bucket (launch order),
+    (when its start() began, how long it took), or None if it never launched. Times are from
+    backward's start, taken as the step's first gradient hook (what precedes it -- the loss's
+    own backward to the last layer's gradient -- counts as fixed). Hook work (the starts) is
+    subtracted: the planner adds each plan's own encodes. None where the step is incomplete
+    (no hook fired, a bucket not launched)."""
+    if backward_start is None or backward_end is None or any(x is None for x in launches):
+        return None
+    order = sorted(range(len(launches)), key=lambda i: launches[i][0])
+    ready, work = [0.0] * len(launches), 0.0
+    for i in order:
+        began, cost = launches[i]
+        ready[i] = max(0.0, began - backward_start - work)
+        work += cost
+    span = backward_end - backward_start
+    wait = now - backward_end
+    return {"step_s": step_s, "backward_s": max(span - work, 0.0), "wait_s": wait,
+            "fixed_s": step_s - span - wait, "ready_s": ready}
+
+
+def pace_summary(samples):
+    """The median of each quantity over the samples but the first (discarded: first-touch
+    allocations, Horovod's first negotiation of each name); incomplete steps left out."""
+    usable = [s for s in samples[1:] if s is not None and math.isfinite(s["step_s"])]
+    if not usable:
+        raise ValueError(f"no complete step among the {len(samples)} measured (a step without "
+                         "backward, or a bucket that never launched)")
+    out = {k: statistics.median(s[k] for s in usable)
+           for k in ("step_s", "backward_s", "wait_s", "fixed_s")}
+    out["ready_s"] = [statistics.median(s["ready_s"][i] for s in usable)
+                      for i in range(len(usable[0]["ready_s"]))]
+    out["steps"] = len(usable)
+    out["fixed_s"] = max(out["fixed_s"], 0.0)
+    return out
+
+
+# ---------------------------------------------------------------- codecs (each rank)
+
+def _best(fn, reps):
+    """The fastest of `reps` timed calls after one untimed (caches, first-touch pages)."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        began = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def time_codecs(buffers, candidates, n, block, reps=CODEC_REPS):
+    """{label: {"encode"|"reduce"|"decode": [[fp32 bytes, seconds], ...]}} for each lossy
+    candidate, timed on each bucket's flat float32 gradient (read, never written), with the
+    calls the communicators make: Horovod's fp16 casts; a packet allgather's whole-bucket
+    encode and n-message decode-and-sum; a two-phase bucket's chunked encode, the middle
+    decode-sum-re-encode of one chunk from n ranks, and the decode of the gathered chunks."""
+    out = {}
+    for text in candidates:
+        name, route = parse_label(text)
+        if name == "none":
+            continue
+        comp = registry.scheme(name).load()
+        points = {"encode": [], "reduce": [], "decode": []}
+        for x in buffers:
+            nbytes, numel = 4 * x.numel(), x.numel()
+            if route == Route.ALLREDUCE:             # Horovod's fp16: a cast each way
+                codes, ctx = comp.compress(x)
+                points["encode"].append([nbytes, _best(lambda: comp.compress(x), reps)])
+                points["decode"].append([nbytes, _best(lambda: comp.decompress(codes, ctx), reps)])
+                continue
+            out_buf = torch.empty_like(x)
+            if route == Route.ALLGATHER:
+                bounds = [0, numel]
+                message = torch.zeros(comp.chunks_bytes(bounds, block), dtype=torch.uint8)
+                points["encode"].append([nbytes, _best(
+                    lambda: comp.encode_chunks(x, message, bounds, block), reps)])
+                rows = message.repeat(n).view(n, -1)
+                points["decode"].append([nbytes, _best(
+                    lambda: comp.decode_messages(rows, numel, out_buf, block, n), reps)])
+            else:                                    # two-phase
+                chunks = chunk_bounds(numel, n, block)
+                bounds = [a for a, _ in chunks] + [chunks[-1][1]]
+                message = torch.zeros(comp.chunks_bytes(bounds, block), dtype=torch.uint8)
+                points["encode"].append([nbytes, _best(
+                    lambda: comp.encode_chunks(x, message, bounds, block), reps)])
+                a, b = chunks[0]
+                size = comp.message_bytes(b - a, block)
+                rows = message[:size].repeat(n).view(n, -1)
+                reduced = torch.zeros(size, dtype=torch.uint8)
+                points["reduce"].append([nbytes, _best(
+                    lambda: comp.reduce_encode(rows, b - a, reduced, block, n), reps)])
+                points["decode"].append([nbytes, _best(
+                    lambda: comp.decode_chunks(message, bounds, out_buf, block), reps)])
+        out[text] = points
+    return out
+
+
+def measure_errors(buffers, names, candidates, block):
+    """{bucket name: {scheme: relative error}} of each lossy scheme among the candidates on
+    each bucket's gradient, as the codec tests define it: ||decode(encode(g)) - g|| / ||g||
+    (0 for a zero bucket; NaN where the gradient is not finite, which the guard refuses)."""
+    schemes = []
+    for text in candidates:
+        name, route = parse_label(text)
+        if name != "none" and name not in [s for s, _ in schemes]:
+            schemes.append((name, route))
+    out = {}
+    for x, bucket in zip(buffers, names):
+        row = {}
+        for name, route in schemes:
+            comp = registry.scheme(name).load()
+            if route == Route.ALLREDUCE:
+                y = comp.decompress(*comp.compress(x))
+            else:
+                message = torch.zeros(comp.message_bytes(x.numel(), block), dtype=torch.uint8)
+                comp.encode_chunks(x, message, [0, x.numel()], block)
+                y = comp.decode_chunks(message, [0, x.numel()], torch.empty_like(x), block)
+            norm = float(torch.linalg.vector_norm(x))
+            diff = float(torch.linalg.vector_norm(y.float() - x))
+            row[name] = (0.0 if diff == 0 else math.nan) if norm == 0 else diff / norm
+            if not math.isfinite(norm):
+                row[name] = math.nan
+        out[bucket] = row
+    return out
+
+
+# ---------------------------------------------------------------- the link (collective)
+
+def link_sizes(largest_bucket_bytes):
+    """The two message sizes each collective is timed at (bytes)."""
+    low, high = LINK_LARGE_BYTES
+    return (LINK_SMALL_BYTES, min(max(int(largest_bucket_bytes), low), high))
+
+
+def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES):
+    """[(collective, n, bytes, seconds)] for each collective and size, `reps` timed repetitions
+    after one untimed, every rank in the same order (a collective: call it on every rank).
+    bytes as costmodel.fit defines them: allreduce a float32 vector of that many bytes,
+    allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send buffer
+    (equal splits)."""
+    n = hvd.size()
+    rows = []
+    for collective in collectives:
+        for size in sizes:
+            size = max(n, size // (4 * n) * 4 * n)       # whole values, equal splits
+            if collective == "allreduce":
+                tensor = torch.zeros(size // 4, dtype=torch.float32)
+                launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
+            elif collective == "allreduce_fp16":
+                tensor = torch.zeros(size // 2, dtype=torch.float16)
+                launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
+            elif collective == "allgather":
+                tensor = torch.zeros(size, dtype=torch.uint8)
+                launch = lambda t, name: hvd.allgather_async(t, name=name)  # noqa: E731
+            elif collective == "alltoall":
+                tensor = torch.zeros(size, dtype=torch.uint8)
+                splits = torch.full((n,), size // n, dtype=torch.int32)
+                launch = lambda t, name: hvd.alltoall_async(t, splits=splits, name=name)  # noqa: E731
+            else:
+                raise ValueError(f"cannot time collective {collective!r}")
+            name = f"hvdc.auto.link.{collective}.{size}"
+            for rep in range(reps + 1):
+                began = time.perf_counter()
+                handle = launch(tensor, name)
+                while not hvd.poll(handle):
+                    time.sleep(_POLL_S)
+                hvd.synchronize(handle)
+                if rep:
+                    rows.append((collective, n, size, time.perf_counter() - began))
+    return rows
+
+
+# ---------------------------------------------------------------- every rank's -> one
+
+def _finite(value, what):
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{what} is {value!r}, not a finite time >= 0")
+    return float(value)
+
+
+def combine(ranks, link_rows, n):
+    """One planner.Measurements from every rank's measurements (`ranks`: per rank, the dict
+    the runtime gathered: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
+    per rank, its rows). Per quantity the slowest rank's: its pace sets the timeline, its
+    codecs the hooks' cost. Per collective repetition the fastest rank's: every rank times the
+    same collective, and those that arrived earlier add their wait for the last to it.
+    Raises ValueError where they cannot be planned from: ranks with other buckets, times that
+    are not finite, ranks whose steps differ by more than DISAGREE_FACTOR, a link that does not
+    fit."""
+    layouts = {tuple(tuple(b) for b in r["buckets"]) for r in ranks}
+    if len(layouts) != 1:
+        raise ValueError("ranks' buckets differ: " + "; ".join(
+            f"rank {i}: {r['buckets']}" for i, r in enumerate(ranks)))
+    layout = ranks[0]["buckets"]
+    steps = [_finite(r["pace"]["step_s"], f"rank {i}'s median step")
+             for i, r in enumerate(ranks)]
+    if min(steps) <= 0 or max(steps) > DISAGREE_FACTOR * min(steps):
+        raise ValueError(f"ranks disagree: median steps {', '.join(f'{s:.4g}' for s in steps)} s "
+                         f"differ by more than {DISAGREE_FACTOR:g}x")
+    pace = {k: max(_finite(r["pace"][k], f"rank {i}'s {k}") for i, r in enumerate(ranks))
+            for k in ("backward_s", "fixed_s")}
+    ready, last = [], 0.0
+    for j in range(len(layout)):
+        # launch order: a bucket leaves no sooner than the one before it
+        last = max(last, max(_finite(r["pace"]["ready_s"][j], f"rank {i}'s ready time")
+                             for i, r in enumerate(ranks)))
+        ready.append(last)
+    buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
+    backward = max(pace["backward_s"], ready[-1] if ready else 0.0)
+
+    fastest = {}
+    for rows in link_rows:
+        seen = {}
+        for collective, size_n, nbytes, seconds in rows:
+            key = (collective, size_n, nbytes, seen.setdefault((collective, nbytes), 0))
+            seen[(collective, nbytes)] += 1
+            seconds = _finite(seconds, f"a timed {collective}")
+            fastest[key] = min(fastest.get(key, math.inf), seconds)
+    links = planner.fit_links([(c, size_n, b, s) for (c, size_n, b, _), s in sorted(fastest.items())])
+
+    codecs = {}
+    for text in sorted({t for r in ranks for t in r["codecs"]}):
+        parts = {}
+        for op in ("encode", "reduce", "decode"):
+            worst = {}
+            for i, r in enumerate(ranks):
+                for nbytes, seconds in r["codecs"].get(text, {}).get(op, []):
+                    worst[nbytes] = max(worst.get(nbytes, 0.0),
+                                        _finite(seconds, f"rank {i}'s {text} {op}"))
+            if worst:
+                parts[op] = planner.fit_affine(sorted(worst.items()))
+        codecs[text] = planner.CodecCost(**parts)
+    errors = {}
+    for r in ranks:
+        for bucket, row in r["errors"].items():
+            for scheme_name, err in row.items():
+                key = (bucket, scheme_name)
+                err = float(err) if err is not None else math.nan
+                old = errors.get(key, -math.inf)
+                errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
+    return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
+                                fixed_s=pace["fixed_s"])
+
+
+def summary(m: planner.Measurements):
+    """The measurements as JSON-able numbers, for plan_report() and the lab's manifest."""
+    def affine(x):
+        return {"a": x.a, "b": x.b}
+    return {
+        "n": m.n, "backward_s": m.backward_s, "fixed_s": m.fixed_s,
+        "ready_s": {b.name: b.ready_s for b in m.buckets},
+        "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": f.r2} for c, f in m.links.items()},
+        "codecs": {t: {"encode": affine(c.encode), "reduce": affine(c.reduce),
+                       "decode": affine(c.decode)} for t, c in m.codecs.items()},
+        "errors": {f"{b} {s}": e for (b, s), e in sorted(m.errors.items())},
+    }

@@ -1,0 +1,281 @@
+"""Compression.auto (hvd_compress/auto.py, calibration.py, autocomm.py): the settings, one
+step's pace, every rank's measurements combined into one, the decision on rank 0 (a plan, or a
+fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
+(tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
+import math
+
+import pytest
+import torch
+
+import hvd_compress as hc
+from hvd_compress import calibration, planner
+from hvd_compress.auto import Auto, WARMUP_STEPS
+from hvd_compress.autocomm import FLOAT32, AutoCommunicator, _decide
+from hvd_compress.communicators import make_communicator
+from hvd_compress.costmodel.model import Link
+from tests.hvdrun import across_ranks, passed_checks
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- the settings
+
+@pytest.mark.unit
+def test_auto_is_usable_bare_and_with_options():
+    bare = hc.Compression.auto
+    assert isinstance(bare, Auto) and bare.name == "auto"
+    assert bare.candidates == planner.DEFAULT_CANDIDATES and bare.warmup_steps == WARMUP_STEPS
+    assert (bare.error_bound, bare.margin, bare.replan_every) == (
+        planner.ERROR_BOUND, planner.TIE_MARGIN, planner.REPLAN_EVERY)
+    other = hc.Compression.auto(warmup_steps=9, margin=0.0, candidates=["bit8"])
+    assert other.candidates == ("none:allreduce", "bit8:allgather")    # float32 always there
+    assert (other.warmup_steps, other.margin) == (9, 0.0) and bare.warmup_steps == WARMUP_STEPS
+    assert other == Auto(warmup_steps=9, margin=0.0, candidates=["bit8"]) and other != bare
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("options, match", [
+    ({"warmup_steps": 1}, "warmup_steps"), ({"margin": 1.0}, "margin"),
+    ({"error_bound": -1}, "error_bound"), ({"replan_every": 0}, "replan_every"),
+    ({"candidates": ["topk"]}, "codec of values"), ({"candidates": ["bit8:allreduce"]}, "route"),
+])
+def test_auto_refuses_bad_settings(options, match):
+    with pytest.raises(ValueError, match=match):
+        hc.Compression.auto(**options)
+
+
+@pytest.mark.unit
+def test_make_communicator_refuses_auto_with_a_reason():
+    with pytest.raises(ValueError, match="per bucket"):
+        make_communicator(hc.Compression.auto)
+
+
+# ---------------------------------------------------------------- one step's pace
+
+@pytest.mark.unit
+def test_a_steps_pace_subtracts_hook_work_and_splits_the_step():
+    # backward from t=10.0 to 10.5; bucket 1 launched first (at 10.1, 0.02 s of hook work),
+    # bucket 0 at 10.3 (0.05 s); the exchange waited until 10.6; the step lasted 1.0 s
+    s = calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.05), (10.1, 0.02)])
+    assert s["ready_s"] == pytest.approx([0.28, 0.1])
+    assert s["backward_s"] == pytest.approx(0.43) and s["wait_s"] == pytest.approx(0.1)
+    assert s["fixed_s"] == pytest.approx(0.4)
+    assert calibration.step_sample(1.0, None, 10.5, 10.6, [(10.3, 0.0)]) is None
+    assert calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.0), None]) is None
+
+
+@pytest.mark.unit
+def test_pace_summary_discards_the_first_step_and_takes_medians():
+    def s(step, ready):
+        return {"step_s": step, "backward_s": step / 2, "wait_s": 0.0, "fixed_s": step / 2,
+                "ready_s": [ready]}
+    out = calibration.pace_summary([s(9.0, 9.0), s(1.0, 0.1), None, s(3.0, 0.3), s(2.0, 0.2)])
+    assert out["step_s"] == 2.0 and out["ready_s"] == [0.2] and out["steps"] == 3
+    with pytest.raises(ValueError, match="no complete step"):
+        calibration.pace_summary([s(1.0, 0.1), None])
+
+
+# ---------------------------------------------------------------- every rank's -> one
+
+def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03):
+    sizes = [("fc.bias", 4 * MiB), ("conv.weight", 64 * 1024)]
+    codec = {"encode": [[b, 1e-4 + enc * b] for _, b in sizes],
+             "decode": [[b, 1e-4 + enc * b] for _, b in sizes]}
+    codecs = {t: dict(codec, reduce=[[b, 1e-4] for _, b in sizes]) if t.endswith("alltoall")
+              else dict(codec) for t in planner.DEFAULT_CANDIDATES if t != FLOAT32}
+    return {"buckets": [list(x) for x in sizes],
+            "pace": {"step_s": step, "backward_s": backward, "wait_s": 0.1,
+                     "fixed_s": step - backward - 0.1, "ready_s": list(ready), "steps": 5},
+            "codecs": codecs,
+            "errors": {name: {"fp16": 2e-4, "bit16": 2e-4, "bit8": err} for name, _ in sizes}}
+
+
+def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
+    link = Link.from_bandwidth(alpha, rate_bit_s / 8)
+    rows = []
+    for c in calibration.LINK_COLLECTIVES:
+        cost = {"allreduce_fp16": "allreduce"}.get(c, c)
+        for size in (4096, 256 * 1024):
+            t = planner.methods.COLLECTIVE_COSTS[cost](n, size).seconds(link)
+            rows += [(c, n, size, t * slower)] * 3
+    return rows
+
+
+@pytest.mark.unit
+def test_combine_takes_the_slowest_pace_and_each_collectives_fastest_rank():
+    ranks = [rank_measurements(), rank_measurements(step=0.6, backward=0.35, ready=(0.02, 0.3),
+                                                    enc=2e-9, err=0.04)]
+    m = calibration.combine(ranks, [link_rows(100e6), link_rows(100e6, slower=1.5)], 2)
+    assert [b.ready_s for b in m.buckets] == [0.05, 0.3] and m.backward_s == 0.35
+    assert m.fixed_s == pytest.approx(0.6 - 0.35 - 0.1)
+    assert m.errors[("fc.bias", "bit8")] == 0.04
+    assert m.codecs["bit8:allgather"].encode.b == pytest.approx(2e-9, rel=1e-6)
+    fit = m.links["allreduce"]                         # the faster rank's rows: the real link
+    assert fit.alpha == pytest.approx(1e-3, rel=1e-6) and fit.beta == pytest.approx(8 / 100e6, rel=1e-6)
+
+
+@pytest.mark.unit
+def test_combine_keeps_launch_order_ready_times_non_decreasing():
+    m = calibration.combine([rank_measurements(ready=(0.2, 0.1))], [link_rows(1e9)], 2)
+    assert [b.ready_s for b in m.buckets] == [0.2, 0.2]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spoil, match", [
+    (lambda r: r[1]["buckets"].reverse(), "buckets differ"),
+    (lambda r: r[1]["pace"].update(step_s=5.0), "ranks disagree"),
+    (lambda r: r[1]["pace"].update(backward_s=math.nan), "not a finite time"),
+    (lambda r: r[0]["codecs"]["bit8:allgather"]["encode"][0].__setitem__(1, math.inf),
+     "not a finite time"),
+])
+def test_combine_refuses_measurements_it_cannot_plan_from(spoil, match):
+    ranks = [rank_measurements(), rank_measurements()]
+    spoil(ranks)
+    with pytest.raises(ValueError, match=match):
+        calibration.combine(ranks, [link_rows(1e9)] * 2, 2)
+
+
+# ---------------------------------------------------------------- the decision
+
+@pytest.mark.unit
+def test_a_slow_link_compresses_the_big_bucket_a_fast_one_keeps_float32():
+    # backward ends at 20 ms: the 4 MiB bucket's exchange (340 ms in float32 at 100 Mbit/s,
+    # 84 ms as bit8 by allgather) is the exposed tail
+    ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02))] * 2
+    slow = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert slow["ok"] and slow["labels"][0].startswith("bit8"), slow["labels"]
+    assert slow["predicted_s"] < slow["fixed_plans_s"][FLOAT32] / 1.5
+    fast = _decide(Auto(), ranks, [link_rows(100e9, alpha=1e-5)] * 2, [], 2)
+    assert fast["ok"] and fast["labels"] == [FLOAT32, FLOAT32], fast["labels"]
+    for d in (slow, fast):                            # never predicted slower than a fixed plan
+        assert d["predicted_s"] <= min(d["fixed_plans_s"].values()) * (1 + Auto().margin) + 1e-12
+
+
+@pytest.mark.unit
+def test_the_accuracy_guard_refuses_bit8_over_the_bound():
+    ranks = [rank_measurements(err=0.2), rank_measurements(err=0.2)]
+    d = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert d["ok"] and not any(t.startswith("bit8") for t in d["labels"]), d["labels"]
+    assert "error 0.2 > bound" in d["refused"]["fc.bias bit8:allgather"]
+
+
+@pytest.mark.unit
+def test_a_failed_or_bad_calibration_is_a_fallback_with_its_reason_not_an_exception():
+    ranks = [rank_measurements(), rank_measurements()]
+    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, ["rank 1: RuntimeError: boom"], 2)
+    assert d == {"ok": False, "reason": "calibration failed: rank 1: RuntimeError: boom"}
+    ranks[1]["pace"]["step_s"] = math.nan
+    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
+    assert not d["ok"] and "ValueError" in d["reason"] and "median step" in d["reason"]
+    d = _decide(Auto(), [rank_measurements()] * 2, [[("allgather", 2, 4096, 1e-3)]] * 2, [], 2)
+    assert not d["ok"] and "no plan from the measurements" in d["reason"]
+
+
+@pytest.mark.unit
+def test_the_same_measurements_give_the_same_decision():
+    ranks = [rank_measurements(), rank_measurements(step=0.55)]
+    a = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    b = _decide(Auto(), [dict(r) for r in ranks[::-1]], [link_rows(100e6)] * 2, [], 2)
+    assert a == b
+
+
+# ---------------------------------------------------------------- on this rank, real tensors
+
+@pytest.mark.unit
+def test_codec_costs_and_errors_on_real_gradients():
+    gen = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(70_000, generator=gen) * 1e-3, torch.zeros(512)]
+    errs = calibration.measure_errors(buffers, ["big", "zero"], planner.DEFAULT_CANDIDATES, 256)
+    assert 0.01 < errs["big"]["bit8"] < planner.ERROR_BOUND
+    assert errs["big"]["bit16"] < 2 ** -11 and errs["big"]["fp16"] < 2 ** -10
+    assert errs["zero"] == {"fp16": 0.0, "bit16": 0.0, "bit8": 0.0}
+    bad = calibration.measure_errors([torch.tensor([1.0, math.nan])], ["nan"], ["bit8"], 256)
+    assert math.isnan(bad["nan"]["bit8"])
+    costs = calibration.time_codecs(buffers, planner.DEFAULT_CANDIDATES, 2, 256, reps=1)
+    assert set(costs) == set(planner.DEFAULT_CANDIDATES) - {FLOAT32}
+    for text, parts in costs.items():
+        assert bool(parts["reduce"]) == text.endswith("alltoall"), text
+        for points in parts.values():
+            assert all(b > 0 and math.isfinite(s) and s > 0 for b, s in points), (text, points)
+    assert [b for b, _ in costs["bit8:allgather"]["encode"]] == [280_000, 2048]
+    assert torch.equal(buffers[1], torch.zeros(512))      # read, never written
+
+
+# ---------------------------------------------------------------- the plan's state
+
+def communicator(fusion=4096):
+    comm = AutoCommunicator(hc.Compression.auto(warmup_steps=3), fusion_threshold_bytes=fusion)
+    tensors = [torch.zeros(1280), torch.zeros(64), torch.zeros(2048), torch.zeros(32)]
+    comm.plan([f"t{i}" for i in range(4)], tensors)
+    return comm
+
+
+@pytest.mark.unit
+def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
+    comm = communicator()
+    assert comm.state_dict() is None and comm.labels == [FLOAT32] * 4
+    stats = comm.pop_stats()
+    assert stats["plan"] == "" and math.isnan(stats["plan_predicted_s"])
+    assert stats["plan_event"] == "calibrating"
+    labels = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", FLOAT32]
+    decision = {"ok": True, "labels": labels, "predicted_s": 0.25, "measurements": {},
+                "refused": {}}
+    comm._apply(decision, 0.1)
+    state = comm.state_dict()
+    other = communicator()
+    other.load_state_dict(state)
+    assert other.labels == labels and other.pop_stats()["plan"] == " ".join(labels)
+    report = other.plan_report()
+    assert report["predicted_s"] == 0.25 and report["calibrations"] == 0
+    assert [b["label"] for b in report["buckets"]] == labels
+    assert report["events"][-1]["event"] == "planned: restored from a checkpoint"
+    elsewhere = communicator(fusion=1 << 20)        # other buckets: the plan is not taken
+    elsewhere.load_state_dict(state)
+    assert elsewhere.labels == [FLOAT32] and elsewhere.state_dict() is None
+    other.reset_state()
+    stats = other.pop_stats()
+    assert other.labels == [FLOAT32] * 4 and stats["plan"] == ""
+    assert stats["plan_event"].endswith("calibrating (membership changed)")
+
+
+@pytest.mark.unit
+def test_a_fallback_keeps_the_last_good_plan_and_warns_once():
+    comm = communicator()
+    labels = ["bit8:allgather", FLOAT32, FLOAT32, FLOAT32]
+    comm._apply({"ok": True, "labels": labels, "predicted_s": 0.2}, 0.1)
+    with pytest.warns(RuntimeWarning, match="last good plan"):
+        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.1)
+    assert comm.labels == labels
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comm._apply({"ok": False, "reason": "again"}, 0.1)
+    events = comm.pop_stats()["plan_event"].split("; ")
+    assert events[-2:] == ["fallback: calibration failed: rank 1: boom", "fallback: again"]
+
+
+# ---------------------------------------------------------------- on real ranks
+
+@pytest.mark.multiprocess
+@across_ranks("auto_checks")
+def test_auto_across_ranks(controller, np, request):
+    names = passed_checks(request)
+    for what in ("trains.same_plan_on_every_rank", "trains.identical_weights",
+                 "trains.plan_labels_legal", "trains.calibration_cost_recorded",
+                 "trains.links_fitted", "mixed.identical_weights", "mixed.plan_shown",
+                 "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
+                 "replan.planned_again", "resume.plan_restored", "reset.measures_again",
+                 "bad.reason_recorded"):
+        assert what in names, what
+    for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
+        assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label
+    for tag in ("raises", "non_finite", "disagrees"):
+        for what in ("every_rank_falls_back", "float32", "identical_weights"):
+            assert f"bad.{tag}.{what}" in names
+
+
+@pytest.mark.unit
+def test_a_link_whose_bytes_cost_nothing_measurable_gets_the_floor_not_zero():
+    rows = [("allreduce", 2, 4096, 1e-3), ("allreduce", 2, 262144, 0.9e-3)]
+    fit = planner.fit_links(rows)["allreduce"]
+    assert fit.beta == planner.BETA_FLOOR and fit.clamped == "beta" and fit.link().beta > 0

@@ -1,0 +1,203 @@
+"""Run under horovodrun (tests/workers/suite.py, or alone): Compression.auto on real ranks
+(hvd_compress/autocomm.py, calibration.py). A small model trains with auto: it measures,
+plans, and every rank ends with the same plan and the same bits; a given mixed plan's step
+equals the float32 allreduce within its schemes' error bound; a rank whose calibration raises,
+or yields non-finite numbers, or disagrees wildly, makes every rank fall back and train on;
+a re-plan decision is taken at the same step, alike, on every rank; the plan survives a
+checkpoint; reset (elastic) measures again."""
+import math
+
+import torch
+
+import hvd_compress as hc
+from hvd_compress import calibration, planner
+import checks
+
+FUSION = 4096            # four buckets of the net below (one of 656 B, three single tensors)
+WARMUP = 3
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def data(hvd, step=0):
+    gen = torch.Generator().manual_seed(1000 * step + hvd.rank())
+    return torch.randn(16, 20, generator=gen), torch.randn(16, 4, generator=gen)
+
+
+def optimizer(model, **options):
+    auto = hc.Compression.auto(warmup_steps=WARMUP, **options)
+    return hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=auto,
+                                   fusion_threshold_bytes=FUSION)
+
+
+def train(hvd, model, opt, steps, first=0):
+    stats = []
+    for step in range(first, first + steps):
+        x, y = data(hvd, step)
+        opt.zero_grad()
+        (model(x) - y).square().mean().backward()
+        opt.step()
+        stats.append(opt.pop_stats())
+    return stats
+
+
+def same_on_every_rank(hvd, value):
+    every = hvd.allgather_object(value)
+    return all(v == every[0] for v in every), every
+
+
+def events(stats):
+    return [s["plan_event"] for s in stats if s["plan_event"]]
+
+
+def run(hvd):
+    legal = set(planner.DEFAULT_CANDIDATES)
+
+    # 1. train with auto: measure, plan, apply; same plan and bits everywhere
+    model = net()
+    opt = optimizer(model, replan_every=planner.REPLAN_WINDOW)   # checked in 3. below
+    stats = train(hvd, model, opt, WARMUP + 6)
+    report = opt.plan_report()
+    checks.check("trains.four_buckets", len(report["buckets"]) == 4, str(report["buckets"]))
+    checks.check("trains.float32_before_the_plan",
+                 all(s["plan"] == "" for s in stats[:WARMUP - 1]) and
+                 math.isnan(stats[0]["plan_predicted_s"]), str(stats[:WARMUP]))
+    checks.check("trains.events", events(stats)[:2] == ["calibrating", "planned"],
+                 str(events(stats)))
+    labels = stats[-1]["plan"].split(" ")
+    checks.check("trains.plan_labels_legal", len(labels) == 4 and set(labels) <= legal, str(labels))
+    checks.check("trains.plan_in_report", report["plan"] == stats[-1]["plan"] and
+                 [b["label"] for b in report["buckets"]] == labels)
+    checks.check("trains.prediction_and_measurement", math.isfinite(stats[-1]["plan_predicted_s"])
+                 and stats[-1]["plan_predicted_s"] > 0 and stats[-1]["plan_measured_s"] > 0,
+                 str(stats[-1]))
+    agree, every = same_on_every_rank(hvd, (stats[-1]["plan"], stats[-1]["plan_predicted_s"]))
+    checks.check("trains.same_plan_on_every_rank", agree, str(every))
+    checks.check("trains.identical_weights", checks.same_everywhere(list(model.parameters())))
+    cost = report["calibration_s"]
+    checks.check("trains.calibration_cost_recorded", report["calibrations"] == 1 and 0 < cost < 30,
+                 str(cost))
+    links = report["measurements"]["links"]
+    checks.check("trains.links_fitted", set(links) == set(calibration.LINK_COLLECTIVES) and
+                 all(v["alpha"] >= 0 and v["beta"] >= 0 for v in links.values()), str(links))
+    hvd.allgather_object(cost, name="auto.cost")      # the cost, logged below by the test
+    if hvd.rank() == 0:
+        print(f"auto calibration cost: {cost:.4f} s, plan {report['plan']}", flush=True)
+
+    # 2. a given mixed plan (restored from a state): the step equals float32's within bounds
+    mixed = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"]
+    state = opt.compression_state_dict()
+    state["communicator"]["auto_plan"]["decision"] = dict(
+        state["communicator"]["auto_plan"]["decision"], labels=mixed, predicted_s=1e-6)
+    opt.load_compression_state_dict(state)
+    x, y = data(hvd, 99)
+    params = [p for _, p in opt._params]
+    local = torch.autograd.grad((model(x) - y).square().mean(), params)   # no hooks fire
+    ref = [hvd.allreduce(g, name=f"auto.ref.{i}") for i, g in enumerate(local)]
+    opt.zero_grad()
+    (model(x) - y).square().mean().backward()
+    opt.synchronize()
+    index = {p: i for i, p in enumerate(params)}
+    for b, (label, members) in enumerate(zip(mixed, opt._members)):
+        got = torch.cat([p.grad.reshape(-1) for _, p in members])
+        want = torch.cat([ref[index[p]].reshape(-1) for _, p in members])
+        norms = hvd.allgather_object(float(torch.cat([local[index[p]].reshape(-1)
+                                                      for _, p in members]).norm()))
+        err = float((got - want).norm()) / max(sum(norms) / len(norms), 1e-30)
+        checks.check(f"mixed.bucket{b}.{label}.within_bound", err <= 2 * planner.ERROR_BOUND,
+                     f"relative error {err:.3g}")
+        checks.check(f"mixed.bucket{b}.{label}.compressed", not torch.equal(got, want))
+    with opt.skip_synchronize():
+        opt.step()
+    stats = opt.pop_stats()
+    checks.check("mixed.plan_shown", stats["plan"] == " ".join(mixed), stats["plan"])
+    stats = train(hvd, model, opt, 3, first=100)
+    checks.check("mixed.identical_weights", checks.same_everywhere(list(model.parameters())))
+
+    # 3. the re-plan decision (prediction 1e-6 s: far off) at the same step everywhere
+    opt.load_compression_state_dict(state)
+    stats = train(hvd, model, opt, planner.REPLAN_WINDOW, first=200)
+    replans = [i for i, s in enumerate(stats) if "replanned" in s["plan_event"]]
+    check = opt.plan_report()["last_replan_check"]
+    agree, every = same_on_every_rank(hvd, (replans, check))
+    checks.check("replan.same_decision_on_every_rank", agree, str(every))
+    checks.check("replan.decided_at_the_window", replans == [planner.REPLAN_WINDOW - 1]
+                 and check["now"], f"{replans} {check}")
+    stats = train(hvd, model, opt, WARMUP, first=300)
+    checks.check("replan.planned_again", "planned" in events(stats), str(events(stats)))
+    checks.check("replan.identical_weights", checks.same_everywhere(list(model.parameters())))
+
+    # 4. a checkpoint's plan is taken up without measuring
+    state = opt.compression_state_dict()
+    other = optimizer(model)
+    other.load_compression_state_dict(state)
+    stats = train(hvd, model, other, 2, first=400)
+    checks.check("resume.plan_restored", stats[0]["plan"] == " ".join(
+        state["communicator"]["auto_plan"]["decision"]["labels"]) and
+        other.plan_report()["calibrations"] == 0, str(stats[0]))
+
+    # 5. reset (elastic): float32, then measured and planned again
+    other.reset_compression_state()
+    stats = train(hvd, model, other, WARMUP)
+    checks.check("reset.measures_again", stats[0]["plan"] == "" and
+                 stats[-1]["plan_event"] == "planned", str(events(stats)))
+
+    # 6. bad measurements on one rank: every rank falls back, warns once, trains on
+    for tag, spoil in (("raises", _raising), ("non_finite", _non_finite),
+                       ("disagrees", _disagreeing)):
+        model = net()
+        opt = optimizer(model)
+        saved = {name: getattr(calibration, name) for name in ("time_codecs", "pace_summary")}
+        if hvd.rank() == hvd.size() - 1:
+            spoil()
+        try:
+            stats = train(hvd, model, opt, WARMUP + 2)
+        finally:
+            for name, fn in saved.items():
+                setattr(calibration, name, fn)
+        said = [e for e in events(stats) if e.startswith("fallback")]
+        agree, every = same_on_every_rank(hvd, said)
+        checks.check(f"bad.{tag}.every_rank_falls_back", len(said) == 1 and agree, str(every))
+        checks.check(f"bad.{tag}.float32", stats[-1]["plan"] == "" and
+                     opt.communicator.labels == ["none:allreduce"] * 4, str(stats[-1]))
+        checks.check(f"bad.{tag}.identical_weights",
+                     checks.same_everywhere(list(model.parameters())))
+    checks.check("bad.reason_recorded", "disagree" in said[0], said[0])
+
+
+def _raising():
+    def fail(*args, **kwargs):
+        raise RuntimeError("codec timing failed here")
+    calibration.time_codecs = fail
+
+
+def _non_finite():
+    real = calibration.time_codecs
+
+    def nan(*args, **kwargs):
+        out = real(*args, **kwargs)
+        for parts in out.values():
+            for points in parts.values():
+                for point in points:
+                    point[1] = math.nan
+        return out
+    calibration.time_codecs = nan
+
+
+def _disagreeing():
+    real = calibration.pace_summary
+
+    def slow(samples):
+        out = real(samples)
+        out["step_s"] *= 100
+        return out
+    calibration.pace_summary = slow
+
+
+if __name__ == "__main__":
+    checks.main(run)
