@@ -265,7 +265,8 @@ def test_auto_across_ranks(controller, np, request):
                  "trains.links_fitted", "mixed.identical_weights", "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "resume.plan_restored", "reset.measures_again",
-                 "bad.reason_recorded"):
+                 "bad.reason_recorded", "ef.lossy_buckets_keep_residuals",
+                 "ef.float32_carries_them_once", "ef.identical_weights"):
         assert what in names, what
     for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
         assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label
