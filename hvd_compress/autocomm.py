@@ -218,6 +218,7 @@ class AutoCommunicator(CommunicatorBase):
         try:
             buffers = [b.buffer for b in self._buckets]
             return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
+                    "labels": list(self._labels),           # the plan the pace was taken on
                     "pace": calibration.pace_summary(self._samples),
                     "codecs": calibration.time_codecs(buffers, self.settings.candidates, n,
                                                       self.scale_block),
@@ -279,6 +280,7 @@ class AutoCommunicator(CommunicatorBase):
                          for k, v in self.settings.options().items()},
             "measurements": self._measurements,
             "refused": self._refused,
+            "fixed_plans_s": self._plan.get("fixed_plans_s", {}) if self._plan else {},
             "calibration_s": self._calibration_s,
             "calibrations": self._calibrations,
             "last_replan_check": self._last_replan,
@@ -343,11 +345,15 @@ def _decide(settings, ranks, links, problems, n):
             return {"ok": True, "labels": [FLOAT32] * len(layout),
                     "predicted_s": ranks[0]["pace"]["step_s"], "fastest_s": math.nan,
                     "measurements": {}, "refused": {}, "note": "one rank: nothing travels"}
-        m = calibration.combine(ranks, links, n)
+        timed = calibration.combine(ranks, links, n)
+        step = max(r["pace"]["step_s"] for r in ranks)
+        m, busy = calibration.busy_links(timed, ranks[0].get("labels", [FLOAT32] * len(layout)),
+                                         step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
                 "fastest_s": plan.fastest_s, "exact": plan.exact,
-                "measurements": calibration.summary(m),
+                "measurements": dict(calibration.summary(timed), busy_factor=busy,
+                                     measured_step_s=step),
                 "refused": {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
                 "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}
     except Exception as err:

@@ -15,6 +15,7 @@ Pure:
                   and codec costs; each collective's fastest rank, see below), or a ValueError
                   saying why they cannot be planned from
 """
+import dataclasses
 import math
 import statistics
 import time
@@ -27,7 +28,8 @@ from .registry import Route, parse_label
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
-           "measure_errors", "link_sizes", "time_collectives", "combine", "summary"]
+           "measure_errors", "link_sizes", "time_collectives", "combine", "busy_links",
+           "BUSY_FACTOR_MAX", "summary"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -42,6 +44,8 @@ CODEC_REPS = 3
 # In synchronous training every rank's step lasts as long as the slowest's: ranks whose median
 # steps differ by more than this factor measured something else (a clock, a stalled rank).
 DISAGREE_FACTOR = 3.0
+# The most the busy link (while backward computes) is taken slower than the idle one.
+BUSY_FACTOR_MAX = 20.0
 # Calibration polls a collective every 50 us (not wait_for's up to 1 ms), so the poll adds
 # little to what is timed.
 _POLL_S = 50e-6
@@ -293,6 +297,35 @@ def combine(ranks, link_rows, n):
                                 fixed_s=pace["fixed_s"])
 
 
+def busy_links(m: planner.Measurements, labels, measured_step_s):
+    """The links as the job's own steps run them. The collectives were timed alone, between
+    steps, on idle cores; in the step, Horovod's thread competes with backward's compute for
+    the cores (2 here), and a bucket waits for the poll. So every link is slowed by the one
+    factor k >= 1 (alpha and beta alike) that makes the plan in force (`labels`, float32 at
+    first) predict the step it was measured at; k = 1 where the timed links already predict it
+    or more; at most BUSY_FACTOR_MAX. Returns (measurements, k); the links timed alone are in
+    `summary`."""
+    idle = {c: (f.link() if callable(getattr(f, "link", None)) else f) for c, f in m.links.items()}
+
+    def with_factor(k):
+        busy = {c: dataclasses.replace(x, alpha=x.alpha * k, beta=x.beta * k)
+                for c, x in idle.items()}
+        return dataclasses.replace(m, links=busy, links_idle=None)
+
+    def step(k):
+        return planner.predict(with_factor(k), labels).step_s
+
+    if not (math.isfinite(measured_step_s) and step(1.0) < measured_step_s):
+        return with_factor(1.0), 1.0
+    if step(BUSY_FACTOR_MAX) <= measured_step_s:
+        return with_factor(BUSY_FACTOR_MAX), BUSY_FACTOR_MAX
+    low, high = 1.0, BUSY_FACTOR_MAX
+    for _ in range(40):                      # the step grows with k (the fold is monotone)
+        mid = (low + high) / 2
+        low, high = (mid, high) if step(mid) < measured_step_s else (low, mid)
+    return with_factor(high), high
+
+
 def summary(m: planner.Measurements):
     """The measurements as JSON-able numbers, for plan_report() and the lab's manifest."""
     def affine(x):
@@ -300,7 +333,8 @@ def summary(m: planner.Measurements):
     return {
         "n": m.n, "backward_s": m.backward_s, "fixed_s": m.fixed_s,
         "ready_s": {b.name: b.ready_s for b in m.buckets},
-        "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": f.r2} for c, f in m.links.items()},
+        "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": getattr(f, "r2", math.nan)}
+                  for c, f in m.links.items()},
         "codecs": {t: {"encode": affine(c.encode), "reduce": affine(c.reduce),
                        "decode": affine(c.decode)} for t, c in m.codecs.items()},
         "errors": {f"{b} {s}": e for (b, s), e in sorted(m.errors.items())},

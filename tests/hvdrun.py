@@ -25,7 +25,7 @@ fusion; with 2 ranks a sum is the same in either order).
 
 Which modules run where (SUITE) is the coverage that the separate launches had: every module at
 2 ranks on Gloo and MPI; the exchange also at 3 ranks (Gloo); exchange, Top-K, PowerSGD and the
-quantizers at 4 on both, gradient views and the course route at 4 on Gloo; and, at 2 ranks, the
+quantizers at 4 on both, gradient views, the course route and Compression.auto at 4 on Gloo; and, at 2 ranks, the
 checks that once called hvd.init() in the test process itself (wait_for, the benchmark's timing
 loop). Adding a module is one line in SUITE (and its run(hvd) in tests/workers/). Running a
 subset of the tests (a file, -k) starts jobs with only the modules the selected tests read.

@@ -265,7 +265,8 @@ def test_auto_across_ranks(controller, np, request):
                  "trains.links_fitted", "mixed.identical_weights", "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "resume.plan_restored", "reset.measures_again",
-                 "bad.reason_recorded"):
+                 "bad.reason_recorded", "ef.lossy_buckets_keep_residuals",
+                 "ef.float32_carries_them_once", "ef.identical_weights"):
         assert what in names, what
     for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
         assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label
@@ -279,3 +280,16 @@ def test_a_link_whose_bytes_cost_nothing_measurable_gets_the_floor_not_zero():
     rows = [("allreduce", 2, 4096, 1e-3), ("allreduce", 2, 262144, 0.9e-3)]
     fit = planner.fit_links(rows)["allreduce"]
     assert fit.beta == planner.BETA_FLOOR and fit.clamped == "beta" and fit.link().beta > 0
+
+
+@pytest.mark.unit
+def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
+    m = calibration.combine([rank_measurements(backward=0.02, ready=(0.01, 0.02))],
+                            [link_rows(100e6)], 2)
+    labels = [FLOAT32, FLOAT32]
+    idle_step = planner.predict(m, labels).step_s
+    busy, k = calibration.busy_links(m, labels, idle_step * 1.3)
+    assert k > 1 and planner.predict(busy, labels).step_s == pytest.approx(idle_step * 1.3, rel=1e-6)
+    assert busy.links["allreduce"].beta == pytest.approx(k * m.links["allreduce"].beta)
+    same, k = calibration.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
+    assert k == 1.0 and planner.predict(same, labels).step_s == pytest.approx(idle_step)

@@ -13,6 +13,7 @@ import hvd_compress as hc
 from hvd_compress import calibration, planner
 import checks
 
+FLOAT32 = "none:allreduce"
 FUSION = 4096            # four buckets of the net below (one of 656 B, three single tensors)
 WARMUP = 3
 
@@ -131,6 +132,31 @@ def run(hvd):
     stats = train(hvd, model, opt, WARMUP, first=300)
     checks.check("replan.planned_again", "planned" in events(stats), str(events(stats)))
     checks.check("replan.identical_weights", checks.same_everywhere(list(model.parameters())))
+
+    # 3b. error feedback: a lossy bucket keeps a residual; moved to float32 it carries it once
+    ef_model = net()
+    ef = hc.DistributedOptimizer(torch.optim.SGD(ef_model.parameters(), lr=0.05),
+                                 named_parameters=ef_model.named_parameters(),
+                                 compression=hc.Compression.auto(warmup_steps=WARMUP),
+                                 fusion_threshold_bytes=FUSION, error_feedback=True)
+    train(hvd, ef_model, ef, WARMUP)                  # planned (float32 here, most likely)
+    mixed_state = ef.compression_state_dict()
+    mixed_state["communicator"]["auto_plan"]["decision"] = dict(
+        mixed_state["communicator"]["auto_plan"]["decision"], labels=mixed)
+    mixed_state["residuals"] = {}
+    ef.load_compression_state_dict(mixed_state)
+    train(hvd, ef_model, ef, 2, first=500)
+    kept = ef.compression_state_dict()["residuals"]
+    checks.check("ef.lossy_buckets_keep_residuals", len(kept) >= 3 and
+                 any(float(r.abs().max()) > 0 for r in kept.values()), str(list(kept)))
+    plain = dict(mixed_state["communicator"]["auto_plan"]["decision"], labels=[FLOAT32] * 4)
+    ef.load_compression_state_dict({"residuals": kept, "communicator": {"auto_plan": dict(
+        mixed_state["communicator"]["auto_plan"], decision=plain)}})
+    train(hvd, ef_model, ef, 1, first=600)
+    left = ef.compression_state_dict()["residuals"]
+    checks.check("ef.float32_carries_them_once", all(float(r.abs().max()) == 0
+                                                      for r in left.values()), str(list(left)))
+    checks.check("ef.identical_weights", checks.same_everywhere(list(ef_model.parameters())))
 
     # 4. a checkpoint's plan is taken up without measuring
     state = opt.compression_state_dict()
