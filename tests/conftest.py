@@ -3,6 +3,7 @@ and the check of every test's kind marker (tests/kinds.py)."""
 import importlib
 import importlib.util
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ MNIST_DIR = Path(os.environ.get("HVD_COMPRESS_MNIST_DIR")
                  or ROOT / ".." / "shared" / "data" / "mnist").resolve()
 MNIST_MISSING = (f"needs the MNIST test set (t10k-images-idx3-ubyte.gz, "
                  f"t10k-labels-idx1-ubyte.gz) in {MNIST_DIR}")
+# How many shared runs train at once on this machine (SharedRuns.get_all): measured on 2 cores,
+# see docs/testing.md.
+SIDE_BY_SIDE = int(os.environ.get("HVD_COMPRESS_SIDE_BY_SIDE", "2"))
 needs_mnist = pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
                                  reason=MNIST_MISSING)
 
@@ -31,20 +35,45 @@ class SharedRuns:
     """Run folders that tests of several modules read, each made once a session: the first
     test to ask trains it (tests/test_lab.py's runs, tests/test_lab_course_route.py)."""
 
-    def __init__(self, base):
-        self.base, self.folders = base, {}
+    def __init__(self, base, side_by_side=SIDE_BY_SIDE):
+        self.base, self.folders, self.side_by_side = base, {}, side_by_side
 
     def get(self, name, make):
         """The folder `name`, made by make(folder) the first time it is asked for."""
-        if name not in self.folders:
-            make(self.base / name)
-            self.folders[name] = self.base / name
-        return self.folders[name]
+        return self.get_all({name: make})[name]
+
+    def get_all(self, makes):
+        """{name: folder} for each name of {name: make}; the ones not made yet are made side by
+        side, `side_by_side` at a time (a run is a subprocess: its launch and start-up leave
+        the cores idle part of the time). The first failure is raised once all have ended."""
+        missing = {name: make for name, make in makes.items() if name not in self.folders}
+        if missing:
+            with ThreadPoolExecutor(max_workers=min(self.side_by_side, len(missing))) as pool:
+                done = {name: pool.submit(make, self.base / name)
+                        for name, make in missing.items()}
+            failures = [future.exception() for future in done.values() if future.exception()]
+            self.folders.update({name: self.base / name for name, future in done.items()
+                                 if future.exception() is None})
+            if failures:
+                raise failures[0]
+        return {name: self.folders[name] for name in makes}
 
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
+
+
+@pytest.fixture(scope="session")
+def emulated_network():
+    """labs.netem's capabilities, probed (a namespace made and removed) when a netns test first
+    asks, never while collecting: `pytest -m unit` touches no namespace. Skips, saying what is
+    missing, where namespaces or the tbf qdisc cannot be had."""
+    from labs import netem
+    caps = netem.probe_capabilities()
+    if not (caps.netns and caps.tbf):
+        pytest.skip(f"cannot emulate a network here: {caps.problem or 'no tbf qdisc in this kernel'}")
+    return caps
 
 
 def load_script(path, name):

@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 
 from hvdrun import across_ranks, passed_checks
-from labs import netem
 from labs.netem import bench
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,12 +183,8 @@ def test_worker_refuses_to_run_without_a_launcher(tmp_path):
     assert r.returncode == 2 and "launcher" in r.stderr
 
 
-CAPS = netem.probe_capabilities()
-
-
 @pytest.mark.netns
-@pytest.mark.skipif(not (CAPS.netns and CAPS.tbf),
-                    reason=f"cannot emulate a network here: {CAPS.problem or 'no tbf qdisc'}")
+@pytest.mark.usefixtures("emulated_network")      # probed when this test runs, not at import
 def test_tiny_netem_run_counts_wire_bytes(tmp_path):
     out = tmp_path / "net.csv"
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "netem.py"), "bench", "-n", "2",

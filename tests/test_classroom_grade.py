@@ -6,11 +6,12 @@ every check of those steps with its reason; each seeded trainer or exchange mist
 own check. Half the grader's quick run, to keep the file cheap: 1 epoch of the first 1024 training
 images scored on the first 500 test images, where the solution reaches 57.8% at 2 processes
 and 46.8% at 4 (deterministic: seeds, shards and Gloo's sum order are fixed), so 40% is
-asked. The file costs three launches: the class at 2 processes, the solution at 4, the
-in-tree script.
+asked. The file costs three launches, side by side: the class at 2 processes, the solution
+at 4, the in-tree script.
 """
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -28,19 +29,29 @@ SMALL = dict(train_samples=1024, test_samples=500, min_accuracy=0.40)
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """The class (solution, untouched, the seeded mistakes) at 2 processes, in one launch;
-    the solution's trainer again at 4."""
+    the solution's trainer again at 4; the in-tree route of the solution and of the untouched
+    kit. The three launches run side by side (each is a subprocess: its start-up leaves the
+    cores idle part of the time), into folders of their own (runs/grader-np2, -np4,
+    .grade/np2, np4, intree)."""
     root = tmp_path_factory.mktemp("class")
     solution = classroom_kit.install_solution(classroom_kit.init(root / "solution")).resolve()
     classroom_kit.init(root / "untouched")
     for name in ("no_sampler", "no_broadcast", "averaged_codes"):
         seed(classroom_kit.init(root / name), BY_NAME[name])
-    results = grade(find_kits([root]), Options(steps=("trainer", "exchange"), sizes=(2,), **SMALL))
-    results[solution] += grade([solution], Options(steps=("trainer",), sizes=(4,), **SMALL))[solution]
-    return root, {kit.name: {c.name: c for c in checks} for kit, checks in results.items()}
+    kits = find_kits([root])
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        at_2 = pool.submit(grade, kits, Options(steps=("trainer", "exchange"), sizes=(2,), **SMALL))
+        at_4 = pool.submit(grade, [solution], Options(steps=("trainer",), sizes=(4,), **SMALL))
+        intree = {kit.name: pool.submit(intree_checks, kit) for kit in kits
+                  if kit.name in ("solution", "untouched")}
+    results = at_2.result()
+    results[solution] += at_4.result()[solution]
+    return (root, {kit.name: {c.name: c for c in checks} for kit, checks in results.items()},
+            {name: future.result() for name, future in intree.items()})
 
 
 def test_the_solution_passes_every_check(graded):
-    root, by_kit = graded
+    root, by_kit, _ = graded
     checks = by_kit["solution"]
     assert len(checks) == 2 * 6 + 2
     assert [name for name, c in checks.items() if not c.passed] == []
@@ -52,7 +63,7 @@ def test_the_solution_passes_every_check(graded):
 
 
 def test_the_untouched_kit_fails_every_check_with_its_reason(graded):
-    _, by_kit = graded
+    _, by_kit, _ = graded
     checks = by_kit["untouched"]
     assert len(checks) == 6 + 2
     passed = [name for name, c in checks.items() if c.passed]
@@ -68,7 +79,7 @@ def test_the_untouched_kit_fails_every_check_with_its_reason(graded):
 
 @pytest.mark.parametrize("name", ["no_sampler", "no_broadcast", "averaged_codes"])
 def test_each_seeded_mistake_fails_its_check_with_its_reason(graded, name):
-    _, by_kit = graded
+    _, by_kit, _ = graded
     mistake, checks = BY_NAME[name], by_kit[name]
     assert not checks[mistake.check].passed
     assert mistake.words in checks[mistake.check].en, checks[mistake.check].en
@@ -77,11 +88,11 @@ def test_each_seeded_mistake_fails_its_check_with_its_reason(graded, name):
     assert checks[others].passed, checks[others].en
 
 
-def test_the_solution_passes_the_in_tree_route_and_the_untouched_kit_fails_it(tmp_path):
-    solution = classroom_kit.install_solution(classroom_kit.init(tmp_path / "solution"))
-    checks = intree_checks(solution)
+def test_the_solution_passes_the_in_tree_route_and_the_untouched_kit_fails_it(graded):
+    _, _, intree = graded
+    checks = intree["solution"]
     assert [c.name for c in checks] == ["intree.patch", "intree.build", "intree.allreduce",
                                         "intree.optimizer"]
     assert [c.en for c in checks if not c.passed] == []
-    untouched = intree_checks(classroom_kit.init(tmp_path / "untouched"))
+    untouched = intree["untouched"]
     assert not any(c.passed for c in untouched) and "holds no diff yet" in untouched[0].en

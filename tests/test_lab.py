@@ -58,21 +58,39 @@ def train(out, ranks, extra, check=True):
     return done
 
 
+def lab_flags(ranks, compression):
+    """The flags of the shared run of COMMON on `ranks` with `compression`."""
+    return COMMON + FLAGS[compression] + (TENSOR_SCALES if (ranks, compression) == (2, "bit8")
+                                          else [])
+
+
+CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
+# Every run shared between modules, by name: (ranks, flags). tests/test_lab_course_route.py
+# compares np2-bit8 with the same training through Horovod's own optimizer; that run is listed
+# here so that it trains in the same batch as this module's, side by side.
+SHARED = {**{f"np{ranks}-{c}": (ranks, lab_flags(ranks, c)) for ranks, c in CASES},
+          "np2-bit8-horovod": (2, COMMON + FLAGS["bit8"] + ["--optimizer", "horovod"])}
+
+
+def lab_runs(shared_runs, names):
+    """{name: run folder} of SHARED runs, each trained once a session; those not trained yet
+    are trained side by side (conftest.SharedRuns.get_all)."""
+    return shared_runs.get_all({name: (lambda out, name=name: train(out, *SHARED[name]))
+                                for name in names})
+
+
 def lab_run(shared_runs, ranks, compression):
     """The run folder of COMMON on `ranks` with `compression`, trained once a session (the
     route tests read np2-bit8 too)."""
-    flags = COMMON + FLAGS[compression] + (TENSOR_SCALES if (ranks, compression) == (2, "bit8")
-                                           else [])
-    return shared_runs.get(f"np{ranks}-{compression}", lambda out: train(out, ranks, flags))
+    return lab_runs(shared_runs, [f"np{ranks}-{compression}"])[f"np{ranks}-{compression}"]
 
 
 @pytest.fixture(scope="module")
 def runs(shared_runs, mnist_dir):
-    """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8."""
-    return {(ranks, c): lab_run(shared_runs, ranks, c) for ranks in (1, 2) for c in FLAGS}
-
-
-CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
+    """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8 (and,
+    in the same batch, the route tests' run)."""
+    folders = lab_runs(shared_runs, SHARED)
+    return {(ranks, c): folders[f"np{ranks}-{c}"] for ranks, c in CASES}
 
 
 # --- the runs --------------------------------------------------------------------------------
@@ -86,18 +104,24 @@ def test_one_epoch_reaches_90_percent(runs, ranks, compression):
     assert epochs["test_accuracy"].iloc[0] > 0.9
 
 
-@pytest.mark.multiprocess
-def test_the_labs_defaults_pass_90_percent_with_bit8_in_one_epoch(tmp_path, mnist_dir):
-    """Issue 14's check, with nothing but the data and the scheme given: one epoch of bit8 on
-    2 ranks over 8,000 real MNIST digits (pytorch/examples' network, lr 0.02 x 2, momentum
-    0.9) tests above 90% on the other 2,000 (Horovod's example settings gave 56%)."""
-    out = tmp_path / "defaults"
+@pytest.fixture(scope="module")
+def defaults_run(tmp_path_factory, mnist_dir):
+    """One epoch of bit8 on 2 ranks with nothing but the data and the scheme given: the lab's
+    defaults (pytorch/examples' network, lr 0.02 x 2, momentum 0.9, a scale per 256 values)."""
+    out = tmp_path_factory.mktemp("defaults") / "np2-bit8"
     train(out, 2, ["--data-dir", str(mnist_dir), "--split-test", "8000", "--epochs", "1",
                    "--bit8-allreduce", "--no-progress"])
-    manifest = runlog.read_manifest(out)
+    return out
+
+
+@pytest.mark.multiprocess
+def test_the_labs_defaults_pass_90_percent_with_bit8_in_one_epoch(defaults_run):
+    """Issue 14's check: one epoch of bit8 on 2 ranks over 8,000 real MNIST digits with the
+    lab's defaults tests above 90% on the other 2,000 (Horovod's example settings gave 56%)."""
+    manifest = runlog.read_manifest(defaults_run)
     assert (manifest["args"]["model"], manifest["args"]["lr"], manifest["args"]["momentum"]
             ) == ("basic", 0.02, 0.9)
-    epochs = pd.read_csv(out / "epochs.csv")
+    epochs = pd.read_csv(defaults_run / "epochs.csv")
     assert epochs["test_samples"].iloc[-1] == 2000
     assert epochs["test_accuracy"].iloc[-1] > 0.90
 
@@ -418,28 +442,42 @@ def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path, mnist_dir)
     pd.testing.assert_frame_equal(epochs[columns], ref_epochs[columns])
 
 
+def rank_rows(folder, ranks=2):
+    """Every rank's own step rows (steps_rank<r>.csv, whole once its job has ended)."""
+    return pd.concat([pd.read_csv(folder / f"steps_rank{r}.csv") for r in range(ranks)],
+                     ignore_index=True)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("method", [["--powersgd-allreduce", "2"], ["--onebit-allreduce"]])
 def test_method_state_survives_checkpoint_and_resume(method, tmp_path, mnist_dir):
     """PowerSGD's Q and every rank's error-feedback residuals are in the checkpoint (one state
-    per rank): a run stopped after epoch 1 and resumed equals the straight run step by step.
-    Without them the resumed run would restart from fresh Q and zero residuals and differ."""
+    per rank): a run stopped 10 steps into epoch 2 and resumed from epoch 1's checkpoint takes
+    those 10 steps again exactly as it took them the first time, when it trained straight on
+    from that point (its own rows, read before the resume, are the uninterrupted reference).
+    Without the state the resumed run would restart from fresh Q and zero residuals, and every
+    loss from the second step after the checkpoint on would differ."""
     flags = ["--data-dir", str(mnist_dir), "--split-test", "2000", "--epochs", "2",
              "--lr", "0.1", "--dataset", "mnist", "--no-progress"] + SMALL_NET + method
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(straight, 2, flags)
-    stopped = train(resumed, 2, flags + ["--max-steps", "20"], check=False)   # in epoch 2
-    assert stopped.returncode != 0 and runlog.read_manifest(resumed)["epochs_completed"] == 1
-    state = torch.load(resumed / "checkpoint.pt", weights_only=False)["compression_state"]
+    folder = tmp_path / "run"
+    per_epoch = math.ceil(2000 / 2 / 64)                                    # 16 steps
+    stopped = train(folder, 2, flags + ["--max-steps", str(per_epoch + 10)], check=False)
+    assert stopped.returncode != 0 and runlog.read_manifest(folder)["epochs_completed"] == 1
+    straight = rank_rows(folder)
+    assert len(straight) == 2 * (per_epoch + 10)
+    state = torch.load(folder / "checkpoint.pt", weights_only=False)["compression_state"]
     assert len(state) == 2 and all(s.get("communicator", {}).get("residuals") or s["residuals"]
                                    for s in state)
     if method[0] == "--powersgd-allreduce":
         assert all(s["communicator"]["qs"] for s in state)
-    train(resumed, 2, flags + ["--resume"])
-    a, b = (pd.read_csv(f / "steps.csv") for f in (straight, resumed))
-    assert len(a) == len(b) and not b.duplicated(["rank", "step"]).any()
-    merged = a.merge(b, on=["rank", "step"], suffixes=("", "_resumed"))
+    train(folder, 2, flags + ["--resume"])
+    resumed = pd.read_csv(folder / "steps.csv")
+    assert len(resumed) == 2 * 2 * per_epoch and not resumed.duplicated(["rank", "step"]).any()
+    merged = straight.merge(resumed, on=["rank", "step"], suffixes=("", "_resumed"))
+    assert len(merged) == len(straight)
     assert (merged["loss"] == merged["loss_resumed"]).all()
+    again = merged[merged["epoch"] == 2]                # the steps taken twice
+    assert len(again) == 2 * 10 and (again["bytes_sent"] == again["bytes_sent_resumed"]).all()
 
 
 # --- report and plots ------------------------------------------------------------------------
@@ -547,26 +585,29 @@ def test_matrix_refuses_a_run_made_with_other_settings(matrix):
 
 
 @pytest.mark.multiprocess
-def test_model_basic_trains_serial_and_on_two_ranks(mnist_dir, tmp_path):
-    """--model basic (pytorch/examples' network) runs through the whole lab, serial and on 2
-    ranks with bit8; the 2-rank run counts each step's bytes as the formula says: one bit8
-    message of the 1.2 M gradients ((n-1) x (codes + 4 bytes per 256 values), bucket by bucket)."""
+def test_model_basic_trains_serial_and_on_two_ranks(mnist_dir, tmp_path, defaults_run):
+    """--model basic (pytorch/examples' network) runs through the whole lab, serial (40 steps,
+    stopped by --max-steps) and on 2 ranks with bit8 (the defaults run: a whole epoch); the
+    2-rank run counts each step's bytes as the formula says: one bit8 message of the 1.2 M
+    gradients ((n-1) x (codes + 4 bytes per 256 values), bucket by bucket)."""
     from hvd_compress.compressors import Compression
     from labs.mnist import BasicNet
     steps = 40
-    for ranks, extra in ((1, []), (2, ["--bit8-allreduce"])):
-        out = tmp_path / f"np{ranks}"
-        train(out, ranks, COMMON + ["--model", "basic", "--lr", "0.01", "--max-steps", str(steps)]
-              + extra, check=False)
-        manifest = runlog.read_manifest(out)
-        assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
-        rows = pd.read_csv(out / "steps_rank0.csv")
-        assert len(rows) == steps and rows["loss"].notna().all()
+    out = tmp_path / "np1"
+    train(out, 1, COMMON + ["--model", "basic", "--lr", "0.01", "--max-steps", str(steps)],
+          check=False)
+    manifest = runlog.read_manifest(out)
+    assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
+    for rows, count in ((pd.read_csv(out / "steps_rank0.csv"), steps),
+                        (pd.read_csv(defaults_run / "steps_rank0.csv"), math.ceil(8000 / 2 / 64))):
+        assert len(rows) == count and rows["loss"].notna().all()
         assert rows["loss"].iloc[-10:].mean() < rows["loss"].iloc[:10].mean()    # it learns
+    assert runlog.read_manifest(defaults_run)["config"] == "np2-bit8"      # basic: no suffix
     sizes = [p.numel() for p in BasicNet().parameters()]
     # buckets of <= 1 MiB of float32, last layer first (communicators.DEFAULT_FUSION_BYTES)
     from hvd_compress.fusion import buckets_by_size
     order = [torch.empty(n) for n in sizes[::-1]]
     expected = sum(Compression.bit8.message_bytes(sum(order[i].numel() for i in group))
                    for group in buckets_by_size(order, 1 << 20))
-    assert (rows["bytes_sent"] == expected).all(), (rows["bytes_sent"].unique(), expected)
+    steps_2 = pd.read_csv(defaults_run / "steps.csv")
+    assert (steps_2["bytes_sent"] == expected).all(), (steps_2["bytes_sent"].unique(), expected)

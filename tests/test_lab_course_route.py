@@ -14,23 +14,21 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from test_lab import COMMON, lab_run, train
+from test_lab import lab_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def routes(shared_runs, tmp_path_factory, mnist_dir):
-    """{route: run folder} of one 2-process bit8 epoch each.  The plugin's is tests/test_lab.py's
-    np2-bit8 run (--scale-block tensor: one scale per tensor, as the course's packets), trained
-    once for both modules."""
-    horovod = tmp_path_factory.mktemp("routes") / "horovod"
-    train(horovod, 2, COMMON + ["--bit8-allreduce", "--optimizer", "horovod"])
-    return {"plugin": lab_run(shared_runs, 2, "bit8"), "horovod": horovod}
+def routes(shared_runs, mnist_dir):
+    """{route: run folder} of one 2-process bit8 epoch each: tests/test_lab.py's np2-bit8 run
+    (--scale-block tensor: one scale per tensor, as the course's packets) and the same flags
+    with --optimizer horovod, both shared runs (trained side by side with test_lab.py's)."""
+    folders = lab_runs(shared_runs, ["np2-bit8", "np2-bit8-horovod"])
+    return {"plugin": folders["np2-bit8"], "horovod": folders["np2-bit8-horovod"]}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_the_two_routes_train_bit_identically(routes):
     plugin, horovod = (pd.read_csv(routes[r] / "epochs.csv") for r in ("plugin", "horovod"))
     assert len(plugin) == len(horovod) == 1
@@ -45,7 +43,6 @@ def test_the_two_routes_train_bit_identically(routes):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_horovod_route_records_what_it_can_measure(routes):
     steps = pd.read_csv(routes["horovod"] / "steps.csv")
     plugin = pd.read_csv(routes["plugin"] / "steps.csv")
@@ -63,7 +60,6 @@ def test_horovod_route_records_what_it_can_measure(routes):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
 def test_manifest_records_the_route(routes):
     plugin, horovod = (json.loads((routes[r] / "manifest.json").read_text())
                        for r in ("plugin", "horovod"))

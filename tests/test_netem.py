@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from labs import netem
 from labs.netem import bridge as delay_bridge
 from labs.netem import cluster as netem_cluster
@@ -346,12 +347,22 @@ def test_mpirun_command_uses_our_agent_and_tcp_only():
     assert cmd[-2:] == ["python", "x.py"]
 
 
+@pytest.mark.unit
+def test_collecting_the_netns_modules_makes_no_namespace(monkeypatch):
+    """Importing this module or test_bench_collectives.py probes nothing (probing makes a
+    namespace): `pytest -m unit` collects them too."""
+    def probe():
+        raise AssertionError("labs.netem probed while a test module was imported")
+    monkeypatch.setattr(netem, "probe_capabilities", probe)
+    monkeypatch.setattr(netem_cluster, "probe_capabilities", probe)
+    for name in ("test_netem", "test_bench_collectives"):
+        load_script(REPO / "tests" / f"{name}.py", f"{name}_imported_again")
+
+
 # ---------------------------------------------------------------- real namespaces (root)
 
-CAPS = netem.probe_capabilities()
-needs_netns = pytest.mark.skipif(
-    not (CAPS.netns and CAPS.tbf),
-    reason=f"cannot emulate a network here: {CAPS.problem or 'no tbf qdisc in this kernel'}")
+# Probed when the first test that needs it runs (conftest.emulated_network), not at import.
+needs_netns = pytest.mark.usefixtures("emulated_network")
 
 # Rank 0 sends NBYTES to rank 1 over TCP across the emulated switch; rank 0 prints seconds.
 XFER = textwrap.dedent("""

@@ -2,6 +2,7 @@
 step's exchange call by call, its time on calibrated links, the break-even rate; and the job
 that runs the lab end to end (labs/kit/job.py), planned without running it."""
 import math
+import os
 import subprocess
 import sys
 
@@ -168,20 +169,31 @@ def test_job_progress_line():
 
 
 def test_faults_find_their_cluster_and_refuse_what_cannot_be_done(tmp_path, monkeypatch):
-    """`python -m labs.netem fault`: the running cluster is found by its control folder; loss
-    needs the bridge; a probability outside [0, 1] or a rank outside the cluster is refused."""
+    """`python -m labs.netem fault`: the running cluster is found by its control folder, a
+    dead owner's folder passed over; loss needs the bridge; a probability outside [0, 1] or a rank outside the cluster is refused."""
     import json
     from labs.netem import faults
     from labs.netem.links import NetemError
     monkeypatch.setattr(faults, "CONTROL_DIR", tmp_path)
     with pytest.raises(NetemError, match="no emulated cluster is running"):
         faults.find_cluster()
-    for tag, bridge in (("11-0", False), ("12-0", True)):
+    def cluster(tag, bridge, pid):
         (tmp_path / tag).mkdir()
         (tmp_path / tag / "cluster.json").write_text(json.dumps(
             {"tag": tag, "n": 2, "rank_ns": [f"hvdc-{tag}-r0", f"hvdc-{tag}-r1"],
-             "switch_ns": f"hvdc-{tag}-sw", "bridge": bridge, "mtu": 1500}))
-    with pytest.raises(NetemError, match="several clusters are running.*11-0, 12-0"):
+             "switch_ns": f"hvdc-{tag}-sw", "bridge": bridge, "mtu": 1500, "pid": pid}))
+    # a cluster killed with SIGKILL leaves its folder behind: its owner is dead, so it is
+    # not a running cluster (pid_max is at most 2**22: 999999999 cannot be alive)
+    cluster("999999999-0", True, 999999999)
+    with pytest.raises(NetemError, match="no emulated cluster is running; 999999999-0 left by a "
+                                         "process that is gone"):
+        faults.find_cluster()
+    with pytest.raises(NetemError, match="no emulated cluster is running with tag 999999999-0"):
+        faults.find_cluster("999999999-0")
+    cluster("11-0", False, os.getpid())
+    assert faults.find_cluster()[0].name == "11-0"        # the only live one: no --tag needed
+    cluster("12-0", True, os.getpid())
+    with pytest.raises(NetemError, match="several clusters are running.*: 11-0, 12-0$"):
         faults.find_cluster()
     assert faults.find_cluster("12-0")[1]["bridge"] is True
     with pytest.raises(NetemError, match="loss needs the userspace bridge"):

@@ -7,7 +7,9 @@ link slowed to a crawl.  What the lab's reliability table tries (docs/reliabilit
     python -m labs.netem fault rate 1 1mbit      # rank 1's link now 1 Mbit/s
     python -m labs.netem fault --tag 1234-0 ...  # when several clusters run
 
-A cluster is found through its control folder (cluster.CONTROL_DIR/<tag>/cluster.json).
+A cluster is found through its control folder (cluster.CONTROL_DIR/<tag>/cluster.json); a
+folder whose owner process is gone (a cluster killed with SIGKILL leaves one until the next
+cluster's cleanup) is not a running cluster, so it neither answers nor makes --tag necessary.
 """
 from __future__ import annotations
 
@@ -15,23 +17,50 @@ import json
 import subprocess
 from pathlib import Path
 
-from .cluster import CONTROL_DIR
+from .cluster import CONTROL_DIR, _pid_alive
 from .links import NetemError, parse_rate, tbf_args
 from .topology import RANK_IFACE
 
 
+def _owner(folder: Path, cluster: dict) -> int | None:
+    """The pid of the process that made the cluster: cluster.json's, else the tag's first
+    part (<pid>-<sequence>); None if neither says."""
+    pid = cluster.get("pid")
+    if isinstance(pid, int):
+        return pid
+    first = folder.name.split("-")[0]
+    return int(first) if first.isdigit() else None
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None                  # being written or removed: not a cluster to fault
+
+
 def find_cluster(tag: str | None = None) -> tuple[Path, dict]:
-    """The control folder and description of the running cluster `tag`, or of the only one."""
-    folders = sorted(CONTROL_DIR.glob("*/cluster.json")) if CONTROL_DIR.is_dir() else []
+    """The control folder and description of the running cluster `tag`, or of the only one.
+    Folders left by clusters whose owner process is dead are passed over."""
+    found = [(path.parent, _read(path)) for path in
+             (sorted(CONTROL_DIR.glob("*/cluster.json")) if CONTROL_DIR.is_dir() else [])]
     if tag is not None:
-        folders = [f for f in folders if f.parent.name == tag]
-    if not folders:
+        found = [(folder, cluster) for folder, cluster in found if folder.name == tag]
+    live, dead = [], []
+    for folder, cluster in found:
+        if cluster is None:
+            continue
+        owner = _owner(folder, cluster)
+        (live if owner is None or _pid_alive(owner) else dead).append((folder, cluster))
+    if not live:
+        left = (f"; {', '.join(f.name for f, _ in dead)} left by a process that is gone "
+                f"(python -m labs.netem cleanup removes it)" if dead else "")
         raise NetemError("no emulated cluster is running" + (f" with tag {tag}" if tag else "")
-                         + " (python -m labs.netem run ... starts one)")
-    if len(folders) > 1:
+                         + left + " (python -m labs.netem run ... starts one)")
+    if len(live) > 1:
         raise NetemError("several clusters are running; choose one with --tag: "
-                         + ", ".join(f.parent.name for f in folders))
-    return folders[0].parent, json.loads(folders[0].read_text())
+                         + ", ".join(folder.name for folder, _ in live))
+    return live[0]
 
 
 def _rank_ns(cluster: dict, rank: int) -> str:
