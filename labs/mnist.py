@@ -30,6 +30,7 @@ from labs.kit.flags import (DEFAULTS, OLD_OPTIMIZER_VALUES, add_compression_flag
                             compression_of, scale_block)
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
+from labs.kit.watchdog import FLOOR_S
 from labs.kit.table import config_name
 
 
@@ -107,6 +108,10 @@ def parse_args(argv=None):
                         help="end the job if no training step or evaluation finishes for this "
                              "long: another rank is dead or wedged (default: adaptive, 10x the "
                              "slowest seen, at least 20 s; 0 disables)")
+    parser.add_argument("--step-timeout-floor", type=float, default=FLOOR_S, metavar="SECONDS",
+                        help="the adaptive limit's least value (default: %(default)g s): lower, a "
+                             "wedged rank of a run whose steps are fast is caught sooner (the "
+                             "failure tests)")
     args = parser.parse_args(argv)
     check_args(parser, args)
     args.cuda = not args.no_cuda and torch.cuda.is_available()

@@ -16,7 +16,9 @@ The worker (tests/workers/exchange_checks.py) asserts on every rank that
   one exchange after backward (several buckets, so overlap is real); skip_synchronize works.
 With more than 2 ranks a ring allreduce's summation order depends on how Horovod fused the
 tensors, so those jobs disable Horovod's fusion (HOROVOD_FUSION_THRESHOLD=0) to compare bits.
-The worker runs in the shared job of each configuration (tests/hvdrun.py).
+The routes' checks (exchange_checks) run at 2, 3 and 4 ranks, the optimizer's
+(exchange_optimizer) at 2 and 4: they depend on no world size. Each worker runs in the shared
+job of its configuration (tests/hvdrun.py).
 """
 import pytest
 
@@ -33,7 +35,15 @@ def test_exchange_across_ranks(controller, np, request):
         assert any(n.startswith(route) and n.endswith("equals_simulation") for n in names), route
     for comp in ("bit8", "bit16"):
         assert f"{comp}.alltoall.advance.every_phase2_launched" in names
+
+
+@across_ranks("exchange_optimizer")
+def test_optimizer_exchange_across_ranks(controller, np, request):
+    names = passed_checks(request)
     for passes in (1, 2):
         assert f"optimizer.none.passes{passes}.identical_to_hvd_DistributedOptimizer" in names
     for route in ("bit8.allgather", "bit8.alltoall", "bit16.allgather", "bit16.alltoall"):
         assert f"optimizer.{route}.f600.hooks_equal_exchange_after_backward" in names
+        for ef in (0, 1):
+            assert {f"optimizer.{route}.ef{ef}.finite", f"optimizer.{route}.ef{ef}.same_on_all_ranks"} <= set(names)
+    assert "optimizer.skip_synchronize.same_on_all_ranks" in names

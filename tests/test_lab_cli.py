@@ -41,6 +41,8 @@ def lab(argv, out, ranks=1):
     (["--num-threads", "0"], "--num-threads must be at least 1"),
     (["--step-timeout", "-1"], "--step-timeout must be >= 0"),
     (["--step-timeout", "nan"], "--step-timeout must be >= 0"),
+    (["--step-timeout-floor", "0"], "--step-timeout-floor must be > 0 seconds, got 0.0"),
+    (["--step-timeout-floor", "nan"], "--step-timeout-floor must be > 0"),
     (["--epochs", "two"], "invalid int value: 'two'"),
     (["--topk-allreduce", "0"], "--topk-allreduce RATIO must be in (0, 1]"),
     (["--topk-allreduce", "1.5"], "--topk-allreduce RATIO must be in (0, 1]"),
@@ -85,9 +87,12 @@ def test_a_bad_value_in_a_real_process(tmp_path):
 
 @pytest.mark.unit
 def test_step_timeout_zero_disables_the_watchdog():
+    from labs.kit.watchdog import FLOOR_S
     from labs.mnist import parse_args
     assert parse_args(["--step-timeout", "0"]).step_timeout == 0
     assert parse_args([]).step_timeout is None          # adaptive: labs/kit/watchdog.py
+    assert parse_args([]).step_timeout_floor == FLOOR_S  # the adaptive limit's default floor
+    assert parse_args(["--step-timeout-floor", "5"]).step_timeout_floor == 5
 
 
 @pytest.mark.multiprocess

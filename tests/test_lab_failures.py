@@ -3,9 +3,11 @@ no process left behind and the records written so far intact.
 
 Each case starts a 5-epoch run, waits until both ranks are writing steps, then sends rank 1
 SIGKILL (dead) or SIGSTOP (wedged: alive, silent).  A wedged rank under MPI would hang the
-job for good without the lab's step watchdog.  With the lab's defaults (the watchdog's
-adaptive limit) a wedged rank must end the job within 60 s of the stall under both
-controllers, with an error that names rank 1 (issue 15).  The measured seconds from the
+job for good without the lab's step watchdog.  The wedged cases run the watchdog's adaptive
+limit (no --step-timeout) with its floor lowered from 20 s to FLOOR_S (--step-timeout-floor):
+the run's steps are fast, so the floor is the limit, and the job must end with an error that
+names rank 1 (issue 15) without waiting the default floor out; that the default limit (20 s
+floor) ends a stall within 60 s is tests/test_watchdog.py's.  The measured seconds from the
 signal to the launcher's exit are printed (pytest -s).
 """
 import os
@@ -26,9 +28,10 @@ from labs.kit.launch import horovodrun_command, launch_env
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 TRAINER = str(ROOT / "labs" / "mnist.py")
-STEP_TIMEOUT = 20        # the dead-rank cases fix it; the wedged ones run the lab's default
+STEP_TIMEOUT = 20        # the dead-rank cases fix it; the wedged ones run the adaptive limit
+FLOOR_S = 5              # ... with this floor: a healthy step here takes well under 0.5 s
 BOUND_S = 90            # launcher must be gone this long after the signal
-WEDGED_BOUND_S = 60     # issue 15: a wedged rank ends the job within 60 s, lab defaults
+WEDGED_BOUND_S = 60     # issue 15: a wedged rank ends the job within 60 s
 START_TIMEOUT_S = 240   # slow shared machine: importing torch + Horovod on 2 ranks
 
 
@@ -77,7 +80,8 @@ def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
     cmd = horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
                                  "--split-test", "8000", "--epochs", "5", "--lr", "0.1", "--model", "horovod", "--momentum", "0.5", 
                                  "--bit8-allreduce", "--no-progress", "--out", str(run_dir)]
-                             + (["--step-timeout", str(STEP_TIMEOUT)] if how == "kill" else []),
+                             + (["--step-timeout", str(STEP_TIMEOUT)] if how == "kill"
+                                else ["--step-timeout-floor", str(FLOOR_S)]),
                              controller)
     proc = subprocess.Popen(cmd, env=launch_env(), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from labs.kit.watchdog import EXIT_CODE, StepWatchdog, suspects
+from labs.kit.watchdog import EXIT_CODE, FLOOR_S, PERIOD_S, StepWatchdog, suspects
 
 pytestmark = pytest.mark.unit
 
@@ -68,6 +68,23 @@ def test_adaptive_limit_follows_the_slowest_of_each_kind():
         fast.beat()
     assert fast.limit() == 20                     # the floor
     assert StepWatchdog(7.5, clock=clock).limit() == 7.5   # --step-timeout fixes it
+
+
+def test_the_default_limit_ends_a_stall_within_60_s_and_before_gloo_gives_up():
+    """Issue 15: with the lab's defaults a wedged rank ends a run of fast steps within 60 s of
+    the stall, and the watchdog (naming the rank) speaks before Gloo's receive timeout (the
+    lab's HOROVOD_GLOO_TIMEOUT_SECONDS). tests/test_lab_failures.py runs the same adaptive limit
+    end to end, with a lower floor (--step-timeout-floor)."""
+    from labs.kit.ranks import HOROVOD_DEFAULTS
+    clock = FakeClock()
+    dog = StepWatchdog(None, clock=clock)
+    for t in (10.0, 10.05, 10.1, 10.2):           # start-up, then steps of 0.05-0.1 s
+        clock.now = t
+        dog.beat()
+    assert dog.limit() == FLOOR_S
+    # the thread checks every PERIOD_S: the stall is seen at most a period after the floor
+    assert FLOOR_S + PERIOD_S < 60
+    assert FLOOR_S + PERIOD_S < float(HOROVOD_DEFAULTS["HOROVOD_GLOO_TIMEOUT_SECONDS"])
 
 
 def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):

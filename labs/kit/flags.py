@@ -113,6 +113,9 @@ def check_args(parser, args):
     timeout = args.step_timeout
     if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
         parser.error(f"--step-timeout must be >= 0 seconds (0 disables), got {args.step_timeout}")
+    floor = getattr(args, "step_timeout_floor", None)
+    if floor is not None and not (floor > 0 and math.isfinite(floor)):
+        parser.error(f"--step-timeout-floor must be > 0 seconds, got {floor}")
     flags = compression_flags()
     args.compression = next((name for name, flag in flags.items()
                              if getattr(args, flag, None) not in (None, False)), "none")

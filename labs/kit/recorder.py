@@ -37,7 +37,7 @@ from labs.netem.launch import link_probe, wire_counter
 from . import manifest, runlog
 from .progress import Progress
 from .ranks import agree
-from .watchdog import PERIOD_S, StepWatchdog, suspects
+from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
 
 NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
             "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
@@ -230,7 +230,8 @@ class RunRecorder:
         timeout = self.args.step_timeout
         watchdog = StepWatchdog(timeout or None, rank=self.rank, size=self.size,
                                 heartbeat_dir=self.run_dir / "heartbeats", enabled=timeout != 0,
-                                link_probe=link_probe())
+                                link_probe=link_probe(),
+                                floor_s=getattr(self.args, "step_timeout_floor", None) or FLOOR_S)
         end_process = watchdog.on_timeout
 
         def on_timeout(idle):

@@ -18,8 +18,30 @@ import horovod.torch as hvd
 import checks
 
 
+def wait_by_sleeping():
+    """Under Gloo, Horovod's own waits (hvd.allreduce, allgather, broadcast, allgather_object,
+    the stock DistributedOptimizer) go through exchange.wait_for: poll, sleep, then Horovod's
+    synchronize.
+
+    Why: synchronize() spins on sched_yield until its handle is done (exchange.wait_for says
+    more). Under Gloo every collective needs Horovod's background thread and Gloo's receive
+    thread to be woken in each rank, hop after hop; on 2 cores the spinning main threads hold
+    the cores those threads wait for (measured: the 4-rank job's exchange and course route in
+    about half the time; docs/testing.md). Not under MPI: there Horovod's background thread
+    polls MPI itself, needs no wake-up, and the sleeps only added latency (the 2- and 4-rank
+    MPI jobs took about twice as long). The results are Horovod's own: synchronize() still
+    returns them, and raises its errors.
+    """
+    from horovod.torch import functions, mpi_ops, optimizer
+    from hvd_compress.exchange import wait_for
+    for module in (mpi_ops, optimizer, functions):     # each bound the name when imported
+        module.synchronize = wait_for
+
+
 def main(modules):
     hvd.init()
+    if hvd.gloo_enabled():
+        wait_by_sleeping()
     checks.start(hvd.rank())
     for name in modules:
         checks.begin(name)
