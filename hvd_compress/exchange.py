@@ -4,6 +4,7 @@ counters it reports, and the frame of start/advance/finish (CommunicatorBase).
 The packet routes (communicators.py) and the per-tensor methods (tensorwise.py: top-k,
 PowerSGD) build on this one module, so neither imports the other.
 """
+import os
 import time
 from contextlib import contextmanager
 
@@ -13,10 +14,31 @@ from .fusion import Bucket
 from .roles import Communicator
 
 __all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
-           "POLL_SLEEP_S"]
+           "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep"]
 
-# How long wait_for() sleeps between polls: doubling from the first value up to the second.
+# How long wait_for() sleeps between polls: doubling from the first value up to the second on a
+# crowded host (more ranks than cores), up to UNCROWDED_LONGEST_SLEEP_S where every rank has a
+# core of its own (see longest_sleep for why and for the figures).
 POLL_SLEEP_S = (50e-6, 1e-3)
+UNCROWDED_LONGEST_SLEEP_S = 200e-6
+
+
+def longest_sleep(local_ranks, cores):
+    """The longest sleep between two polls, for `local_ranks` ranks on `cores` usable cores.
+
+    A finished exchange is noticed up to one sleep late, and a rank's lateness delays the next
+    step of all. Where each rank has a core (2 ranks on 2 cores), polling every 200 us instead
+    of 1 ms cost no more main-thread CPU and cut the estimated lateness 2-3x (1.0 to 0.4 ms a
+    step of the lab net); with 4 ranks on 2 cores it cost 0.5-0.9 ms more CPU a step per rank,
+    on the cores the other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1]
+    (results/wait/README.md, scripts/bench_wait.py, AMD EPYC family 25 model 17, 2 cores)."""
+    if local_ranks > cores:
+        return POLL_SLEEP_S[1]
+    return min(POLL_SLEEP_S[1], UNCROWDED_LONGEST_SLEEP_S)
+
+
+def _usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def wait_for(handle):
@@ -27,7 +49,7 @@ def wait_for(handle):
     the core is what the other ranks' backward and Horovod's background thread (which does
     the reduction) need when there are as many processes as cores or more: 4 ranks on this
     2-core machine spent 35% of the CPU in the kernel, at ~30,000 preemptions a second each.
-    Sleeping adds at most POLL_SLEEP_S[1] to a wait; a finished handle's synchronize()
+    Sleeping adds at most longest_sleep() to a wait; a finished handle's synchronize()
     returns at once (and raises its error, if any).
     """
     sleeps = _poll_sleeps()
@@ -37,8 +59,9 @@ def wait_for(handle):
 
 
 def _poll_sleeps():
-    """The sleeps between polls: POLL_SLEEP_S[0] doubling up to POLL_SLEEP_S[1]."""
-    delay, longest = POLL_SLEEP_S
+    """The sleeps between polls: POLL_SLEEP_S[0] doubling up to longest_sleep() for this host."""
+    delay = POLL_SLEEP_S[0]
+    longest = longest_sleep(hvd.local_size(), _usable_cores())
     while True:
         yield delay
         delay = min(2 * delay, longest)

@@ -13,7 +13,7 @@ def test_wait_for_returns_what_synchronize_would_and_releases_the_handle(control
     names = passed_checks(request)
     assert all(f"wait_for.allreduce{i}.returns_the_sum" in names for i in range(20))
     for what in ("something_was_waited_for", "first_sleep_is_the_shortest",
-                 "no_sleep_longer_than_longest", "sleeps_double"):
+                 "no_sleep_longer_than_longest", "sleeps_reach_the_longest", "sleeps_double"):
         assert f"wait_for.{what}" in names
 
 

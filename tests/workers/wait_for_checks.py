@@ -2,9 +2,10 @@
 communicators), Horovod's
 synchronize() without its yield spin, on real ranks. It returns what synchronize() would (the
 sum of every rank's tensor), sleeping between polls from POLL_SLEEP_S[0] doubling up to
-POLL_SLEEP_S[1], and raises Horovod's own error for a handle it never made.
+exchange.longest_sleep for this host (its ranks and cores), and raises Horovod's own error for a handle it never made.
 
 Run at 2 ranks: the sum, 2 * arange(2**22), is exact in float32 (below 2**24)."""
+import os
 import re
 import time
 
@@ -30,11 +31,14 @@ def run(hvd):
         exchange.time.sleep = real_sleep
     for i, out in enumerate(outs):
         checks.check(f"wait_for.allreduce{i}.returns_the_sum", torch.equal(out, x * hvd.size()))
-    first, longest = exchange.POLL_SLEEP_S
+    first = exchange.POLL_SLEEP_S[0]
+    longest = exchange.longest_sleep(hvd.local_size(), len(os.sched_getaffinity(0)))
     checks.check("wait_for.something_was_waited_for", len(delays) > 0,
                  "every allreduce was done before its first poll")
     checks.check("wait_for.first_sleep_is_the_shortest", delays[0] == first, f"{delays[:3]}")
     checks.check("wait_for.no_sleep_longer_than_longest", max(delays) <= longest, f"{max(delays)}")
+    checks.check("wait_for.sleeps_reach_the_longest", longest in delays,
+                 f"longest {longest}, slept {sorted(set(delays))}")
     checks.check("wait_for.sleeps_double", all(b in (2 * a, longest, first) for a, b in zip(delays, delays[1:])),
                  f"{delays[:12]}")
     try:
