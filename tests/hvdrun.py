@@ -52,6 +52,12 @@ import pytest
 
 from labs.kit.launch import horovodrun_command, launch_env
 
+# Imported under a second name (`tests.hvdrun` beside `hvdrun`), this module would be a second
+# module with a second job cache, and every job would run twice (it did: 55 s of the suite).
+if __name__ != "hvdrun":
+    raise ImportError(f"import this module as `hvdrun` (from hvdrun import across_ranks, "
+                      f"passed_checks), not as {__name__!r}: one name, one cache of jobs")
+
 WORKERS = Path(__file__).parent / "workers"
 
 

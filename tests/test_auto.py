@@ -13,7 +13,7 @@ from hvd_compress.auto import Auto, WARMUP_STEPS
 from hvd_compress.autocomm import FLOAT32, AutoCommunicator, _decide
 from hvd_compress.communicators import make_communicator
 from hvd_compress.costmodel.model import Link
-from tests.hvdrun import across_ranks, passed_checks
+from hvdrun import across_ranks, passed_checks
 
 MiB = 1 << 20
 

@@ -137,3 +137,13 @@ def test_a_wedged_rank_gets_the_job_killed_and_is_named(tmp_path):
     assert problem.count("stopped in fails_on_one_rank after check 'before.passes'") == 2, problem
     assert "not run" in j.module_checks("wait_for_checks")[1]
     assert not _ours_alive()
+
+
+@pytest.mark.unit
+def test_the_job_cache_has_one_name():
+    """Imported as tests.hvdrun beside hvdrun, the jobs ran twice (two caches): refused."""
+    import importlib
+    with pytest.raises(ImportError, match="as `hvdrun`"):
+        importlib.import_module("tests.hvdrun")
+    import hvdrun
+    assert hvdrun.__name__ == "hvdrun"
