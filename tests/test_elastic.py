@@ -3,9 +3,9 @@ this machine, each under a name of its own (Horovod blacklists a whole host when
 fails). A rank is killed with SIGKILL in epoch 2 of 8, halfway between two commits, and its slot
 taken off the discovery list; the others roll back to the last commit and go on with two ranks;
 the slot is listed again and a new rank joins. The run must end on its own, with no step recorded twice,
-every sample of every epoch used once, and a final accuracy no more than one point below the
-same run with no fault. (Not "within one point" both ways: the shrunk epochs take more, smaller
-steps.)
+every sample of every epoch used once, and a final accuracy no lower than the same run's with
+no fault, within what two runs with different batches show on 2,000 test images (NOISE below;
+one-sided: the shrunk epochs take more, smaller steps).
 
 The test proves detection, rollback and rejoin, not training, so the data is small: the first
 8,000 Fashion-MNIST test images train (--split-test), the other 2,000 test; 8 epochs of 42
@@ -39,6 +39,13 @@ pytestmark = pytest.mark.multiprocess     # not slow: 44 s on an idle 2-core Zen
 
 HOSTS = ["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"]
 TRAIN = 8000
+TESTED = 10000 - TRAIN
+# Two runs whose batches differ (the fault changes them from epoch 2 on) end apart by chance:
+# here 0.0-1.2 points either way, epoch by epoch (2026-11-24: a fault-free-equivalent 1.2 point
+# gap failed the one-point bound this test had). Two standard errors of the difference of two
+# accuracies near 80% on TESTED images, 2 * sqrt(2 * 0.8 * 0.2 / 2000) = 2.5 points; a lost
+# rollback (weights re-initialised, a step skipped or applied twice at scale) costs far more.
+NOISE = 2 * (2 * 0.8 * 0.2 / TESTED) ** 0.5
 COMMIT_EVERY = 5
 STEPS_3_RANKS = math.ceil(TRAIN / (3 * 64))     # 42 steps an epoch at 3 ranks
 # Horovod's small network at the lab's lr and momentum (0.02, 0.9; labs/kit/flags.py): on this
@@ -149,7 +156,7 @@ def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
     epochs, ref = pd.read_csv(out / "epochs.csv"), pd.read_csv(straight / "epochs.csv")
     assert epochs["epoch"].tolist() == list(range(1, 9))
     lost = ref["test_accuracy"].iloc[-1] - epochs["test_accuracy"].iloc[-1]
-    assert lost <= 0.01, (epochs["test_accuracy"].tolist(), ref["test_accuracy"].tolist())
+    assert lost <= NOISE, (epochs["test_accuracy"].tolist(), ref["test_accuracy"].tolist())
     figures = {"detect_s": shrink["unix"] - killed, "steps_rolled_back": shrink["steps_rolled_back"],
                "rejoin_s_after_relisting": rejoin["unix"] - relisted,
                "steps": len(steps), "accuracy": float(epochs["test_accuracy"].iloc[-1]),
