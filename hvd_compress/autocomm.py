@@ -230,13 +230,7 @@ class AutoCommunicator(CommunicatorBase):
 
     def _apply(self, decision, cost):
         if decision.get("ok"):
-            self._plan = self._good = decision
-            self._labels = list(decision["labels"])
-            self._measurements = decision.get("measurements", {})
-            self._refused = decision.get("refused", {})
-            self._phase = "planned"
-            self._measured, self._since_plan = [], 0
-            self._event("planned")
+            self._adopt(decision, "planned")
             return
         reason = decision.get("reason", "no decision")
         keep = self._good
@@ -307,14 +301,17 @@ class AutoCommunicator(CommunicatorBase):
         if [list(x) for x in saved["buckets"]] != layout:
             self._forget_plan("calibrating (the saved plan is for other buckets)")
             return
-        decision = dict(saved["decision"])
+        self._adopt(dict(saved["decision"]), "planned: restored from a checkpoint")
+
+    def _adopt(self, decision, event):
+        """Run on `decision`'s plan from the next step on (also the last good one to fall back to)."""
         self._plan = self._good = decision
         self._labels = list(decision["labels"])
         self._measurements = decision.get("measurements", {})
         self._refused = decision.get("refused", {})
         self._phase = "planned"
         self._measured, self._since_plan = [], 0
-        self._event("planned: restored from a checkpoint")
+        self._event(event)
 
     def reset_state(self):
         """Elastic training changed the ranks: the link, n and the pace are other; forget the

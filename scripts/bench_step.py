@@ -129,13 +129,8 @@ def plan_fields(row, stats):
     if row != AUTO_ROW:
         return {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
                 "plan_event": ""}
-    missing = [k for k in ("plan", "plan_predicted_s", "plan_measured_s", "plan_event")
-               if k not in stats]
-    if missing:
-        raise RuntimeError(f"ours:auto: pop_stats() has no {', '.join(missing)}: this "
-                           f"hvd_compress's Compression.auto does not report its plan")
-    return {"plan": stats["plan"], "plan_predicted_ms": 1e3 * stats["plan_predicted_s"],
-            "plan_measured_ms": 1e3 * stats["plan_measured_s"], "plan_event": stats["plan_event"]}
+    from labs.kit.recorder import plan_columns      # the lab's steps.csv columns, the same
+    return plan_columns(stats)
 
 
 def worker(args):
