@@ -155,11 +155,9 @@ class AutoCommunicator(CommunicatorBase):
         now = time.perf_counter()
         self._total = self._steps_total() + 1
         step_s = now - self._last_end if self._last_end is not None else math.nan
-        sample = calibration.step_sample(step_s, backward_start, backward_end, now,
-                                         self._launches)
-        self._launches = [None] * len(self._buckets)
-        if self._phase == "measuring":
-            self._samples.append(sample)
+        if self._phase == "measuring":            # the pace is only needed while measuring
+            self._samples.append(calibration.step_sample(step_s, backward_start, backward_end,
+                                                         now, self._launches))
             if len(self._samples) >= self.settings.warmup_steps:
                 self._calibrate()
         else:
@@ -169,6 +167,7 @@ class AutoCommunicator(CommunicatorBase):
             predicted = self._plan["predicted_s"] if self._plan else math.nan
             if self._since_plan % self.settings.replan_every == 0 and math.isfinite(predicted):
                 self._check_drift(predicted)
+        self._launches = [None] * len(self._buckets)
         self._last_end = time.perf_counter()
 
     def _check_drift(self, predicted):
