@@ -80,11 +80,15 @@ def main(run):
 
 
 def same_everywhere(tensors):
-    """Do all ranks hold the same bits in these tensors?"""
+    """Do all ranks hold the same bits in these tensors? Their bytes, one row a rank, in one
+    allgather (allgather_object takes two collectives and a pickle: a collective costs tens of
+    milliseconds under Gloo with 4 ranks on 2 cores); ranks whose tensors differ in size fail
+    too (Horovod refuses rows of different widths)."""
     import horovod.torch as hvd
     import torch
-    everywhere = hvd.allgather_object([t.detach().clone() for t in tensors])
-    return all(torch.equal(a, b) for other in everywhere for a, b in zip(other, everywhere[0]))
+    mine = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    everyone = hvd.allgather(mine.reshape(1, -1), name="checks.same_everywhere")
+    return bool((everyone == everyone[0]).all())
 
 
 def trains(tag, compression, steps=30):

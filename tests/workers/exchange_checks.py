@@ -9,6 +9,7 @@ exchange_optimizer.py, at 2 and 4 ranks. With more than 2 ranks the job runs wit
 """
 import torch
 import horovod.torch as hvd
+from horovod.torch import mpi_ops       # its synchronize: the one tests/workers/suite.py sets
 
 import checks
 from checks import check
@@ -30,8 +31,11 @@ def rank_tensors(seed):
 
 
 def gather_inputs(tensors):
-    """Every rank's copy of every tensor: list over tensors of (n, numel) float32."""
-    return [hvd.allgather(t.reshape(1, -1).contiguous(), name=f"inputs.{i}") for i, t in enumerate(tensors)]
+    """Every rank's copy of every tensor: list over tensors of (n, numel) float32 (launched
+    together, waited for once: one negotiation, not one a tensor)."""
+    handles = [hvd.allgather_async(t.reshape(1, -1).contiguous(), name=f"inputs.{i}")
+               for i, t in enumerate(tensors)]
+    return [mpi_ops.synchronize(h) for h in handles]
 
 
 def blocks_of(numel, block):
@@ -76,7 +80,11 @@ def float64_reference(comp, rows, average, block):
 
 
 def same_on_all_ranks(t, name):
-    everyone = hvd.allgather(t.reshape(1, -1).contiguous(), name=name)
+    return bits_agree(t, hvd.allgather(t.reshape(1, -1).contiguous(), name=name))
+
+
+def bits_agree(t, everyone):
+    """Does every rank's row of `everyone` (an allgather of t) hold t's bits?"""
     return all(torch.equal(everyone[0].view(torch.int32 if t.dtype == torch.float32 else t.dtype),
                            everyone[r].view(torch.int32 if t.dtype == torch.float32 else t.dtype))
                for r in range(N))
@@ -95,14 +103,18 @@ def check_packet_routes():
                     tag = f"{comp.name}.{route}.{'avg' if average else 'sum'}.b{block}.f{fusion}"
                     out = comm.reduce(tensors, [f"{tag}.{n}" for n in names])
                     simulate = simulate_allgather if route == "allgather" else simulate_alltoall
-                    for group, _ in comm.plan(names, tensors):
+                    groups = [group for group, _ in comm.plan(names, tensors)]
+                    gots = [torch.cat([out[i].reshape(-1) for i in group]) for group in groups]
+                    # every bucket's bits from every rank, launched together, waited for once
+                    gathered = [hvd.allgather_async(got.reshape(1, -1), name=f"{tag}.bucket{group[0]}.same")
+                                for group, got in zip(groups, gots)]
+                    for group, got, handle in zip(groups, gots, gathered):
                         rows = torch.cat([inputs[i] for i in group], dim=1)
                         expected = simulate(comp, rows, average, block)
-                        got = torch.cat([out[i].reshape(-1) for i in group])
                         where = f"{tag}.bucket{group[0]}"
                         check(f"{where}.equals_simulation", torch.equal(got, expected),
                               f"max diff {(got - expected).abs().max() if got.numel() else 0}")
-                        check(f"{where}.same_on_all_ranks", same_on_all_ranks(got, f"{where}.same"))
+                        check(f"{where}.same_on_all_ranks", bits_agree(got, mpi_ops.synchronize(handle)))
                         if route == "allgather":
                             ref = float64_reference(comp, rows, average, block)
                             bound = N * 2.0 ** -23 * float(rows.abs().sum(0).max()) if rows.numel() else 0.0
@@ -137,9 +149,12 @@ class Model(torch.nn.Module):
         return out + self.extra(h) if RANK == 0 and step % 2 else out
 
 
-def train(make_optimizer, steps=5, passes=1, exchange=None):
+def train(make_optimizer, steps=3, passes=1, exchange=None):
     """Parameters after `steps` steps of `passes` backward passes each; `exchange`, if given,
-    replaces the optimizer's own exchange (called after backward with the model)."""
+    replaces the optimizer's own exchange (called after backward with the model). Three steps:
+    the layer only rank 0 uses has no gradient anywhere (step 0), on rank 0 only (step 1), and
+    none again after it had one (step 2), with momentum carried through; more steps repeat
+    these (five did, at a collective round a step)."""
     torch.manual_seed(0)
     model = Model()
     opt = make_optimizer(model)
