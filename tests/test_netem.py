@@ -349,13 +349,13 @@ def test_mpirun_command_uses_our_agent_and_tcp_only():
 
 @pytest.mark.unit
 def test_collecting_the_netns_modules_makes_no_namespace(monkeypatch):
-    """Importing this module or test_bench_collectives.py probes nothing (probing makes a
-    namespace): `pytest -m unit` collects them too."""
+    """Importing this module, test_bench_collectives.py or test_gloo_patch.py probes nothing
+    (probing makes a namespace): `pytest -m unit` collects them too."""
     def probe():
         raise AssertionError("labs.netem probed while a test module was imported")
     monkeypatch.setattr(netem, "probe_capabilities", probe)
     monkeypatch.setattr(netem_cluster, "probe_capabilities", probe)
-    for name in ("test_netem", "test_bench_collectives"):
+    for name in ("test_netem", "test_bench_collectives", "test_gloo_patch"):
         load_script(REPO / "tests" / f"{name}.py", f"{name}_imported_again")
 
 
