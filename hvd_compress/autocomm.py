@@ -88,9 +88,14 @@ class AutoCommunicator(CommunicatorBase):
         self._last_end = None
         self._launches = [None] * len(self._buckets)
 
-    def _event(self, text):
+    def _event(self, text, calibration_s=None):
+        """Note an event for pop_stats() and the history; a calibration's event carries what
+        that calibration cost (the sum over all is plan_report()'s calibration_s)."""
         self._events.append(text)
-        self._history.append({"step": self._steps_total(), "event": text})
+        entry = {"step": self._steps_total(), "event": text}
+        if calibration_s is not None:
+            entry["calibration_s"] = calibration_s
+        self._history.append(entry)
 
     def _steps_total(self):
         return getattr(self, "_total", 0)
@@ -229,7 +234,7 @@ class AutoCommunicator(CommunicatorBase):
 
     def _apply(self, decision, cost):
         if decision.get("ok"):
-            self._adopt(decision, "planned")
+            self._adopt(decision, "planned", calibration_s=cost)
             return
         reason = decision.get("reason", "no decision")
         keep = self._good
@@ -237,7 +242,7 @@ class AutoCommunicator(CommunicatorBase):
         self._labels = list(keep["labels"]) if keep else [FLOAT32] * len(self._buckets)
         self._phase = "planned"
         self._measured, self._since_plan = [], 0
-        self._event(f"fallback: {reason}")
+        self._event(f"fallback: {reason}", calibration_s=cost)
         if not self._warned:
             self._warned = True
             warnings.warn(f"hvd_compress Compression.auto: {reason}; training goes on with "
@@ -302,7 +307,7 @@ class AutoCommunicator(CommunicatorBase):
             return
         self._adopt(dict(saved["decision"]), "planned: restored from a checkpoint")
 
-    def _adopt(self, decision, event):
+    def _adopt(self, decision, event, calibration_s=None):
         """Run on `decision`'s plan from the next step on (also the last good one to fall back to)."""
         self._plan = self._good = decision
         self._labels = list(decision["labels"])
@@ -310,7 +315,7 @@ class AutoCommunicator(CommunicatorBase):
         self._refused = decision.get("refused", {})
         self._phase = "planned"
         self._measured, self._since_plan = [], 0
-        self._event(event)
+        self._event(event, calibration_s)
 
     def reset_state(self):
         """Elastic training changed the ranks: the link, n and the pace are other; forget the

@@ -221,6 +221,9 @@ def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
     decision = {"ok": True, "labels": labels, "predicted_s": 0.25, "measurements": {},
                 "refused": {}}
     comm._apply(decision, 0.1)
+    # each calibration's event says what it cost (their sum is the report's calibration_s)
+    assert comm.plan_report()["events"][-1] == {"step": 0, "event": "planned",
+                                                "calibration_s": 0.1}
     state = comm.state_dict()
     other = communicator()
     other.load_state_dict(state)
@@ -228,7 +231,7 @@ def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
     report = other.plan_report()
     assert report["predicted_s"] == 0.25 and report["calibrations"] == 0
     assert [b["label"] for b in report["buckets"]] == labels
-    assert report["events"][-1]["event"] == "planned: restored from a checkpoint"
+    assert report["events"][-1] == {"step": 0, "event": "planned: restored from a checkpoint"}
     elsewhere = communicator(fusion=1 << 20)        # other buckets: the plan is not taken
     elsewhere.load_state_dict(state)
     assert elsewhere.labels == [FLOAT32] and elsewhere.state_dict() is None
@@ -244,14 +247,15 @@ def test_a_fallback_keeps_the_last_good_plan_and_warns_once():
     labels = ["bit8:allgather", FLOAT32, FLOAT32, FLOAT32]
     comm._apply({"ok": True, "labels": labels, "predicted_s": 0.2}, 0.1)
     with pytest.warns(RuntimeWarning, match="last good plan"):
-        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.1)
+        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.2)
     assert comm.labels == labels
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        comm._apply({"ok": False, "reason": "again"}, 0.1)
+        comm._apply({"ok": False, "reason": "again"}, 0.3)
     events = comm.pop_stats()["plan_event"].split("; ")
     assert events[-2:] == ["fallback: calibration failed: rank 1: boom", "fallback: again"]
+    assert [e.get("calibration_s") for e in comm.plan_report()["events"][-3:]] == [0.1, 0.2, 0.3]
 
 
 # ---------------------------------------------------------------- on real ranks
