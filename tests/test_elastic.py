@@ -32,6 +32,7 @@ import pytest
 
 from conftest import ROOT
 
+from early import early
 from labs.kit import runlog
 from labs.kit.launch import launch_env
 
@@ -99,38 +100,38 @@ def epochs_done(out):
     return rows_in(out / "epochs.csv")
 
 
-@pytest.fixture(scope="module")
-def fashion():
+@early("multiprocess")
+def killed_and_rejoined(tmp):
+    """The faulty run and, beside it, the same run with no fault: {out, straight, killed,
+    shrink, relisted}. Started when the session starts (tests/early.py): it is mostly waiting."""
     if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.fail("Fashion-MNIST is missing: scripts/setup.sh installs dataset-fashion-mnist")
-
-
-def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
+    tmp_path = tmp.mktemp("elastic")
     out, hosts = tmp_path / "faulty", tmp_path / "hosts"
     proc = launch(out, hosts)
-
-    def in_epoch_2():
-        """a commit in epoch 2 (the steps after it are rolled back)"""
-        return epochs_done(out) >= 1 and rows_in(out / "steps.csv") > STEPS_3_RANKS
-    wait_for(in_epoch_2, 600)
-    # kill halfway to the next commit, so that there are steps to roll back: the committed
-    # rows' wall times say how long a step takes now
-    step_s = pd.read_csv(out / "steps.csv")["wall_time"].diff().tail(10).median()
-    time.sleep(min(5.0, COMMIT_EVERY / 2 * step_s))
-    pid, host = (out / "pids" / "rank2").read_text().split()
-    killed = time.time()
-    os.kill(int(pid), signal.SIGKILL)
-    hosts.write_text("\n".join(h for h in HOSTS if not h.startswith(host + ":")) + "\n")
-    # the same run with no fault, started while the survivors wait out Gloo's timeout (idle
-    # cores); its numbers do not depend on what runs beside it
-    straight = tmp_path / "straight"
-    reference = launch(straight, tmp_path / "hosts-straight")
-
-    def shrunk():
-        """the job going on with 2 ranks"""
-        m = runlog.read_manifest(out)
-        return [e for e in m["membership"] if e["world_size"] == 2]
+    reference = None
     try:
+        def in_epoch_2():
+            """a commit in epoch 2 (the steps after it are rolled back)"""
+            return epochs_done(out) >= 1 and rows_in(out / "steps.csv") > STEPS_3_RANKS
+        wait_for(in_epoch_2, 600)
+        # kill halfway to the next commit, so that there are steps to roll back: the committed
+        # rows' wall times say how long a step takes now
+        step_s = pd.read_csv(out / "steps.csv")["wall_time"].diff().tail(10).median()
+        time.sleep(min(5.0, COMMIT_EVERY / 2 * step_s))
+        pid, host = (out / "pids" / "rank2").read_text().split()
+        killed = time.time()
+        os.kill(int(pid), signal.SIGKILL)
+        hosts.write_text("\n".join(h for h in HOSTS if not h.startswith(host + ":")) + "\n")
+        # the same run with no fault, started while the survivors wait out Gloo's timeout (idle
+        # cores); its numbers do not depend on what runs beside it
+        straight = tmp_path / "straight"
+        reference = launch(straight, tmp_path / "hosts-straight")
+
+        def shrunk():
+            """the job going on with 2 ranks"""
+            m = runlog.read_manifest(out)
+            return [e for e in m["membership"] if e["world_size"] == 2]
         shrink = wait_for(shrunk, 120)[0]
         hosts.write_text("\n".join(HOSTS) + "\n")               # the slot is back
         relisted = time.time()
@@ -139,9 +140,15 @@ def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(fashion, tmp_path):
         assert finish(reference) == 0, (tmp_path / "straight.log").read_text()[-3000:]
     finally:
         for job in (proc, reference):
-            if job.poll() is None:
+            if job is not None and job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)
+    return dict(out=out, straight=straight, killed=killed, shrink=shrink, relisted=relisted)
 
+
+def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(tmp_path):
+    run = killed_and_rejoined.result()
+    out, straight = run["out"], run["straight"]
+    killed, shrink, relisted = run["killed"], run["shrink"], run["relisted"]
     manifest = runlog.read_manifest(out)
     assert manifest["status"] == "complete"
     sizes = [e["world_size"] for e in manifest["membership"]]

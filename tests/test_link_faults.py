@@ -35,7 +35,8 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, emulated_network_or_skip
+from early import early
 
 from labs.kit import runlog
 from labs.kit.launch import launch_env
@@ -65,10 +66,6 @@ MILD = {"2% loss": ("0.1ms", ("loss", 0.02), []),
         "rank 1 at 10 Mbit/s": ("0", ("rate", 1, "10mbit"), [])}
 
 
-@pytest.fixture(scope="module")
-def needs_netem(emulated_network):
-    if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
-        pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
 
 
 def command(out, delay, extra=(), resume=False):
@@ -149,10 +146,14 @@ class FaultRun:
         return self.log.read_text()
 
 
-@pytest.fixture(scope="module")
-def runs(needs_netem, tmp_path_factory):
+@early("netns")
+def fault_runs(tmp_path_factory):
     """Every case's run (FATAL and MILD), each started once the previous one's fault is in,
-    then all waited for together: {case: FaultRun}."""
+    then all waited for together: {case: FaultRun}. Started when the session starts
+    (tests/early.py): it is mostly waiting."""
+    if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
+        pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
+    emulated_network_or_skip()
     started = {}
 
     def wait(until, timeout):
@@ -177,6 +178,11 @@ def runs(needs_netem, tmp_path_factory):
         for run in started.values():
             run.kill()
     return started
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return fault_runs.result()
 
 
 def result(run):
