@@ -7,13 +7,15 @@ job for good without the lab's step watchdog.  The wedged cases run the watchdog
 limit (no --step-timeout) with its floor lowered from 20 s to FLOOR_S (--step-timeout-floor):
 the run's steps are fast, so the floor is the limit, and the job must end with an error that
 names rank 1 (issue 15) without waiting the default floor out; that the default limit (20 s
-floor) ends a stall within 60 s is tests/test_watchdog.py's.  The measured seconds from the
-signal to the launcher's exit are printed (pytest -s).
+floor) ends a stall within 60 s is tests/test_watchdog.py's.  The four cases run overlapping
+(CASES), each timed from its own signal; the measured seconds from the signal to the
+launcher's exit are printed (pytest -s).
 """
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ FLOOR_S = 5              # ... with this floor: a healthy step here takes well u
 BOUND_S = 90            # launcher must be gone this long after the signal
 WEDGED_BOUND_S = 60     # issue 15: a wedged rank ends the job within 60 s
 START_TIMEOUT_S = 240   # slow shared machine: importing torch + Horovod on 2 ranks
+STEPS_PER_EPOCH = 20    # the full disk's run: a checkpoint fills the disk, not the step rows
 
 
 # What each case's output must say.  A dead rank: the launcher names rank 1 and its SIGKILL
@@ -72,60 +75,117 @@ def wait_for_steps(proc, run_dir, rows=10):
     raise AssertionError(f"no steps written within {START_TIMEOUT_S} s")
 
 
+# The four cases overlap: each starts when the one before has sent its signal, so its start-up
+# (horovodrun, imports, Horovod's rendezvous, the first steps) runs while the one before waits
+# for its watchdog and its launcher's teardown (horovodrun's Gloo launcher gives a stopped rank
+# 5 s to answer SIGTERM before it kills it). The wedged cases go first: theirs are the longest
+# waits. A case's own seconds are still counted from its own signal.
+CASES = [("gloo", "stop"), ("mpi", "stop"), ("gloo", "kill"), ("mpi", "kill")]
+
+
+class Case:
+    """One 2-process run, its rank 1 killed or stopped, and what came of it (for the test to
+    assert): the launcher's exit code and output, the seconds from the signal to its exit, the
+    ranks left alive, or the error that stopped the case before its signal."""
+
+    def __init__(self, controller, how, run_dir):
+        self.controller, self.how, self.run_dir = controller, how, run_dir
+        self.code = self.seconds = self.error = None
+        self.output, self.pids, self.outlived = "", [], []
+        self.signalled = threading.Event()          # set once signalled, or failed before
+
+    def command(self):
+        return horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
+                                      "--split-test", "8000", "--epochs", "5", "--lr", "0.1",
+                                      "--model", "horovod", "--momentum", "0.5",
+                                      "--bit8-allreduce", "--no-progress",
+                                      "--out", str(self.run_dir)]
+                                 + (["--step-timeout", str(STEP_TIMEOUT)] if self.how == "kill"
+                                    else ["--step-timeout-floor", str(FLOOR_S)]),
+                                 self.controller)
+
+    def run(self, after=None):
+        """Wait for `after` (the case before) to have signalled, then run this case."""
+        try:
+            if after is not None:
+                after.signalled.wait()
+            self._run()
+        except BaseException as err:                # the test re-raises it, named
+            self.error = err
+        finally:
+            self.signalled.set()
+
+    def _run(self):
+        proc = subprocess.Popen(self.command(), env=launch_env(), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            self.pids = wait_for_steps(proc, self.run_dir)
+            os.kill(self.pids[1], signal.SIGKILL if self.how == "kill" else signal.SIGSTOP)
+            signalled = time.monotonic()
+            self.signalled.set()
+            try:
+                self.code = proc.wait(timeout=BOUND_S)
+            except subprocess.TimeoutExpired:
+                self.code = None
+            self.seconds = time.monotonic() - signalled
+            self.output = proc.stdout.read() if self.code is not None else ""
+            deadline = time.monotonic() + 15     # nothing of the run may be left alive
+            while any(alive(p) for p in self.pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            self.outlived = [p for p in self.pids if alive(p)]
+        finally:
+            for pid in self.pids:                # never leave a stopped or orphaned rank behind
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """{(controller, how): Case}, the four run overlapping (CASES says how)."""
+    done, threads, before = {}, [], None
+    for controller, how in CASES:
+        case = Case(controller, how, tmp_path_factory.mktemp(f"{controller}-{how}") / "run")
+        thread = threading.Thread(target=case.run, args=(before,), daemon=True)
+        thread.start()
+        done[(controller, how)], before = case, case
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return done
+
+
 @needs_mnist
 @pytest.mark.parametrize("how", ["kill", "stop"])
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = horovodrun_command(2, [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR),
-                                 "--split-test", "8000", "--epochs", "5", "--lr", "0.1", "--model", "horovod", "--momentum", "0.5", 
-                                 "--bit8-allreduce", "--no-progress", "--out", str(run_dir)]
-                             + (["--step-timeout", str(STEP_TIMEOUT)] if how == "kill"
-                                else ["--step-timeout-floor", str(FLOOR_S)]),
-                             controller)
-    proc = subprocess.Popen(cmd, env=launch_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    pids = []
-    try:
-        pids = wait_for_steps(proc, run_dir)
-        os.kill(pids[1], signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-        signalled = time.monotonic()
-        try:
-            code = proc.wait(timeout=BOUND_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        seconds = time.monotonic() - signalled
-        output = proc.stdout.read() if code is not None else ""
-        print(f"\n{controller} {how}: launcher exit {code} after {seconds:.1f} s")
-        assert code is not None, f"launcher still running {BOUND_S} s after SIG{how.upper()}"
-        assert code != 0
-        # a clear error that names the cause: the launcher saying rank 1 was killed, or the
-        # lab's watchdog naming the wedged rank
-        for cause in CAUSES[(controller, how)]:
-            assert cause in output, f"{cause!r} not in:\n{output[-3000:]}"
-        if how == "stop":
-            assert seconds < WEDGED_BOUND_S, f"{seconds:.0f} s from the stall to the end"
-        # nothing of the run is left alive
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in pids if alive(p)], "a rank outlived its launcher"
-    finally:
-        for pid in pids:                     # never leave a stopped or orphaned rank behind
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def test_dead_or_wedged_rank_ends_the_job(cases, controller, how):
+    case = cases[(controller, how)]
+    if case.error is not None:
+        raise case.error
+    code, seconds, output = case.code, case.seconds, case.output
+    print(f"\n{controller} {how}: launcher exit {code} after {seconds:.1f} s")
+    assert code is not None, f"launcher still running {BOUND_S} s after SIG{how.upper()}"
+    assert code != 0
+    # a clear error that names the cause: the launcher saying rank 1 was killed, or the
+    # lab's watchdog naming the wedged rank
+    for cause in CAUSES[(controller, how)]:
+        assert cause in output, f"{cause!r} not in:\n{output[-3000:]}"
+    if how == "stop":
+        assert seconds < WEDGED_BOUND_S, f"{seconds:.0f} s from the stall to the end"
+    assert not case.outlived, "a rank outlived its launcher"
     # the run says it did not complete, and what it wrote before the failure is readable
-    manifest = runlog.read_manifest(run_dir)
+    manifest = runlog.read_manifest(case.run_dir)
     assert manifest is not None and manifest["status"] != "complete"
     print(f"  manifest status {manifest['status']!r}: {manifest.get('reason')}")
     for r in (0, 1):
-        steps = pd.read_csv(run_dir / f"steps_rank{r}.csv")
+        steps = pd.read_csv(case.run_dir / f"steps_rank{r}.csv")
         assert len(steps) >= 10 and steps["loss"].notna().all()
         assert list(steps.columns) == runlog.STEP_COLUMNS
 
@@ -135,13 +195,16 @@ def test_dead_or_wedged_rank_ends_the_job(controller, how, tmp_path):
 def test_disk_full_keeps_the_checkpoint_and_resumes(tmp_path):
     """--out on a 360 KiB tmpfs: epoch 1's checkpoint fits, epoch 2's does not (issue 15: disk
     trouble). The run ends with a clear error and exit 3, epoch 1's checkpoint intact; copied
-    to a roomy disk, --resume finishes the run with every step recorded once."""
+    to a roomy disk, --resume finishes the run with every step recorded once. The disk fills
+    with checkpoints (the small network and its momentum, 186 KB each: the second beside the
+    first does not fit), not with step rows: STEPS_PER_EPOCH steps an epoch suffice."""
     import shutil
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=360k", "tmpfs", str(disk)], check=True)
     flags = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--split-test", "8000",
-             "--epochs", "3", "--lr", "0.1", "--no-progress", "--model", "horovod", "--momentum", "0.5"]
+             "--epochs", "3", "--lr", "0.1", "--no-progress", "--model", "horovod", "--momentum", "0.5",
+             "--steps-per-epoch", str(STEPS_PER_EPOCH)]
     try:
         full = subprocess.run(flags + ["--out", str(disk / "run")], env=launch_env(), cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
@@ -161,5 +224,5 @@ def test_disk_full_keeps_the_checkpoint_and_resumes(tmp_path):
     assert runlog.read_manifest(tmp_path / "roomy")["status"] == "complete"
     steps = pd.read_csv(tmp_path / "roomy" / "steps_rank0.csv")
     assert not steps.duplicated(["epoch", "batch"]).any()
-    assert sorted(steps.epoch.unique()) == [1, 2, 3] and len(steps) == 3 * 125
+    assert sorted(steps.epoch.unique()) == [1, 2, 3] and len(steps) == 3 * STEPS_PER_EPOCH
     assert list(pd.read_csv(tmp_path / "roomy" / "epochs.csv").epoch) == [1, 2, 3]
