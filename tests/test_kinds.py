@@ -4,9 +4,15 @@ test that launches what its kind rules out, itself or through a Python process i
 naming the marker it needs; then the reading of commands on its own."""
 import sys
 
+import horovod.torch  # noqa: F401
 import pytest
 
 import launch_guard
+
+# Imported here, before any pytester run: pytester restores sys.modules after each in-process
+# run, so a module first imported inside one (horovod.torch, and torch with it, by the crafted
+# hvd.init() test) would be dropped and imported again by a later test, and torch's C extension
+# cannot be loaded twice (a segfault in tests/test_import_graph.py when it ran after this file).
 
 pytestmark = pytest.mark.unit
 
