@@ -6,18 +6,22 @@ the same numbers, bit for bit, as a run that was never interrupted (issue 15).
 
 A fault test proves detection, naming and resume, not training, so each run is small: Horovod's
 small network on 8,000 Fashion-MNIST images (--split-test: 63 steps an epoch at 2 ranks), 2
-epochs over 1 Gbit/s links, the fault injected with `python -m labs.netem fault` as soon as rank 0 has finished the first
-step of epoch 2 (epoch 1's checkpoint is then on disk).
+epochs over 1 Gbit/s links, the fault injected as soon as rank 0 has finished the first step
+of epoch 2 (epoch 1's checkpoint is then on disk): by labs.netem.faults in this process (a
+tc or ip command, milliseconds), the last case's by `python -m labs.netem fault`, the command
+a user types (a Python process that took seconds on a loaded machine).
 
 Most of a fatal case is waiting for the watchdog. The crawl keeps the adaptive limit (10x the
 slowest step, at least 20 s; a step that the crawl meets halfway is not learnt from:
 labs/kit/watchdog.py), so the default is what ends it; the link set down and every packet lost
 are ended by a fixed --step-timeout of 12 s, the least that still lets their sentences be read
 (the links' rates are taken over the last 10 s, all of them after the fault). The five runs
-(module fixture `runs`) go one after another up to their faults, the crawl first, and then side
-by side: a run starts once the previous one's fault is in, so each one's start-up overlaps the
-others' waiting. The measured seconds from each fault to the end of its job are printed
-(pytest -s); docs/reliability.md's rows come from them.
+(module fixture `runs`) start one after another, the crawl first: a run starts once the
+previous one has finished a training step, so each one's launch (the namespaces, Python and
+torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's first epoch
+and the others' waiting for their watchdogs. The measured seconds from each fault to the end of
+its job, and when each run started, got its fault and ended, are printed (pytest -s);
+docs/reliability.md's rows come from them.
 
 The uninterrupted reference: a mild fault changes timings, never numbers (Gloo's sums of two
 ranks do not depend on timing, the data order and dropout follow the seed), so the two
@@ -39,7 +43,9 @@ from conftest import ROOT
 
 from labs.kit import runlog
 from labs.kit.launch import launch_env
+from labs.netem import faults as netem_faults
 from labs.netem.cluster import CONTROL_DIR
+from labs.netem.links import NetemError
 
 pytestmark = pytest.mark.netns     # not slow: 42 s on an idle 2-core Zen 4
 
@@ -96,6 +102,7 @@ class FaultRun:
                                          stderr=subprocess.STDOUT,
                                          env=launch_env(), cwd=ROOT, start_new_session=True)
         self.started, self.faulted, self.seconds = time.monotonic(), None, None
+        self.ended_at = None
         self.error = None                # why the fault could not be injected
 
     def due(self):
@@ -111,27 +118,51 @@ class FaultRun:
             self.error = f"epoch 2 not reached in {START_TIMEOUT_S} s"
         return self.error is not None
 
-    def inject(self):
-        """The fault, into this run's cluster (--tag: other clusters may be running)."""
+    def started_up(self):
+        """True once rank 0 has finished a training step (the launch, the imports, Horovod's
+        rendezvous and the data are behind it), or the run has ended or failed: time for
+        the next run to start."""
+        return (self.error is not None or self.proc.poll() is not None
+                or steps_written(self.out / "steps_rank0.csv") > 0)
+
+    def inject(self, by_command=False):
+        """The fault, into this run's cluster (by its tag: other clusters may be running):
+        in this process (labs.netem.faults, milliseconds: the crawl must meet steps still to
+        come), or by `python -m labs.netem fault --tag` as a user would."""
         if self.error:
             return
         tag = next((p.name for p in CONTROL_DIR.glob(f"{self.proc.pid}-*")), None)
         if tag is None:
             self.error = f"no control folder of the cluster of pid {self.proc.pid} in {CONTROL_DIR}"
             return
-        done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
-                               *map(str, self.what)], capture_output=True, text=True,
-                              timeout=60, cwd=ROOT)
+        if by_command:
+            done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
+                                   *map(str, self.what)], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT)
+            self.faulted = time.monotonic()
+            if done.returncode != 0:
+                self.error = f"fault {self.what}: {done.stdout + done.stderr}"
+            return
+        kind, *values = self.what
+        try:
+            if kind == "down":
+                netem_faults.link_state(values[0], False, tag)
+            elif kind == "loss":
+                netem_faults.loss(values[0], tag)
+            else:
+                netem_faults.rate(values[0], values[1], tag)
+        except NetemError as err:
+            self.error = f"fault {self.what}: {err}"
         self.faulted = time.monotonic()
-        if done.returncode != 0:
-            self.error = f"fault {self.what}: {done.stdout + done.stderr}"
 
     def ended(self):
         """True once the job has ended (the seconds from the fault to its end are kept)."""
         if self.proc.poll() is None:
             return False
+        if self.ended_at is None:
+            self.ended_at = time.monotonic()
         if self.seconds is None and self.faulted is not None:
-            self.seconds = time.monotonic() - self.faulted
+            self.seconds = self.ended_at - self.faulted
         return True
 
     def kill(self):
@@ -151,32 +182,50 @@ class FaultRun:
 
 @pytest.fixture(scope="module")
 def runs(needs_netem, tmp_path_factory):
-    """Every case's run (FATAL and MILD), each started once the previous one's fault is in,
-    then all waited for together: {case: FaultRun}."""
+    """Every case's run (FATAL and MILD), each started once the previous one has finished a
+    step (so that one's launch overlaps the other's first epoch), each given its fault when
+    due, then all waited for together: {case: FaultRun}. The last case's fault goes through
+    `python -m labs.netem fault`, the others' in this process."""
+    cases = {**FATAL, **MILD}
     started = {}
-
-    def wait(until, timeout):
-        """Poll until `until()`, noting meanwhile when each run ends."""
-        end = time.monotonic() + timeout
-        while not until() and time.monotonic() < end:
-            for run in started.values():
-                run.ended()
-            time.sleep(0.05)
-
+    t0 = time.monotonic()
     try:
-        for case, (delay, what, extra) in {**FATAL, **MILD}.items():
-            out = tmp_path_factory.mktemp("link") / re.sub(r"\W+", "-", case)
-            started[case] = run = FaultRun(out, delay, what, extra)
-            wait(run.due, START_TIMEOUT_S + 10)
-            run.inject()
-        wait(lambda: all(run.ended() for run in started.values()), BOUND_S + 120)
+        end = t0 + len(cases) * (START_TIMEOUT_S + 10)
+        while time.monotonic() < end:
+            for case, run in started.items():
+                run.ended()
+                if run.faulted is None and run.error is None and run.due():
+                    run.inject(by_command=case == list(cases)[-1])
+            if all(run.faulted or run.error for run in started.values()) \
+                    and len(started) == len(cases):
+                break
+            if len(started) < len(cases) and (not started or list(started.values())[-1].started_up()):
+                case = list(cases)[len(started)]
+                delay, what, extra = cases[case]
+                out = tmp_path_factory.mktemp("link") / re.sub(r"\W+", "-", case)
+                started[case] = FaultRun(out, delay, what, extra)
+            time.sleep(0.05)
+        end = time.monotonic() + BOUND_S + 120
+        while not all(run.ended() for run in started.values()) and time.monotonic() < end:
+            time.sleep(0.05)
         for run in started.values():
             if not run.ended():
                 run.error = f"still running {BOUND_S + 120} s after the last fault"
     finally:
         for run in started.values():
             run.kill()
+        print(timeline(started, t0))
     return started
+
+
+def timeline(started, t0):
+    """When each run started, got its fault and ended, in seconds from the first start
+    (pytest -s): what the module's set-up spends its time on."""
+    def at(t):
+        return "-" if t is None else f"{t - t0:5.1f}"
+    return "\n".join(f"[link fault timeline] {case}: start {at(run.started)}, fault "
+                     f"{at(run.faulted)}, end {at(run.ended_at)}"
+                     for case, run in started.items())
 
 
 def result(run):
