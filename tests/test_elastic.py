@@ -17,8 +17,9 @@ the shrink the job must still be training when the slot comes back: Horovod blac
 when the survivors meet again, not when its rank dies, for the cooldown
 (--blacklist-cooldown-range 1 2: 2 s), then the discovery lists it within a second and the
 survivors meet the new rank at their next commit. The four epochs left give that about 270
-steps at 2 ranks, some 14 s on an idle machine (4 epochs of this set were once done before the
-slot came back, with a 10 s cooldown).
+steps at 2 ranks, some 15 s at the 54 ms a step seen under load 4, against the 2-3 s the slot
+takes to come back (4 epochs of this set were once done before the slot came back, with a 10 s
+cooldown).
 """
 import json
 import math
@@ -37,7 +38,7 @@ from conftest import ROOT
 from labs.kit import runlog
 from labs.kit.launch import launch_env
 
-pytestmark = pytest.mark.multiprocess     # not slow: 41 s on an idle 2-core Zen 4 (8 epochs, Gloo 20 s)
+pytestmark = pytest.mark.multiprocess     # not slow: 41 s on an idle 2-core Zen 4 at 8 epochs, Gloo 20 s
 
 HOSTS = ["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"]
 TRAIN = 8000

@@ -19,7 +19,8 @@ are ended by a fixed --step-timeout of 12 s, the least that still lets their sen
 (module fixture `runs`) start one after another, the crawl first: a run starts once the
 previous one has finished a training step, so each one's launch (the namespaces, Python and
 torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's first epoch
-and the others' waiting for their watchdogs. The measured seconds from each fault to the end of
+and the others' waiting for their watchdogs; the link set down is resumed as soon as its job
+has ended, beside the runs still going. The measured seconds from each fault to the end of
 its job, and when each run started, got its fault and ended, are printed (pytest -s);
 docs/reliability.md's rows come from them.
 
@@ -69,6 +70,7 @@ FATAL = {"rank 1 at 20 kbit/s": ("0", ("rate", 1, "20kbit"), []),
          "100% loss": ("0.1ms", ("loss", 1.0), ["--step-timeout", str(STEP_TIMEOUT_S)])}
 MILD = {"2% loss": ("0.1ms", ("loss", 0.02), []),
         "rank 1 at 10 Mbit/s": ("0", ("rate", 1, "10mbit"), [])}
+RESUMED = "rank 1's eth0 down"   # the case whose run is resumed, once ended, beside the others
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +96,18 @@ class FaultRun:
     """One run on its own emulated cluster: started, given its fault one step into epoch 2,
     then waited for. Its output goes to a file (several run at once: no pipe may fill)."""
 
-    def __init__(self, out, delay, fault, extra=()):
+    def __init__(self, out, delay, fault, extra=(), resume=False):
         self.out, self.delay, self.what, self.extra = out, delay, fault, list(extra)
-        self.log = out.parent / f"{out.name}.log"
+        self.log = out.parent / f"{out.name}{'-resumed' if resume else ''}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(command(out, delay, extra), stdout=log,
+            self.proc = subprocess.Popen(command(out, delay, extra, resume), stdout=log,
                                          stderr=subprocess.STDOUT,
                                          env=launch_env(), cwd=ROOT, start_new_session=True)
         self.started, self.faulted, self.seconds = time.monotonic(), None, None
         self.ended_at = None
         self.error = None                # why the fault could not be injected
+        self.left = None                 # what the job left: its manifest, its checkpoint's epoch
+        self.resumed = None              # the run resumed from it (RESUMED only)
 
     def due(self):
         """True once rank 0 has finished epoch 2's first step (epoch 1's checkpoint is on
@@ -161,12 +165,18 @@ class FaultRun:
             return False
         if self.ended_at is None:
             self.ended_at = time.monotonic()
+            self.left = {"manifest": runlog.read_manifest(self.out), "checkpoint_epoch": None}
+            if (self.out / "checkpoint.pt").is_file():
+                self.left["checkpoint_epoch"] = runlog.load_checkpoint(
+                    self.out / "checkpoint.pt")["epoch"]
         if self.seconds is None and self.faulted is not None:
             self.seconds = self.ended_at - self.faulted
         return True
 
     def kill(self):
         """End a run still going: SIGTERM first (labs.netem then removes its namespaces)."""
+        if self.resumed is not None:
+            self.resumed.kill()
         for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             if self.proc.poll() is not None:
                 return
@@ -185,15 +195,29 @@ def runs(needs_netem, tmp_path_factory):
     """Every case's run (FATAL and MILD), each started once the previous one has finished a
     step (so that one's launch overlaps the other's first epoch), each given its fault when
     due, then all waited for together: {case: FaultRun}. The last case's fault goes through
-    `python -m labs.netem fault`, the others' in this process."""
+    `python -m labs.netem fault`, the others' in this process. RESUMED's run is resumed
+    (--resume, healthy links) as soon as it has ended, beside the others."""
     cases = {**FATAL, **MILD}
     started = {}
+
+    def poll():
+        """Note which runs ended; start RESUMED's resume once its run has ended. True once
+        every run (and the resume) has ended."""
+        done = True
+        for case, run in started.items():
+            done &= run.ended()
+            if case == RESUMED and run.ended() and run.resumed is None and run.error is None:
+                run.resumed = FaultRun(run.out, run.delay, None, run.extra, resume=True)
+            if run.resumed is not None:
+                done &= run.resumed.ended()
+        return done and len(started) == len(cases)
+
     t0 = time.monotonic()
     try:
         end = t0 + len(cases) * (START_TIMEOUT_S + 10)
         while time.monotonic() < end:
+            poll()
             for case, run in started.items():
-                run.ended()
                 if run.faulted is None and run.error is None and run.due():
                     run.inject(by_command=case == list(cases)[-1])
             if all(run.faulted or run.error for run in started.values()) \
@@ -206,7 +230,7 @@ def runs(needs_netem, tmp_path_factory):
                 started[case] = FaultRun(out, delay, what, extra)
             time.sleep(0.05)
         end = time.monotonic() + BOUND_S + 120
-        while not all(run.ended() for run in started.values()) and time.monotonic() < end:
+        while not poll() and time.monotonic() < end:
             time.sleep(0.05)
         for run in started.values():
             if not run.ended():
@@ -223,9 +247,11 @@ def timeline(started, t0):
     (pytest -s): what the module's set-up spends its time on."""
     def at(t):
         return "-" if t is None else f"{t - t0:5.1f}"
-    return "\n".join(f"[link fault timeline] {case}: start {at(run.started)}, fault "
-                     f"{at(run.faulted)}, end {at(run.ended_at)}"
-                     for case, run in started.items())
+    lines = [f"[link fault timeline] {case}: start {at(run.started)}, fault "
+             f"{at(run.faulted)}, end {at(run.ended_at)}" for case, run in started.items()]
+    lines += [f"[link fault timeline] {case}, resumed: start {at(run.resumed.started)}, end "
+              f"{at(run.resumed.ended_at)}" for case, run in started.items() if run.resumed]
+    return "\n".join(lines)
 
 
 def result(run):
@@ -263,23 +289,24 @@ def ended_naming(run, cause, sentence):
     code, output, seconds = result(run)
     assert code != 0 and seconds <= BOUND_S, (code, seconds, output[-3000:])
     assert sentence in output, said(output)
-    manifest = runlog.read_manifest(run.out)
+    manifest = run.left["manifest"]                # as the job left them (before any resume)
     assert manifest["status"] == "failed" and cause in manifest["reason"], manifest
     assert manifest["epochs_completed"] == 1
-    assert runlog.load_checkpoint(run.out / "checkpoint.pt")["epoch"] == 1
+    assert run.left["checkpoint_epoch"] == 1
     assert "--resume" in output                  # the watchdog's or the recorder's advice
     return output, seconds
 
 
-def resume_completes(out, delay, extra=()):
-    """--resume with healthy links finishes the run; every step of every rank appears once."""
-    done = subprocess.run(command(out, delay, extra, resume=True), capture_output=True, text=True,
-                          env=launch_env(), cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    manifest = runlog.read_manifest(out)
+def resume_completes(run):
+    """The run resumed from `run` (--resume, healthy links) finished it; every step of every
+    rank appears once."""
+    resumed = run.resumed
+    assert resumed is not None and resumed.ended(), "the resume was not started or did not end"
+    assert resumed.proc.returncode == 0, resumed.output()[-3000:]
+    manifest = runlog.read_manifest(run.out)
     assert manifest["status"] == "complete" and manifest["resumes"][0]["from_epoch"] == 2
-    rows_once(out)
-    return float(pd.read_csv(out / "epochs.csv")["test_accuracy"].iloc[-1])
+    rows_once(run.out)
+    return float(pd.read_csv(run.out / "epochs.csv")["test_accuracy"].iloc[-1])
 
 
 def said(output):
@@ -299,7 +326,7 @@ def report(case, seconds, output, accuracy=None):
 def test_a_link_set_down_ends_the_job_naming_it_and_the_run_resumes(runs):
     run = runs["rank 1's eth0 down"]
     output, seconds = ended_naming(run, "Link down", "rank 1's network interface eth0 is down")
-    accuracy = resume_completes(run.out, run.delay, run.extra)
+    accuracy = resume_completes(run)
     same_numbers(run.out, runs["rank 1 at 10 Mbit/s"].out)     # as if never interrupted
     report("rank 1's eth0 down", seconds, output, accuracy)
 
