@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,7 +107,7 @@ class FaultRun:
         self.started, self.faulted, self.seconds = time.monotonic(), None, None
         self.ended_at = None
         self.error = None                # why the fault could not be injected
-        self.left = None                 # what the job left: its manifest, its checkpoint's epoch
+        self.left = None                 # what the job left: its manifest, a copy of its checkpoint
         self.resumed = None              # the run resumed from it (RESUMED only)
 
     def due(self):
@@ -165,10 +166,12 @@ class FaultRun:
             return False
         if self.ended_at is None:
             self.ended_at = time.monotonic()
-            self.left = {"manifest": runlog.read_manifest(self.out), "checkpoint_epoch": None}
+            # copied, not loaded: this runs in the loop that injects the other runs' faults,
+            # which must not wait for torch (loaded, it once made the link down come too late)
+            self.left = {"manifest": runlog.read_manifest(self.out), "checkpoint": None}
             if (self.out / "checkpoint.pt").is_file():
-                self.left["checkpoint_epoch"] = runlog.load_checkpoint(
-                    self.out / "checkpoint.pt")["epoch"]
+                self.left["checkpoint"] = self.log.parent / f"{self.log.stem}-checkpoint.pt"
+                shutil.copyfile(self.out / "checkpoint.pt", self.left["checkpoint"])
         if self.seconds is None and self.faulted is not None:
             self.seconds = self.ended_at - self.faulted
         return True
@@ -292,7 +295,7 @@ def ended_naming(run, cause, sentence):
     manifest = run.left["manifest"]                # as the job left them (before any resume)
     assert manifest["status"] == "failed" and cause in manifest["reason"], manifest
     assert manifest["epochs_completed"] == 1
-    assert run.left["checkpoint_epoch"] == 1
+    assert runlog.load_checkpoint(run.left["checkpoint"])["epoch"] == 1
     assert "--resume" in output                  # the watchdog's or the recorder's advice
     return output, seconds
 
