@@ -42,6 +42,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 
 import horovod.torch as hvd
+from horovod.common.elastic import run_fn
 
 import hvd_compress as hc
 from labs.kit import data as lab_data
@@ -54,6 +55,17 @@ STEP_COLUMNS = ["epoch", "step", "world_size", "samples", "loss", "step_s", "byt
                 "wall_time"]
 EPOCH_COLUMNS = ["epoch", "world_size", "steps", "test_samples", "test_loss", "test_accuracy",
                  "eval_s", "wall_time"]
+
+# Gloo has one timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, read at every hvd.init()) for two waits: a
+# rendezvous waiting for processes that are still starting (a joining rank imports torch and
+# loads the data: seconds, many on a loaded machine), and a collective waiting for a rank that
+# died (the survivor that does not see the dead rank's socket close waits all of it out). So
+# every init is done twice (init_twice): first with JOIN_TIMEOUT_S, used only by that
+# rendezvous (Horovod is shut down again at once), then among processes that are all running,
+# with the detection timeout, which the training's collectives use.
+GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+JOIN_TIMEOUT_S = 60
+DETECT_TIMEOUT_S = 10
 
 
 def parse_args(argv=None):
@@ -135,17 +147,31 @@ class Books:
                                    end_time=runlog.now_iso(), end_unix=time.time())
 
 
+def init_twice(detect_s):
+    """hvd.init() for the rendezvous with processes still starting (JOIN_TIMEOUT_S), then again
+    among running processes with `detect_s`, the timeout the collectives keep: how long a
+    survivor may wait for a rank that died. Each init is a round of Horovod's elastic driver;
+    every rank makes both, at the start and at every reset."""
+    os.environ[GLOO_TIMEOUT] = str(max(JOIN_TIMEOUT_S, detect_s))
+    hvd.init()
+    hvd.shutdown()
+    os.environ[GLOO_TIMEOUT] = str(detect_s)
+    hvd.init()
+
+
 def main(argv=None):
     args = parse_args(argv)
-    # A rank that dies is seen at once by its ring neighbours; the others wait in a collective
-    # until Gloo's timeout: shorter than the lab's 60 s, so the job rolls back sooner.
-    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "20")
+    # A rank that dies is seen at once by its ring neighbours; another waits in a collective
+    # until Gloo's timeout: DETECT_TIMEOUT_S unless set (horovodrun --gloo-timeout-seconds).
+    detect_s = int(os.environ.get(GLOO_TIMEOUT, DETECT_TIMEOUT_S))
     set_horovod_defaults()
-    hvd.init()
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
-    # No collective before hvd.elastic.run: a rank that joins later would wait in it alone.
+    # Before hvd.init(): the others wait for a joining rank in the rendezvous (JOIN_TIMEOUT_S),
+    # not in a collective. No collective before the elastic loop: a rank that joins later
+    # would wait in it alone.
     data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
+    init_twice(detect_s)
     model = MODELS[args.model]()
     base = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     optimizer = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -173,7 +199,6 @@ def main(argv=None):
 
     state.register_reset_callbacks([on_reset])
 
-    @hvd.elastic.run
     def train(state):
         pids.mkdir(parents=True, exist_ok=True)
         # "pid host": which process to stop and which slot it holds (tests, docs/reliability.md)
@@ -220,8 +245,13 @@ def main(argv=None):
         books.commit()
         state.check_host_updates()
 
+    def reset():
+        hvd.shutdown()
+        init_twice(detect_s)
+
+    # hvd.elastic.run's loop, with its reset (shutdown, init) making both inits
     try:
-        train(state)
+        run_fn(train, reset)(state)
     except BaseException as err:
         books.finish("failed", f"{type(err).__name__}: {err}")
         raise

@@ -6,18 +6,23 @@ the same numbers, bit for bit, as a run that was never interrupted (issue 15).
 
 A fault test proves detection, naming and resume, not training, so each run is small: Horovod's
 small network on 8,000 Fashion-MNIST images (--split-test: 63 steps an epoch at 2 ranks), 2
-epochs over 1 Gbit/s links, the fault injected with `python -m labs.netem fault` as soon as rank 0 has finished the first
-step of epoch 2 (epoch 1's checkpoint is then on disk).
+epochs over 1 Gbit/s links, the fault injected as soon as rank 0 has finished the first step
+of epoch 2 (epoch 1's checkpoint is then on disk): by labs.netem.faults in this process (a
+tc or ip command, milliseconds), the last case's by `python -m labs.netem fault`, the command
+a user types (a Python process that took seconds on a loaded machine).
 
 Most of a fatal case is waiting for the watchdog. The crawl keeps the adaptive limit (10x the
 slowest step, at least 20 s; a step that the crawl meets halfway is not learnt from:
 labs/kit/watchdog.py), so the default is what ends it; the link set down and every packet lost
 are ended by a fixed --step-timeout of 12 s, the least that still lets their sentences be read
 (the links' rates are taken over the last 10 s, all of them after the fault). The five runs
-(module fixture `runs`) go one after another up to their faults, the crawl first, and then side
-by side: a run starts once the previous one's fault is in, so each one's start-up overlaps the
-others' waiting. The measured seconds from each fault to the end of its job are printed
-(pytest -s); docs/reliability.md's rows come from them.
+(module fixture `runs`) start one after another, the crawl first: a run starts once the
+previous one has finished a training step, so each one's launch (the namespaces, Python and
+torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's first epoch
+and the others' waiting for their watchdogs; the link set down is resumed as soon as its job
+has ended, beside the runs still going. The measured seconds from each fault to the end of
+its job, and when each run started, got its fault and ended, are printed (pytest -s);
+docs/reliability.md's rows come from them.
 
 The uninterrupted reference: a mild fault changes timings, never numbers (Gloo's sums of two
 ranks do not depend on timing, the data order and dropout follow the seed), so the two
@@ -27,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +46,9 @@ from early import early
 
 from labs.kit import runlog
 from labs.kit.launch import launch_env
+from labs.netem import faults as netem_faults
 from labs.netem.cluster import CONTROL_DIR
+from labs.netem.links import NetemError
 
 pytestmark = pytest.mark.netns     # not slow: 42 s on an idle 2-core Zen 4
 
@@ -64,6 +72,7 @@ FATAL = {"rank 1 at 20 kbit/s": ("0", ("rate", 1, "20kbit"), []),
          "100% loss": ("0.1ms", ("loss", 1.0), ["--step-timeout", str(STEP_TIMEOUT_S)])}
 MILD = {"2% loss": ("0.1ms", ("loss", 0.02), []),
         "rank 1 at 10 Mbit/s": ("0", ("rate", 1, "10mbit"), [])}
+RESUMED = "rank 1's eth0 down"   # the case whose run is resumed, once ended, beside the others
 
 
 
@@ -85,15 +94,18 @@ class FaultRun:
     """One run on its own emulated cluster: started, given its fault one step into epoch 2,
     then waited for. Its output goes to a file (several run at once: no pipe may fill)."""
 
-    def __init__(self, out, delay, fault, extra=()):
+    def __init__(self, out, delay, fault, extra=(), resume=False):
         self.out, self.delay, self.what, self.extra = out, delay, fault, list(extra)
-        self.log = out.parent / f"{out.name}.log"
+        self.log = out.parent / f"{out.name}{'-resumed' if resume else ''}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(command(out, delay, extra), stdout=log,
+            self.proc = subprocess.Popen(command(out, delay, extra, resume), stdout=log,
                                          stderr=subprocess.STDOUT,
                                          env=launch_env(), cwd=ROOT, start_new_session=True)
         self.started, self.faulted, self.seconds = time.monotonic(), None, None
+        self.ended_at = None
         self.error = None                # why the fault could not be injected
+        self.left = None                 # what the job left: its manifest, a copy of its checkpoint
+        self.resumed = None              # the run resumed from it (RESUMED only)
 
     def due(self):
         """True once rank 0 has finished epoch 2's first step (epoch 1's checkpoint is on
@@ -108,31 +120,63 @@ class FaultRun:
             self.error = f"epoch 2 not reached in {START_TIMEOUT_S} s"
         return self.error is not None
 
-    def inject(self):
-        """The fault, into this run's cluster (--tag: other clusters may be running)."""
+    def started_up(self):
+        """True once rank 0 has finished a training step (the launch, the imports, Horovod's
+        rendezvous and the data are behind it), or the run has ended or failed: time for
+        the next run to start."""
+        return (self.error is not None or self.proc.poll() is not None
+                or steps_written(self.out / "steps_rank0.csv") > 0)
+
+    def inject(self, by_command=False):
+        """The fault, into this run's cluster (by its tag: other clusters may be running):
+        in this process (labs.netem.faults, milliseconds: the crawl must meet steps still to
+        come), or by `python -m labs.netem fault --tag` as a user would."""
         if self.error:
             return
         tag = next((p.name for p in CONTROL_DIR.glob(f"{self.proc.pid}-*")), None)
         if tag is None:
             self.error = f"no control folder of the cluster of pid {self.proc.pid} in {CONTROL_DIR}"
             return
-        done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
-                               *map(str, self.what)], capture_output=True, text=True,
-                              timeout=60, cwd=ROOT)
+        if by_command:
+            done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
+                                   *map(str, self.what)], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT)
+            self.faulted = time.monotonic()
+            if done.returncode != 0:
+                self.error = f"fault {self.what}: {done.stdout + done.stderr}"
+            return
+        kind, *values = self.what
+        try:
+            if kind == "down":
+                netem_faults.link_state(values[0], False, tag)
+            elif kind == "loss":
+                netem_faults.loss(values[0], tag)
+            else:
+                netem_faults.rate(values[0], values[1], tag)
+        except NetemError as err:
+            self.error = f"fault {self.what}: {err}"
         self.faulted = time.monotonic()
-        if done.returncode != 0:
-            self.error = f"fault {self.what}: {done.stdout + done.stderr}"
 
     def ended(self):
         """True once the job has ended (the seconds from the fault to its end are kept)."""
         if self.proc.poll() is None:
             return False
+        if self.ended_at is None:
+            self.ended_at = time.monotonic()
+            # copied, not loaded: this runs in the loop that injects the other runs' faults,
+            # which must not wait for torch (loaded, it once made the link down come too late)
+            self.left = {"manifest": runlog.read_manifest(self.out), "checkpoint": None}
+            if (self.out / "checkpoint.pt").is_file():
+                self.left["checkpoint"] = self.log.parent / f"{self.log.stem}-checkpoint.pt"
+                shutil.copyfile(self.out / "checkpoint.pt", self.left["checkpoint"])
         if self.seconds is None and self.faulted is not None:
-            self.seconds = time.monotonic() - self.faulted
+            self.seconds = self.ended_at - self.faulted
         return True
 
     def kill(self):
         """End a run still going: SIGTERM first (labs.netem then removes its namespaces)."""
+        if self.resumed is not None:
+            self.resumed.kill()
         for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             if self.proc.poll() is not None:
                 return
@@ -148,41 +192,75 @@ class FaultRun:
 
 @early("netns")
 def fault_runs(tmp_path_factory):
-    """Every case's run (FATAL and MILD), each started once the previous one's fault is in,
-    then all waited for together: {case: FaultRun}. Started when the session starts
-    (tests/early.py): it is mostly waiting."""
+    """Every case's run (FATAL and MILD), each started once the previous one has finished a
+    step (so that one's launch overlaps the other's first epoch), each given its fault when
+    due, then all waited for together: {case: FaultRun}. The last case's fault goes through
+    `python -m labs.netem fault`, the others' in this process. RESUMED's run is resumed
+    (--resume, healthy links) as soon as it has ended, beside the others. Started when the
+    session starts (tests/early.py): it is mostly waiting."""
     if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
     emulated_network_or_skip()
+    cases = {**FATAL, **MILD}
     started = {}
 
-    def wait(until, timeout):
-        """Poll until `until()`, noting meanwhile when each run ends."""
-        end = time.monotonic() + timeout
-        while not until() and time.monotonic() < end:
-            for run in started.values():
-                run.ended()
-            time.sleep(0.05)
+    def poll():
+        """Note which runs ended; start RESUMED's resume once its run has ended. True once
+        every run (and the resume) has ended."""
+        done = True
+        for case, run in started.items():
+            done &= run.ended()
+            if case == RESUMED and run.ended() and run.resumed is None and run.error is None:
+                run.resumed = FaultRun(run.out, run.delay, None, run.extra, resume=True)
+            if run.resumed is not None:
+                done &= run.resumed.ended()
+        return done and len(started) == len(cases)
 
+    t0 = time.monotonic()
     try:
-        for case, (delay, what, extra) in {**FATAL, **MILD}.items():
-            out = tmp_path_factory.mktemp("link") / re.sub(r"\W+", "-", case)
-            started[case] = run = FaultRun(out, delay, what, extra)
-            wait(run.due, START_TIMEOUT_S + 10)
-            run.inject()
-        wait(lambda: all(run.ended() for run in started.values()), BOUND_S + 120)
+        end = t0 + len(cases) * (START_TIMEOUT_S + 10)
+        while time.monotonic() < end:
+            poll()
+            for case, run in started.items():
+                if run.faulted is None and run.error is None and run.due():
+                    run.inject(by_command=case == list(cases)[-1])
+            if all(run.faulted or run.error for run in started.values()) \
+                    and len(started) == len(cases):
+                break
+            if len(started) < len(cases) and (not started or list(started.values())[-1].started_up()):
+                case = list(cases)[len(started)]
+                delay, what, extra = cases[case]
+                out = tmp_path_factory.mktemp("link") / re.sub(r"\W+", "-", case)
+                started[case] = FaultRun(out, delay, what, extra)
+            time.sleep(0.05)
+        end = time.monotonic() + BOUND_S + 120
+        while not poll() and time.monotonic() < end:
+            time.sleep(0.05)
         for run in started.values():
             if not run.ended():
                 run.error = f"still running {BOUND_S + 120} s after the last fault"
     finally:
         for run in started.values():
             run.kill()
+        print(timeline(started, t0))
     return started
 
 
 @pytest.fixture(scope="module")
 def runs():
     return fault_runs.result()
+
+
+def timeline(started, t0):
+    """When each run started, got its fault and ended, in seconds from the first start
+    (pytest -s): what the module's set-up spends its time on."""
+    def at(t):
+        return "-" if t is None else f"{t - t0:5.1f}"
+    lines = [f"[link fault timeline] {case}: start {at(run.started)}, fault "
+             f"{at(run.faulted)}, end {at(run.ended_at)}" for case, run in started.items()]
+    lines += [f"[link fault timeline] {case}, resumed: start {at(run.resumed.started)}, end "
+              f"{at(run.resumed.ended_at)}" for case, run in started.items() if run.resumed]
+    return "\n".join(lines)
 
 
 def result(run):
@@ -220,23 +298,24 @@ def ended_naming(run, cause, sentence):
     code, output, seconds = result(run)
     assert code != 0 and seconds <= BOUND_S, (code, seconds, output[-3000:])
     assert sentence in output, said(output)
-    manifest = runlog.read_manifest(run.out)
+    manifest = run.left["manifest"]                # as the job left them (before any resume)
     assert manifest["status"] == "failed" and cause in manifest["reason"], manifest
     assert manifest["epochs_completed"] == 1
-    assert runlog.load_checkpoint(run.out / "checkpoint.pt")["epoch"] == 1
+    assert runlog.load_checkpoint(run.left["checkpoint"])["epoch"] == 1
     assert "--resume" in output                  # the watchdog's or the recorder's advice
     return output, seconds
 
 
-def resume_completes(out, delay, extra=()):
-    """--resume with healthy links finishes the run; every step of every rank appears once."""
-    done = subprocess.run(command(out, delay, extra, resume=True), capture_output=True, text=True,
-                          env=launch_env(), cwd=ROOT, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    manifest = runlog.read_manifest(out)
+def resume_completes(run):
+    """The run resumed from `run` (--resume, healthy links) finished it; every step of every
+    rank appears once."""
+    resumed = run.resumed
+    assert resumed is not None and resumed.ended(), "the resume was not started or did not end"
+    assert resumed.proc.returncode == 0, resumed.output()[-3000:]
+    manifest = runlog.read_manifest(run.out)
     assert manifest["status"] == "complete" and manifest["resumes"][0]["from_epoch"] == 2
-    rows_once(out)
-    return float(pd.read_csv(out / "epochs.csv")["test_accuracy"].iloc[-1])
+    rows_once(run.out)
+    return float(pd.read_csv(run.out / "epochs.csv")["test_accuracy"].iloc[-1])
 
 
 def said(output):
@@ -256,7 +335,7 @@ def report(case, seconds, output, accuracy=None):
 def test_a_link_set_down_ends_the_job_naming_it_and_the_run_resumes(runs):
     run = runs["rank 1's eth0 down"]
     output, seconds = ended_naming(run, "Link down", "rank 1's network interface eth0 is down")
-    accuracy = resume_completes(run.out, run.delay, run.extra)
+    accuracy = resume_completes(run)
     same_numbers(run.out, runs["rank 1 at 10 Mbit/s"].out)     # as if never interrupted
     report("rank 1's eth0 down", seconds, output, accuracy)
 
