@@ -295,8 +295,8 @@ class AutoCommunicator(CommunicatorBase):
             verdict = _judge(t["tried"], every, self.settings.trial_steps, fixed)
         verdict = hvd.broadcast_object(verdict, root_rank=0, name="hvdc.auto.trial_verdict")
         kept = t["tried"][verdict["chosen"]]
-        record = {"contenders": [dict(c.as_dict(), measured_s=m)
-                                 for c, m in zip(t["tried"], verdict["medians_s"])],
+        record = {"contenders": [dict(c.as_dict(), measured_s=m, low_s=q) for c, m, q in
+                                 zip(t["tried"], verdict["medians_s"], verdict["lows_s"])],
                   "chosen": kept.name, "steps": len(t["order"]),
                   "timed_steps_each": self.settings.trial_steps,
                   "schedule": list(t["order"]), "step_s": verdict["step_s"],
@@ -459,11 +459,13 @@ def _judge(tried, every, steps, fixed_s=0.0):
     try:
         slowest = every.max(dim=0).values.tolist()
         v = trial.verdict(tried, slowest, steps)
-        return {"chosen": v.chosen, "medians_s": list(v.medians), "cost_s": v.cost_s,
+        return {"chosen": v.chosen, "medians_s": list(v.medians), "lows_s": list(v.lows),
+                "cost_s": v.cost_s,
                 "reason": v.reason, "step_s": slowest,
                 "shift_s": trial.fixed_shift(tried, v.medians, fixed_s)}
     except Exception as err:
-        return {"chosen": 0, "medians_s": [math.nan] * len(tried), "cost_s": 0.0,
+        return {"chosen": 0, "medians_s": [math.nan] * len(tried),
+                "lows_s": [math.nan] * len(tried), "cost_s": 0.0,
                 "reason": f"the plan kept: no verdict ({_say(err)})", "step_s": slowest,
                 "shift_s": 0.0}
 

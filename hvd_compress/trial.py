@@ -20,11 +20,12 @@ from . import planner
 from .registry import label, parse_label
 
 __all__ = ["TRIAL_STEPS", "TRIAL_MARGIN", "TRIAL_RIVALS", "TRIAL_TIE", "Contender", "Verdict",
-           "contenders", "schedule", "verdict", "fixed_shift"]
+           "contenders", "schedule", "verdict", "low", "fixed_shift"]
 
 # Timed steps per contender, after one untimed round (a plan's first step negotiates its
-# collectives' names with Horovod and allocates its buffers, as the warm-up's first step): the
-# median of five is moved by no two slow steps.
+# collectives' names with Horovod and allocates its buffers, as the warm-up's first step). A
+# contender is judged by the second fastest of its five (`low`): a neighbour's burst only adds
+# to a step, so a low quantile is what the plan itself costs, and no one lucky step decides.
 TRIAL_STEPS = 5
 # Rivals: the fixed plans (one scheme on every bucket) predicted within this fraction of the
 # plan's predicted step. 30%: the largest error of the model's *ranking* measured so far
@@ -35,8 +36,8 @@ TRIAL_MARGIN = 0.30
 # At most this many rivals beside the plan (the fastest predicted first): four plans x six
 # rounds = 24 trial steps at most.
 TRIAL_RIVALS = 3
-# Measured medians within this fraction of the fastest count as tied: the least lossy is kept.
-# The planner's margin, for the planner's reason: below what a median of a few steps resolves.
+# Measured steps within this fraction of the fastest count as tied: the least lossy is kept.
+# The planner's margin, for the planner's reason: below what a few steps resolve.
 TRIAL_TIE = planner.TIE_MARGIN
 
 
@@ -61,11 +62,13 @@ class Contender:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Which contender the trial keeps (its index), each contender's median timed step (NaN:
-    no usable step), what the trial cost over running the kept plan throughout, and why."""
+    """Which contender the trial keeps (its index), each contender's median and `low` timed
+    step (NaN: no usable step; `low` decides), what the trial cost over running the kept plan
+    throughout, and why."""
 
     chosen: int
     medians: tuple
+    lows: tuple
     cost_s: float
     reason: str
 
@@ -100,16 +103,18 @@ def contenders(m: planner.Measurements, plan, candidates=planner.DEFAULT_CANDIDA
 
 
 def schedule(count, steps=TRIAL_STEPS):
-    """The contender of each trial step: interleaved rounds (0 1 2 0 1 2 ...), the first one
-    untimed, then `steps` timed: a drift of the machine (a neighbour's burst) falls on every
-    contender alike."""
-    return [j for _ in range(steps + 1) for j in range(count)]
+    """The contender of each trial step: interleaved rounds, the first one untimed, then
+    `steps` timed, each round's order turned by one (0 1 2, 1 2 0, 2 0 1, ...): a drift of the
+    machine (a neighbour's burst) falls on every contender alike, and no contender always
+    follows the same one or takes the same place in a round (a training loop's own period --
+    a data loader's every 4th batch, a check every 4th step -- would otherwise fall on one)."""
+    return [(j + r) % count for r in range(steps + 1) for j in range(count)]
 
 
 def verdict(tried, times, steps=TRIAL_STEPS, tie=TRIAL_TIE) -> Verdict:
     """The contender to keep, from `times`: per step of `schedule(len(tried), steps)`, the
     slowest rank's step in seconds (the one that sets a synchronous step). Each contender's
-    median over its timed steps; the fastest, or within `tie` of it the least lossy (then the
+    `low` over its timed steps; the fastest, or within `tie` of it the least lossy (then the
     faster, then the earlier). The plan (contender 0) is kept where its own steps gave no
     usable time. cost_s: what the trial steps of the other contenders took beyond the kept
     plan's median (the rest of the trial is training at the kept plan's pace). The reason
@@ -122,32 +127,41 @@ def verdict(tried, times, steps=TRIAL_STEPS, tie=TRIAL_TIE) -> Verdict:
         if k >= len(tried) and isinstance(t, (int, float)) and math.isfinite(t) and t > 0:
             per[j].append(float(t))
     medians = tuple(statistics.median(x) if x else math.nan for x in per)
-    usable = [j for j, t in enumerate(medians) if math.isfinite(t)]
+    lows = tuple(low(x) for x in per)
+    usable = [j for j, t in enumerate(lows) if math.isfinite(t)]
     if 0 not in usable:
-        return Verdict(0, medians, 0.0, "the plan kept: its trial steps gave no usable time")
-    fastest = min(medians[j] for j in usable)
-    tied = [j for j in usable if medians[j] <= fastest * (1 + tie)]
+        return Verdict(0, medians, lows, 0.0, "the plan kept: its trial steps gave no usable time")
+    fastest = min(lows[j] for j in usable)
+    tied = [j for j in usable if lows[j] <= fastest * (1 + tie)]
 
     def lossy(j):
         return tried[j].loss if math.isfinite(tried[j].loss) else math.inf
-    chosen = min(tied, key=lambda j: (lossy(j), medians[j], j))
+    chosen = min(tied, key=lambda j: (lossy(j), lows[j], j))
     cost = sum(t - medians[chosen] for j, t in zip(order, times)
                if j != chosen and isinstance(t, (int, float)) and math.isfinite(t))
-    best_rival = min((j for j in usable if j != chosen), key=lambda j: (medians[j], j),
+    best_rival = min((j for j in usable if j != chosen), key=lambda j: (lows[j], j),
                      default=None)
 
     def ms(j):
-        return f"{1e3 * medians[j]:.4g} ms"
+        return f"{1e3 * lows[j]:.4g} ms"
     if chosen == 0:
         reason = f"the plan kept ({ms(0)}" + (
             f", {tried[best_rival].name} {ms(best_rival)}" if best_rival is not None else "") + ")"
-        if medians[0] > fastest:
+        if lows[0] > fastest:
             reason += f", within the {tie:.0%} tie and less lossy"
     else:
         reason = f"{tried[chosen].name} adopted ({ms(chosen)}, the plan {ms(0)})"
-        if medians[chosen] > fastest:
+        if lows[chosen] > fastest:
             reason += f", within the {tie:.0%} tie of the fastest and less lossy"
-    return Verdict(chosen, medians, max(cost, 0.0), reason)
+    return Verdict(chosen, medians, lows, max(cost, 0.0), reason)
+
+
+def low(values):
+    """The step a contender is judged by: its lower quartile, taken as the value of that rank
+    among the sorted steps (the second fastest of five; the fastest of up to four); NaN for
+    none."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4] if ordered else math.nan
 
 
 def fixed_shift(tried, medians, fixed_s):

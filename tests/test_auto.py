@@ -327,8 +327,11 @@ def times_for(medians, steps, first=1.0, jitter=0.0):
 
 @pytest.mark.unit
 def test_the_trial_interleaves_the_contenders_the_first_round_untimed():
-    assert trial.schedule(3, 2) == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert trial.schedule(3, 2) == [0, 1, 2, 1, 2, 0, 2, 0, 1]
     assert trial.schedule(2, 0) == [0, 1]
+    order = trial.schedule(4, 5)                          # every place in a round, in turn
+    assert sorted(order[4:]) == sorted([0, 1, 2, 3] * 5)
+    assert {order[4 * r] for r in range(1, 5)} == {0, 1, 2, 3}
     # the untimed round's steps (10 s here) move no median
     v = trial.verdict(tried(("plan", 0.2, 0.0), ("b", 0.3, 5.0)),
                       times_for([0.2, 0.1], 3, first=10.0), 3)
@@ -344,10 +347,26 @@ def test_the_trial_keeps_the_measured_fastest_against_the_models_choice():
     times = times_for([0.20, 0.18, 0.30], 5, first=0.25, jitter=0.01)
     v = trial.verdict(c, times, 5)
     assert v.chosen == 1 and v.medians == pytest.approx((0.20, 0.18, 0.30))
+    assert v.lows == pytest.approx((0.19, 0.17, 0.29))    # the second fastest of five
     order = trial.schedule(3, 5)
     want = sum(t - 0.18 for j, t in zip(order, times) if j != 1)
-    assert v.cost_s == pytest.approx(want)
-    assert v.reason == "bit8:allgather everywhere adopted (180 ms, the plan 200 ms)"
+    assert v.cost_s == pytest.approx(want)                # beyond the kept plan's median
+    assert v.reason == "bit8:allgather everywhere adopted (170 ms, the plan 190 ms)"
+
+
+@pytest.mark.unit
+def test_a_neighbours_bursts_do_not_decide_the_trial():
+    # bursts (40 ms) land on three of the plan's five steps and on two of the rival's: the
+    # median would keep the rival, the second fastest sees the plan's own 13 ms
+    c = tried(("plan", 0.02, 1.0), ("b", 0.02, 1.0))
+    order = trial.schedule(2, 5)
+    plan_steps, rival_steps = iter([0.040, 0.013, 0.040, 0.0131, 0.040]), \
+        iter([0.040, 0.018, 0.018, 0.040, 0.0181])
+    times = [0.05] * 2 + [next(plan_steps) if j == 0 else next(rival_steps) for j in order[2:]]
+    v = trial.verdict(c, times, 5)
+    assert v.medians[0] > v.medians[1] and v.chosen == 0
+    assert trial.low([3.0, 1.0, 2.0, 5.0, 4.0]) == 2.0 and trial.low([2.0, 1.0]) == 1.0
+    assert math.isnan(trial.low([]))
 
 
 @pytest.mark.unit
