@@ -7,10 +7,11 @@ would close an import circle through communicators).
 
     compression=hc.Compression.auto                      the defaults below
     compression=hc.Compression.auto(warmup_steps=10, margin=0.0)
+    compression=hc.Compression.auto(trial_steps=0)       # take the model's plan untried
 """
 import math
 
-from . import planner
+from . import planner, trial
 from .registry import label, parse_label
 
 __all__ = ["Auto", "WARMUP_STEPS"]
@@ -31,7 +32,7 @@ class Auto:
 
     def __init__(self, candidates=planner.DEFAULT_CANDIDATES, warmup_steps=WARMUP_STEPS,
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
-                 replan_every=planner.REPLAN_EVERY):
+                 replan_every=planner.REPLAN_EVERY, trial_steps=trial.TRIAL_STEPS):
         texts = tuple(label(*parse_label(str(t))) for t in candidates)
         if "none:allreduce" not in texts:
             texts = ("none:allreduce",) + texts     # float32 is always a candidate (fallback)
@@ -51,11 +52,15 @@ class Auto:
                 int(replan_every) == replan_every and replan_every >= 1)):
             raise ValueError(f"replan_every must be an integer >= 1 (or math.inf: never), "
                              f"got {replan_every!r}")
+        if isinstance(trial_steps, bool) or int(trial_steps) != trial_steps or trial_steps < 0:
+            raise ValueError(f"trial_steps must be an integer >= 0 (0: no trial), "
+                             f"got {trial_steps!r}")
         self.candidates = texts
         self.warmup_steps = int(warmup_steps)
         self.error_bound = float(error_bound)
         self.margin = float(margin)
         self.replan_every = replan_every if replan_every == math.inf else int(replan_every)
+        self.trial_steps = int(trial_steps)
 
     def __call__(self, **options):
         """Compression.auto(warmup_steps=10, ...): these settings with some changed."""
@@ -64,7 +69,7 @@ class Auto:
     def options(self):
         return {"candidates": self.candidates, "warmup_steps": self.warmup_steps,
                 "error_bound": self.error_bound, "margin": self.margin,
-                "replan_every": self.replan_every}
+                "replan_every": self.replan_every, "trial_steps": self.trial_steps}
 
     def __repr__(self):
         return "Auto(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"

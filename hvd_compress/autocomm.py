@@ -11,9 +11,13 @@ ranks that disagreed on a plan would never match each other's collectives silent
 The life of a plan, at step boundaries (end_step, which every rank reaches at the same count):
   measuring   `warmup_steps` steps on the current plan (float32 at first): their pace
   calibrate   this rank's codecs and errors (no collective), gathered; the collectives timed
-              (all ranks, same order), gathered; rank 0 combines and searches; the plan is
-              broadcast; applied from the next step. Any failure: every rank still joins each
+              (all ranks, same order), gathered; rank 0 combines and searches; the plan and its
+              rivals (trial.contenders) are broadcast. Any failure: every rank still joins each
               gather, and all keep the last good plan (float32 at first), warn once, record why
+  trial       the plan and its rivals in interleaved steps, the same schedule on every rank,
+              switched at step boundaries; the step times gathered (the slowest rank's each
+              step), rank 0 judges (trial.verdict), broadcasts; the kept plan applies from the
+              next step (none to try: the plan applies at once)
   planned     every `replan_every` steps the ranks' last steps are gathered and
               planner.should_replan decides, identically everywhere; a drift -> measuring again
 """
@@ -25,7 +29,7 @@ import warnings
 import torch
 import horovod.torch as hvd
 
-from . import calibration, planner, registry
+from . import calibration, planner, registry, trial
 from .bucketing import DEFAULT_FUSION_BYTES
 from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
@@ -71,6 +75,7 @@ class AutoCommunicator(CommunicatorBase):
         self._measurements = {}
         self._refused = {}
         self._last_replan = None
+        self._trial = None
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
@@ -84,6 +89,7 @@ class AutoCommunicator(CommunicatorBase):
 
     def _start_measuring(self):
         self._phase = "measuring"
+        self._trial = None
         self._samples = []                   # the plan in force stays, and its steps
         self._last_end = None
         self._launches = [None] * len(self._buckets)
@@ -165,6 +171,8 @@ class AutoCommunicator(CommunicatorBase):
                                                          now, self._launches))
             if len(self._samples) >= self.settings.warmup_steps:
                 self._calibrate()
+        elif self._phase == "trial":
+            self._trial_step(step_s)
         else:
             self._measured.append(step_s)
             del self._measured[:-1000]
@@ -234,7 +242,10 @@ class AutoCommunicator(CommunicatorBase):
 
     def _apply(self, decision, cost):
         if decision.get("ok"):
-            self._adopt(decision, "planned", calibration_s=cost)
+            if len(decision.get("trials") or ()) > 1:
+                self._start_trial(decision, cost)
+            else:
+                self._adopt(decision, "planned", calibration_s=cost)
             return
         reason = decision.get("reason", "no decision")
         keep = self._good
@@ -250,6 +261,62 @@ class AutoCommunicator(CommunicatorBase):
                           "(optimizer.plan_report() keeps the reason)", RuntimeWarning,
                           stacklevel=2)
 
+    # ---- the trial: the plan against its rivals, measured -------------------------------------
+    def _start_trial(self, decision, cost=0.0):
+        tried = [trial.Contender.from_dict(d) for d in decision["trials"]]
+        order = trial.schedule(len(tried), self.settings.trial_steps)
+        self._trial = {"decision": decision, "tried": tried, "order": order, "times": [],
+                       "cost": cost}
+        self._phase = "trial"
+        self._labels = list(tried[order[0]].labels)
+        self._event(f"trial: the plan and {len(tried) - 1} rival(s), "
+                    f"{self.settings.trial_steps} timed steps each")
+
+    def _trial_step(self, step_s):
+        """A trial step ended (every rank, the same count): the next contender's labels, or,
+        after the last, the verdict."""
+        t = self._trial
+        t["times"].append(step_s)
+        done = len(t["times"])
+        if done < len(t["order"]):
+            self._labels = list(t["tried"][t["order"][done]].labels)
+        else:
+            self._finish_trial()
+
+    def _finish_trial(self):
+        """Every rank: gather the trial's step times, rank 0 judges, broadcast, apply."""
+        began = time.perf_counter()
+        t = self._trial
+        times = [x if math.isfinite(x) else math.nan for x in t["times"]]
+        every = hvd.allgather(torch.tensor([times], dtype=torch.float64), name="hvdc.auto.trial")
+        verdict = None
+        if hvd.rank() == 0:
+            fixed = t["decision"].get("measurements", {}).get("fixed_s", 0.0)
+            verdict = _judge(t["tried"], every, self.settings.trial_steps, fixed)
+        verdict = hvd.broadcast_object(verdict, root_rank=0, name="hvdc.auto.trial_verdict")
+        kept = t["tried"][verdict["chosen"]]
+        record = {"contenders": [dict(c.as_dict(), measured_s=m, low_s=q) for c, m, q in
+                                 zip(t["tried"], verdict["medians_s"], verdict["lows_s"])],
+                  "chosen": kept.name, "steps": len(t["order"]),
+                  "timed_steps_each": self.settings.trial_steps,
+                  "schedule": list(t["order"]), "step_s": verdict["step_s"],
+                  "wall_s": sum(x for x in verdict["step_s"] if math.isfinite(x)),
+                  "cost_s": verdict["cost_s"], "reason": verdict["reason"],
+                  "fixed_shift_s": verdict["shift_s"], "predicted_untried_s": kept.predicted_s}
+        # the model's predictions, its fixed time re-measured by the trial (trial.fixed_shift)
+        shift = verdict["shift_s"]
+        decision = {k: v for k, v in t["decision"].items() if k != "trials"}
+        decision.update(labels=list(kept.labels), predicted_s=kept.predicted_s + shift,
+                        fastest_s=decision.get("fastest_s", math.nan) + shift,
+                        fixed_plans_s={k: v + shift for k, v in
+                                       decision.get("fixed_plans_s", {}).items()},
+                        trial=record)
+        trial_cost = verdict["cost_s"] + time.perf_counter() - began
+        self._calibration_s += trial_cost
+        self._trial = None
+        self._event("trial: " + verdict["reason"].replace("; ", ", "))   # events join by "; "
+        self._adopt(decision, "planned", calibration_s=t["cost"] + trial_cost)
+
     # ---- what it shows --------------------------------------------------------------------
     def measured_s(self):
         steps = [t for t in self._measured if math.isfinite(t)]
@@ -257,7 +324,7 @@ class AutoCommunicator(CommunicatorBase):
 
     def pop_stats(self):
         out = super().pop_stats()
-        out.update(plan=" ".join(self._labels) if self._plan else "",
+        out.update(plan=" ".join(self._plan["labels"]) if self._plan else "",
                    plan_predicted_s=self._plan["predicted_s"] if self._plan else math.nan,
                    plan_measured_s=self.measured_s() if self._plan else math.nan,
                    plan_event="; ".join(self._events))
@@ -265,12 +332,14 @@ class AutoCommunicator(CommunicatorBase):
         return out
 
     def plan_report(self):
-        """The plan and what it was chosen from, JSON-able (the lab's manifest)."""
+        """The plan and what it was chosen from, JSON-able (the lab's manifest). During a trial,
+        `plan` and the buckets' labels are the plan in force before it (phase "trial")."""
+        labels = self._plan["labels"] if self._plan else self._labels
         return {
-            "plan": " ".join(self._labels) if self._plan else "",
+            "plan": " ".join(labels) if self._plan else "",
             "phase": self._phase,
             "buckets": [{"name": b.name, "bytes": 4 * b.numel, "label": t}
-                        for b, t in zip(self._buckets, self._labels)],
+                        for b, t in zip(self._buckets, labels)],
             "predicted_s": self._plan["predicted_s"] if self._plan else math.nan,
             "fastest_s": self._plan.get("fastest_s", math.nan) if self._plan else math.nan,
             "measured_s": self.measured_s() if self._plan else math.nan,
@@ -279,6 +348,9 @@ class AutoCommunicator(CommunicatorBase):
             "measurements": self._measurements,
             "refused": self._refused,
             "fixed_plans_s": self._plan.get("fixed_plans_s", {}) if self._plan else {},
+            "trial": (self._plan.get("trial") or ({"skipped": self._plan["no_trial"]}
+                                                   if "no_trial" in self._plan else None))
+            if self._plan else None,
             "calibration_s": self._calibration_s,
             "calibrations": self._calibrations,
             "last_replan_check": self._last_replan,
@@ -310,6 +382,7 @@ class AutoCommunicator(CommunicatorBase):
     def _adopt(self, decision, event, calibration_s=None):
         """Run on `decision`'s plan from the next step on (also the last good one to fall back to)."""
         self._plan = self._good = decision
+        self._trial = None
         self._labels = list(decision["labels"])
         self._measurements = decision.get("measurements", {})
         self._refused = decision.get("refused", {})
@@ -351,7 +424,10 @@ def _decide(settings, ranks, links, problems, n):
         m, busy = calibration.busy_links(timed, ranks[0].get("labels", [FLOAT32] * len(layout)),
                                          step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
+        tried, why = _rivals(settings, m, plan.schemes)
         return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
+                **({"trials": [c.as_dict() for c in tried]} if len(tried) > 1 else
+                   {"no_trial": why}),
                 "fastest_s": plan.fastest_s, "exact": plan.exact,
                 "measurements": dict(calibration.summary(timed), busy_factor=busy,
                                      measured_step_s=step),
@@ -359,6 +435,39 @@ def _decide(settings, ranks, links, problems, n):
                 "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}
     except Exception as err:
         return {"ok": False, "reason": f"no plan from the measurements: {_say(err)}"}
+
+
+def _rivals(settings, m, plan):
+    """(the trial's contenders, the plan first; why there is no trial, or ""). No trial where
+    none is asked (trial_steps=0), no fixed plan is predicted near the plan, or none could be
+    named (the plan is then taken untried, not lost)."""
+    if settings.trial_steps <= 0:
+        return [], "trial_steps=0"
+    try:
+        tried = trial.contenders(m, plan, settings.candidates, settings.error_bound)
+    except Exception as err:
+        return [], f"no rivals named: {_say(err)}"
+    return tried, "" if len(tried) > 1 else \
+        f"no fixed plan predicted within {trial.TRIAL_MARGIN:.0%} of the plan"
+
+
+def _judge(tried, every, steps, fixed_s=0.0):
+    """Rank 0: the trial's verdict from every rank's step times (a row per rank), the slowest
+    rank's each step, and the model's fixed time re-measured (trial.fixed_shift). Never raises
+    (the other ranks wait for its broadcast): no verdict keeps the plan, unshifted."""
+    slowest = [math.nan] * len(trial.schedule(len(tried), steps))
+    try:
+        slowest = every.max(dim=0).values.tolist()
+        v = trial.verdict(tried, slowest, steps)
+        return {"chosen": v.chosen, "medians_s": list(v.medians), "lows_s": list(v.lows),
+                "cost_s": v.cost_s,
+                "reason": v.reason, "step_s": slowest,
+                "shift_s": trial.fixed_shift(tried, v.medians, fixed_s)}
+    except Exception as err:
+        return {"chosen": 0, "medians_s": [math.nan] * len(tried),
+                "lows_s": [math.nan] * len(tried), "cost_s": 0.0,
+                "reason": f"the plan kept: no verdict ({_say(err)})", "step_s": slowest,
+                "shift_s": 0.0}
 
 
 def _predicted(m, text):

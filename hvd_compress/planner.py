@@ -279,12 +279,14 @@ def _finish(state, backward_s):
 @dataclass(frozen=True)
 class Timeline:
     """A plan's predicted step and, per bucket, when it leaves and when its exchange is done
-    (seconds from backward's start)."""
+    (seconds from backward's start); its loss, as the search counts it (bytes x measured
+    error, summed over buckets; NaN where an error was not measured)."""
 
     step_s: float
     backward_end_s: float
     leaves_s: tuple
     done_s: tuple
+    loss: float = 0.0
 
 
 def _options(m, plan, candidates=None):
@@ -300,12 +302,13 @@ def predict(m: Measurements, plan) -> Timeline:
     if len(plan) != len(m.buckets):
         raise ValueError(f"a plan needs one scheme per bucket: {len(m.buckets)}, got {len(plan)}")
     state, leaves, done = (0.0, 0.0, 0.0, 0.0), [], []
-    for bucket, opt in zip(m.buckets, _options(m, plan)):
+    opts = _options(m, plan)
+    for bucket, opt in zip(m.buckets, opts):
         leaves.append(max(state[1], bucket.ready_s + state[0] + opt.enc))
         state, clock = _advance(state, bucket, opt, m.backward_s)
         done.append(clock)
     return Timeline(m.fixed_s + _finish(state, m.backward_s), m.backward_s + state[0],
-                    tuple(leaves), tuple(done))
+                    tuple(leaves), tuple(done), sum(o.loss for o in opts))
 
 
 def fixed_plan(m: Measurements, text: str):

@@ -23,12 +23,12 @@ round, 4 to 8 rounds (a step there takes 1-7 s). --steps (a row's steps in its f
 rounds), --rounds and --max-rounds set every cell alike.
 
 ours:auto: before the timed rounds its warm-up goes on until every rank has decided, a plan or
-a fallback to float32 (at most --auto-warmup-max steps, else the cell fails and says so); those
-steps are not timed as the row's steps, but their number and wall time, the calibration seconds
-the optimizer reports and the outcome ("planned" or its "fallback: why") are in calibration.csv
-and on the row of summary.csv (auto_warmup_steps, auto_warmup_s, calibration_s, auto_outcome),
-and its plan_report() in plans/<cell>.json. Its timed steps include whatever
-re-planning the optimizer does (plan_event in steps.csv).
+a fallback to float32 (at most --auto-warmup-max steps, its trial steps included, else the
+cell fails and says so); those steps are not timed as the row's steps, but their number and
+wall time, the calibration seconds the optimizer reports and the outcome ("planned" or its
+"fallback: why") are in calibration.csv and on the row of summary.csv (auto_warmup_steps,
+auto_warmup_s, calibration_s, auto_outcome), and its plan_report() in plans/<cell>.json. Its
+timed steps include whatever re-planning the optimizer does (plan_event in steps.csv).
 
 Writes OUT/steps.csv (one row per timed step of rank 0, with the plan it ran under for auto),
 OUT/calibration.csv, OUT/plans/, OUT/summary.csv (per row: median step and its split, p10/p90,

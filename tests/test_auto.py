@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from hvd_compress import calibration, planner
+from hvd_compress import calibration, planner, trial
 from hvd_compress.auto import Auto, WARMUP_STEPS
 from hvd_compress.autocomm import FLOAT32, AutoCommunicator, _decide
 from hvd_compress.communicators import make_communicator
@@ -270,7 +270,10 @@ def test_auto_across_ranks(controller, np, request):
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "resume.plan_restored", "reset.measures_again",
                  "bad.reason_recorded", "ef.lossy_buckets_keep_residuals",
-                 "ef.float32_carries_them_once", "ef.identical_weights"):
+                 "ef.float32_carries_them_once", "ef.identical_weights", "trial.ran",
+                 "trial.events", "trial.plan_shown_once_kept", "trial.steps_ran_the_contenders",
+                 "trial.kept_a_contender_with_the_models_prediction", "trial.cost_counted",
+                 "trial.same_verdict_on_every_rank", "trial.identical_weights"):
         assert what in names, what
     for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
         assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label
@@ -297,3 +300,200 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
     assert busy.links["allreduce"].beta == pytest.approx(k * m.links["allreduce"].beta)
     same, k = calibration.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
     assert k == 1.0 and planner.predict(same, labels).step_s == pytest.approx(idle_step)
+
+
+# ---------------------------------------------------------------- the trial (hvd_compress/trial.py)
+
+def tried(*rows):
+    """Contenders from (name, predicted s, loss) rows; labels one per row, distinct."""
+    return [trial.Contender(name, (f"x{i}",), predicted, loss)
+            for i, (name, predicted, loss) in enumerate(rows)]
+
+
+def times_for(medians, steps, first=1.0, jitter=0.0):
+    """Step times along trial.schedule: `first` for the untimed round, then each contender's
+    median with +-jitter around it (so the median is exactly that)."""
+    order = trial.schedule(len(medians), steps)
+    out, seen = [], [0] * len(medians)
+    for k, j in enumerate(order):
+        if k < len(medians):
+            out.append(first)
+            continue
+        sign = (-1, 1, 0)[seen[j] % 3]
+        seen[j] += 1
+        out.append(medians[j] + sign * jitter)
+    return out
+
+
+@pytest.mark.unit
+def test_the_trial_interleaves_the_contenders_the_first_round_untimed():
+    assert trial.schedule(3, 2) == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert trial.schedule(2, 0) == [0, 1]
+    order = trial.schedule(4, 5)                          # every place in a round, in turn
+    assert sorted(order[4:]) == sorted([0, 1, 2, 3] * 5)
+    assert {order[4 * r] for r in range(1, 5)} == {0, 1, 2, 3}
+    # the untimed round's steps (10 s here) move no median
+    v = trial.verdict(tried(("plan", 0.2, 0.0), ("b", 0.3, 5.0)),
+                      times_for([0.2, 0.1], 3, first=10.0), 3)
+    assert v.medians == (0.2, 0.1) and v.chosen == 1
+
+
+@pytest.mark.unit
+def test_the_trial_keeps_the_measured_fastest_against_the_models_choice():
+    # the model put the plan first (0.20 s) and bit8 everywhere 16% behind; measured, bit8 is
+    # 10% faster: it is kept, its cost is what the plan's steps took beyond bit8's median
+    c = tried(("plan", 0.20, 1.0), ("bit8:allgather everywhere", 0.232, 3.0),
+              ("none:allreduce everywhere", 0.25, 0.0))
+    times = times_for([0.20, 0.18, 0.30], 5, first=0.25, jitter=0.01)
+    v = trial.verdict(c, times, 5)
+    assert v.chosen == 1 and v.medians == pytest.approx((0.20, 0.18, 0.30))
+    assert v.lows == pytest.approx((0.19, 0.17, 0.29))    # the second fastest of five
+    order = trial.schedule(3, 5)
+    want = sum(t - 0.18 for j, t in zip(order, times) if j != 1)
+    assert v.cost_s == pytest.approx(want)                # beyond the kept plan's median
+    assert v.reason == "bit8:allgather everywhere adopted (170 ms, the plan 190 ms)"
+
+
+@pytest.mark.unit
+def test_a_neighbours_bursts_do_not_decide_the_trial():
+    # bursts (40 ms) land on three of the plan's five steps and on two of the rival's: the
+    # median would keep the rival, the second fastest sees the plan's own 13 ms
+    c = tried(("plan", 0.02, 1.0), ("b", 0.02, 1.0))
+    order = trial.schedule(2, 5)
+    plan_steps, rival_steps = iter([0.040, 0.013, 0.040, 0.0131, 0.040]), \
+        iter([0.040, 0.018, 0.018, 0.040, 0.0181])
+    times = [0.05] * 2 + [next(plan_steps) if j == 0 else next(rival_steps) for j in order[2:]]
+    v = trial.verdict(c, times, 5)
+    assert v.medians[0] > v.medians[1] and v.chosen == 0
+    assert trial.low([3.0, 1.0, 2.0, 5.0, 4.0]) == 2.0 and trial.low([2.0, 1.0]) == 1.0
+    assert math.isnan(trial.low([]))
+
+
+@pytest.mark.unit
+def test_within_the_tie_the_less_lossy_plan_is_kept():
+    c = tried(("plan", 0.20, 1.0), ("bit8:allgather everywhere", 0.21, 3.0))
+    tie = trial.TRIAL_TIE
+    v = trial.verdict(c, times_for([0.100 * (1 + tie / 2), 0.100], 5), 5)
+    assert v.chosen == 0 and "within the 2% tie and less lossy" in v.reason
+    assert v.reason.startswith("the plan kept (101 ms, bit8:allgather everywhere 100 ms)")
+    v = trial.verdict(c, times_for([0.100 * (1 + 2 * tie), 0.100], 5), 5)
+    assert v.chosen == 1                                  # beyond the tie: the faster
+    v = trial.verdict(c, times_for([0.100 * (1 + tie / 2), 0.100], 5), 5, tie=0.0)
+    assert v.chosen == 1                                  # no tie margin: the fastest alone
+    # a rival that is less lossy and tied is taken over a faster, lossier plan
+    c = tried(("plan", 0.20, 3.0), ("none:allreduce everywhere", 0.21, 0.0))
+    v = trial.verdict(c, times_for([0.100, 0.101], 5), 5)
+    assert v.chosen == 1 and "within the 2% tie of the fastest and less lossy" in v.reason
+
+
+@pytest.mark.unit
+def test_a_trial_without_usable_times_keeps_the_plan_and_bad_input_is_refused():
+    c = tried(("plan", 0.2, 1.0), ("b", 0.3, 0.0))
+    times = times_for([0.2, 0.1], 2)
+    spoilt = [math.nan if j == 0 else t for j, t in zip(trial.schedule(2, 2), times)]
+    v = trial.verdict(c, spoilt, 2)
+    assert v.chosen == 0 and "no usable time" in v.reason and v.cost_s == 0.0
+    one_bad = list(times)
+    one_bad[3] = math.inf                                # rival's step lost: its other one counts
+    assert trial.verdict(c, one_bad, 2).medians == (0.2, 0.1)
+    with pytest.raises(ValueError, match="schedule of 6 steps"):
+        trial.verdict(c, times[:-1], 2)
+
+
+def planned_measurements(err=0.03):
+    ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02), err=err)] * 2
+    return calibration.combine(ranks, [link_rows(100e6)] * 2, 2)
+
+
+@pytest.mark.unit
+def test_the_rivals_are_the_fixed_plans_predicted_near_the_plan():
+    m = planned_measurements()
+    plan = planner.search(m)
+    fixed = {t: planner.predict(m, planner.fixed_plan(m, t)).step_s
+             for t in planner.DEFAULT_CANDIDATES}
+    out = trial.contenders(m, plan.schemes, margin=0.30, rivals=3)
+    assert out[0].name == "plan" and out[0].labels == plan.schemes
+    assert out[0].predicted_s == pytest.approx(plan.predicted_s)
+    assert out[0].loss == pytest.approx(plan.loss)
+    rivals = out[1:]
+    assert 1 <= len(rivals) <= 3 and len({c.labels for c in out}) == len(out)
+    assert [c.predicted_s for c in rivals] == sorted(c.predicted_s for c in rivals)
+    for c in rivals:
+        text = c.name.split(" ")[0]
+        assert c.labels == planner.fixed_plan(m, text) and c.name == f"{text} everywhere"
+        assert c.predicted_s == pytest.approx(fixed[text])
+        assert c.predicted_s <= plan.predicted_s * 1.30
+    # every fixed plan within the margin is in, but for the cap and the plan itself
+    near = [t for t, s in fixed.items() if s <= plan.predicted_s * 1.30
+            and planner.fixed_plan(m, t) != plan.schemes]
+    assert len(rivals) == min(3, len(near))
+    assert trial.contenders(m, plan.schemes, margin=0.0, rivals=3)[1:] == [
+        c for c in rivals if c.predicted_s <= plan.predicted_s]
+    assert len(trial.contenders(m, plan.schemes, margin=10.0, rivals=5)) == 6
+
+
+@pytest.mark.unit
+def test_a_rival_never_takes_a_scheme_the_accuracy_guard_refuses():
+    m = planned_measurements(err=0.2)                     # bit8 over the bound on every bucket
+    out = trial.contenders(m, planner.search(m).schemes, margin=10.0, rivals=5)
+    assert not any(t.startswith("bit8") for c in out for t in c.labels)
+    assert all(math.isfinite(c.loss) for c in out)
+
+
+@pytest.mark.unit
+def test_the_decision_carries_the_rivals_to_try_and_trial_steps_0_tries_none():
+    ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02))] * 2
+    d = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert d["ok"] and d["trials"][0]["labels"] == d["labels"]
+    assert d["trials"][0]["predicted_s"] == pytest.approx(d["predicted_s"])
+    assert len(d["trials"]) >= 2
+    untried = _decide(Auto(trial_steps=0), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert "trials" not in untried and untried["no_trial"] == "trial_steps=0"
+    assert untried["labels"] == d["labels"]
+    with pytest.raises(ValueError, match="trial_steps"):
+        Auto(trial_steps=-1)
+
+
+@pytest.mark.unit
+def test_trial_steps_switch_plans_at_step_boundaries_with_no_plan_shown_meanwhile():
+    comm = communicator()
+    labels = [["bit8:allgather"] * 4, [FLOAT32] * 4, ["fp16:allreduce"] * 4]
+    trials = [{"name": n, "labels": x, "predicted_s": 0.1, "loss": 0.0}
+              for n, x in zip(("plan", "a", "b"), labels)]
+    comm._apply({"ok": True, "labels": labels[0], "predicted_s": 0.1, "trials": trials}, 0.1)
+    assert comm.plan_report()["phase"] == "trial" and comm.labels == labels[0]
+    stats = comm.pop_stats()
+    assert stats["plan"] == "" and stats["plan_event"].endswith(
+        "trial: the plan and 2 rival(s), 5 timed steps each")
+    order = trial.schedule(3, 5)
+    for k in range(1, len(order)):                       # all but the last (it gathers)
+        comm.end_step(None, None)
+        assert comm.labels == labels[order[k]], k
+        assert comm.pop_stats()["plan"] == ""
+    assert len(comm._trial["times"]) == len(order) - 1
+
+
+@pytest.mark.unit
+def test_rank_0s_verdict_takes_the_slowest_rank_each_step_and_never_raises():
+    from hvd_compress.autocomm import _judge
+    c = tried(("plan", 0.2, 1.0), ("b", 0.3, 0.0))
+    fast = times_for([0.10, 0.20], 2)
+    slow = times_for([0.30, 0.20], 2)                     # rank 1 is slower on the plan's steps
+    v = _judge(c, torch.tensor([fast, slow], dtype=torch.float64), 2, fixed_s=1.0)
+    assert v["chosen"] == 1 and v["medians_s"] == pytest.approx([0.30, 0.20])
+    assert v["step_s"] == pytest.approx([max(a, b) for a, b in zip(fast, slow)])
+    assert v["shift_s"] == pytest.approx(((0.30 - 0.2) + (0.20 - 0.3)) / 2)
+    v = _judge(c, torch.tensor([fast[:-1]], dtype=torch.float64), 2)
+    assert v["chosen"] == 0 and v["reason"].startswith("the plan kept: no verdict (ValueError")
+    assert v["shift_s"] == 0.0
+
+
+@pytest.mark.unit
+def test_the_trial_re_measures_the_fixed_time_common_to_every_plan():
+    # predicted 36, 37, 40 ms; measured 20, 16, 21: the model's fixed time is ~17 ms too long
+    c = tried(("plan", 0.036, 1.0), ("b", 0.037, 3.0), ("c", 0.040, 0.0))
+    shift = trial.fixed_shift(c, (0.020, 0.016, 0.021), fixed_s=0.026)
+    assert shift == pytest.approx(-0.019)                # the median residual (b's is -0.021)
+    assert trial.fixed_shift(c, (0.020, 0.016, 0.021), fixed_s=0.010) == -0.010   # >= 0 left
+    assert trial.fixed_shift(c, (0.050, math.nan, math.nan), fixed_s=0.026) == 0.0
+    assert trial.fixed_shift(c, (0.046, 0.047, 0.050), fixed_s=0.026) == pytest.approx(0.010)

@@ -52,7 +52,8 @@ PLAN_COLUMNS = [
                             # the first plan)
     "plan_predicted_ms",    # the plan's predicted step (nan before it)
     "plan_measured_ms",     # median measured step since the plan was applied (nan before)
-    "plan_event",           # "", "calibrating", "planned", "replanned: why", "fallback: why"
+    "plan_event",           # "", "calibrating", "trial: what", "planned", "replanned: why",
+                            # "fallback: why"
 ]
 EPOCH_COLUMNS = [
     "epoch", "steps", "train_samples", "train_loss", "epoch_s", "train_samples_per_s",

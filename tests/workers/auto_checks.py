@@ -4,13 +4,15 @@ plans, and every rank ends with the same plan and the same bits; a given mixed p
 equals the float32 allreduce within its schemes' error bound; a rank whose calibration raises,
 or yields non-finite numbers, or disagrees wildly, makes every rank fall back and train on;
 a re-plan decision is taken at the same step, alike, on every rank; the plan survives a
-checkpoint; reset (elastic) measures again."""
+checkpoint; reset (elastic) measures again; the trial runs the plan and its rivals step by step
+alike on every rank and keeps one of them, the same everywhere (the other checks run without
+it: trial_steps=0)."""
 import math
 
 import torch
 
 import hvd_compress as hc
-from hvd_compress import calibration, planner
+from hvd_compress import calibration, planner, trial
 import checks
 
 FLOAT32 = "none:allreduce"
@@ -34,7 +36,7 @@ def data(hvd, step=0):
 
 
 def optimizer(model, **options):
-    auto = hc.Compression.auto(warmup_steps=WARMUP, **options)
+    auto = hc.Compression.auto(warmup_steps=WARMUP, **{"trial_steps": 0, **options})
     return hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=auto,
                                    fusion_threshold_bytes=FUSION)
@@ -141,7 +143,8 @@ def run(hvd):
     ef_model = net()
     ef = hc.DistributedOptimizer(torch.optim.SGD(ef_model.parameters(), lr=0.05),
                                  named_parameters=ef_model.named_parameters(),
-                                 compression=hc.Compression.auto(warmup_steps=WARMUP),
+                                 compression=hc.Compression.auto(warmup_steps=WARMUP,
+                                                                 trial_steps=0),
                                  fusion_threshold_bytes=FUSION, error_feedback=True)
     train(hvd, ef_model, ef, WARMUP)                  # planned (float32 here, most likely)
     mixed_state = ef.compression_state_dict()
@@ -198,6 +201,41 @@ def run(hvd):
         checks.check(f"bad.{tag}.identical_weights",
                      checks.same_everywhere(list(model.parameters())))
     checks.check("bad.reason_recorded", "disagree" in said[0], said[0])
+
+    # 7. the trial: every fixed plan is a rival (margin inf), one timed step each
+    real = trial.contenders
+    trial.contenders = lambda *a, **k: real(*a, **dict(k, margin=math.inf))
+    try:
+        model = net()
+        opt = optimizer(model, trial_steps=1)
+        stats = train(hvd, model, opt, WARMUP + 2 * (trial.TRIAL_RIVALS + 1))
+    finally:
+        trial.contenders = real
+    report = opt.plan_report()
+    record = report["trial"] or {}
+    tried = record.get("contenders", [])
+    steps = 2 * len(tried)
+    checks.check("trial.ran", len(tried) >= 2 and record["steps"] == steps, str(record))
+    flat = "; ".join(events(stats)).split("; ")
+    checks.check("trial.events", flat[0] == "calibrating" and flat[1].startswith(
+        f"trial: the plan and {len(tried) - 1} rival(s)") and flat[2].startswith("trial: ")
+        and flat[3] == "planned", str(flat))
+    first = next((i for i, s in enumerate(stats) if s["plan"]), None)
+    checks.check("trial.plan_shown_once_kept", first == WARMUP + steps - 1, f"{first} {steps}")
+    sent = {s["bytes_sent"] for s in stats[WARMUP:WARMUP + steps]}
+    checks.check("trial.steps_ran_the_contenders", len(sent) >= 2, str(sent))
+    kept = next((c for c in tried if c["name"] == record.get("chosen")), {})
+    checks.check("trial.kept_a_contender_with_the_models_prediction",
+                 kept.get("labels") == report["plan"].split(" ") and
+                 record["predicted_untried_s"] == kept.get("predicted_s") and
+                 report["predicted_s"] == kept.get("predicted_s") + record["fixed_shift_s"],
+                 str(record))
+    checks.check("trial.cost_counted", 0 <= record.get("cost_s", -1) <= report["calibration_s"],
+                 f"{record.get('cost_s')} {report['calibration_s']}")
+    agree, every = same_on_every_rank(hvd, (report["plan"], record.get("chosen"),
+                                            [c["measured_s"] for c in tried]))
+    checks.check("trial.same_verdict_on_every_rank", agree, str(every))
+    checks.check("trial.identical_weights", checks.same_everywhere(list(model.parameters())))
 
 
 def _raising():
