@@ -3,7 +3,6 @@ and the check of every test's kind marker (tests/kinds.py)."""
 import importlib
 import importlib.util
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,27 +64,16 @@ def shared_runs(tmp_path_factory):
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
-_PROBED = []
-_PROBING = threading.Lock()
-
-
-def emulated_network_or_skip():
-    """labs.netem's capabilities, probed (a namespace made and removed) the first time a netns
-    test or scenario asks, never while collecting: `pytest -m unit` touches no namespace. Skips,
-    saying what is missing, where namespaces or the tbf qdisc cannot be had."""
-    with _PROBING:                       # a scenario started early (tests/early.py) asks too
-        if not _PROBED:
-            from labs import netem
-            _PROBED.append(netem.probe_capabilities())
-    caps = _PROBED[0]
+@pytest.fixture(scope="session")
+def emulated_network():
+    """labs.netem's capabilities, probed (a namespace made and removed) when a netns test first
+    asks, never while collecting: `pytest -m unit` touches no namespace. Skips, saying what is
+    missing, where namespaces or the tbf qdisc cannot be had."""
+    from labs import netem
+    caps = netem.probe_capabilities()
     if not (caps.netns and caps.tbf):
         pytest.skip(f"cannot emulate a network here: {caps.problem or 'no tbf qdisc in this kernel'}")
     return caps
-
-
-@pytest.fixture(scope="session")
-def emulated_network():
-    return emulated_network_or_skip()
 
 
 def load_script(path, name):
@@ -103,17 +91,6 @@ def lab():
 
 
 # ---- kinds: every test declares unit, multiprocess or netns; checked (tests/kinds.py) --------
-from kinds import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
-                   pytest_make_collect_report, pytest_runtest_call, pytest_runtest_protocol,
-                   pytest_runtest_setup, pytest_runtest_teardown, pytest_unconfigure)
-
-
-# ---- scenarios that mostly wait, started with the session (tests/early.py) -------------------
-def pytest_collection_finish(session):
-    import early
-    early.start_collected(session)
-
-
-def pytest_sessionfinish(session):
-    import early
-    early.kill_all()
+from kinds import (pytest_configure, pytest_make_collect_report,  # noqa: E402,F401
+                   pytest_runtest_call, pytest_runtest_protocol, pytest_runtest_setup,
+                   pytest_runtest_teardown, pytest_unconfigure)

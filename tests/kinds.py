@@ -69,12 +69,6 @@ def pytest_unconfigure(config):
     shutil.rmtree(getattr(config, "_kinds_reports", ""), ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items):
-    """The one-process tests first, in their order: they use one core, and the scenarios that
-    mostly wait (tests/early.py), started when the session starts, have the other."""
-    items.sort(key=lambda item: kinds_of(item)[:1] != ["unit"])
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
     """A module (or class) whose tests lack exactly one kind fails to collect, naming them: the

@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 
 RANK_LAUNCHERS = {"horovodrun", "mpirun", "mpiexec", "orterun", "prterun", "gloorun"}
 INFO_FLAGS = {"--version", "-V", "--help", "-h"}      # `mpirun --version` starts no rank
@@ -89,76 +88,36 @@ ALLOWED = {"unit": set(), "multiprocess": {"multiprocess"}, "netns": {"multiproc
 # The test now running (tests/kinds.py sets it around each test; in a child process,
 # start_in_child from the environment); `report`: the file a child writes its refusal to.
 _running = {"kind": None, "test": None, "report": None}
-# A scenario started early (tests/early.py) runs in a thread of its own beside the tests: its
-# launches are checked against its own kind, whatever test the main thread runs meanwhile.
-_thread = threading.local()
-
-
-def _state():
-    return getattr(_thread, "state", None) or _running
-
-
-def enter_thread(kind, test, report, groups):
-    """This thread's launches count for `test` of `kind`, not for the running test: the
-    processes it starts get that kind's environment (a refusal in one goes to `report`), and
-    the process groups it starts (start_new_session) are appended to `groups`."""
-    _thread.state = {"kind": kind, "test": test, "report": None}
-    _thread.child_report, _thread.groups = report, groups
-
-
-def _thread_environ(env):
-    """`env` (None: this process's) for a process started by an early scenario's thread: the
-    kind variables of the test the main thread runs replaced by the scenario's own."""
-    while True:
-        try:
-            base = dict(os.environ if env is None else env)
-            break
-        except RuntimeError:                # os.environ changed while copied (the main thread)
-            continue
-    for name in ENV:
-        base.pop(name, None)
-    state = _thread.state
-    base.update(child_environ(state["kind"], state["test"], _thread.child_report, base))
-    return base
 
 
 def _refuse(what, needs):
-    state = _state()
-    kind, test = state["kind"], state["test"]
-    where = "" if state["report"] is None else f" (in child process {os.getpid()})"
+    kind, test = _running["kind"], _running["test"]
+    where = "" if _running["report"] is None else f" (in child process {os.getpid()})"
     message = (f"{test} is marked `{kind}` but{where} {what}: mark it `@pytest.mark.{needs}` "
                f"(tests/kinds.py)")
-    if state["report"] is not None:
-        with open(state["report"], "a") as report:
+    if _running["report"] is not None:
+        with open(_running["report"], "a") as report:
             report.write(message + "\n")
     raise KindError(message)
 
 
 def _guarded_popen_init(original):
     def __init__(self, args, *rest, **kwargs):
-        kind = _state()["kind"]
+        kind = _running["kind"]
         if kind is not None:
             needs = launch_kind(args, shell=kwargs.get("shell", False))
             if needs and needs not in ALLOWED[kind]:
                 line = args if isinstance(args, str) else shlex.join(_argv(args))
                 _refuse(f"starts {line[:200]!r}", needs)
-        early = getattr(_thread, "state", None) is not None
-        if early and len(rest) > 9:             # Popen(args, bufsize, ..., cwd, env, ...)
-            rest = rest[:9] + (_thread_environ(rest[9]),) + rest[10:]
-        elif early:
-            kwargs["env"] = _thread_environ(kwargs.get("env"))
         original(self, args, *rest, **kwargs)
-        if early and kwargs.get("start_new_session"):
-            _thread.groups.append(self.pid)
     __init__.__wrapped__ = original
     return __init__
 
 
 def _guarded_hvd_init(original):
     def init(self, *args, **kwargs):
-        state = _state()
-        if state["kind"] == "unit":
-            _refuse("calls hvd.init()" + ("" if state["report"] else " in the pytest process"),
+        if _running["kind"] == "unit":
+            _refuse("calls hvd.init()" + ("" if _running["report"] else " in the pytest process"),
                     "multiprocess")
         return original(self, *args, **kwargs)
     init.__wrapped__ = original
@@ -213,14 +172,14 @@ SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kinds_site")
 ENV = ("HVD_COMPRESS_TEST_KIND", "HVD_COMPRESS_TEST_ID", "HVD_COMPRESS_KIND_REPORT")
 
 
-def child_environ(kind, test, report, environ=os.environ):
-    """Changes to `environ` that make every Python process the test starts run the same checks
+def child_environ(kind, test, report):
+    """os.environ changes that make every Python process the test starts run the same checks
     (tests/kinds_site/sitecustomize.py), writing a refusal to `report` too: its KindError may
     end inside a launcher the test expects to fail.  None for netns (nothing to check)."""
     if kind not in ("unit", "multiprocess"):
         return {}
     here = os.path.dirname(SITE)
-    path = environ.get("PYTHONPATH")
+    path = os.environ.get("PYTHONPATH")
     return {"HVD_COMPRESS_TEST_KIND": kind, "HVD_COMPRESS_TEST_ID": test,
             "HVD_COMPRESS_KIND_REPORT": str(report),
             "PYTHONPATH": os.pathsep.join([SITE, here] + ([path] if path else []))}

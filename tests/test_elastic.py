@@ -35,7 +35,6 @@ import pytest
 
 from conftest import ROOT
 
-from early import early
 from labs.kit import runlog
 from labs.kit.launch import launch_env
 
@@ -104,13 +103,13 @@ def epochs_done(out):
     return rows_in(out / "epochs.csv")
 
 
-@early("multiprocess")
-def killed_and_rejoined(tmp):
+@pytest.fixture(scope="module")
+def killed_and_rejoined(tmp_path_factory):
     """The faulty run and, beside it, the same run with no fault: {out, straight, killed,
-    shrink, relisted}. Started when the session starts (tests/early.py): it is mostly waiting."""
+    shrink, relisted}."""
     if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.fail("Fashion-MNIST is missing: scripts/setup.sh installs dataset-fashion-mnist")
-    tmp_path = tmp.mktemp("elastic")
+    tmp_path = tmp_path_factory.mktemp("elastic")
     out, hosts = tmp_path / "faulty", tmp_path / "hosts"
     proc = launch(out, hosts)
     reference = None
@@ -149,8 +148,8 @@ def killed_and_rejoined(tmp):
     return dict(out=out, straight=straight, killed=killed, shrink=shrink, relisted=relisted)
 
 
-def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(tmp_path):
-    run = killed_and_rejoined.result()
+def test_killed_rank_rolls_back_goes_on_and_its_slot_rejoins(killed_and_rejoined, tmp_path):
+    run = killed_and_rejoined
     out, straight = run["out"], run["straight"]
     killed, shrink, relisted = run["killed"], run["shrink"], run["relisted"]
     manifest = runlog.read_manifest(out)

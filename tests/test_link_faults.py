@@ -41,8 +41,7 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import ROOT, emulated_network_or_skip
-from early import early
+from conftest import ROOT
 
 from labs.kit import runlog
 from labs.kit.launch import launch_env
@@ -190,17 +189,15 @@ class FaultRun:
         return self.log.read_text()
 
 
-@early("netns")
-def fault_runs(tmp_path_factory):
+@pytest.fixture(scope="module")
+def runs(emulated_network, tmp_path_factory):
     """Every case's run (FATAL and MILD), each started once the previous one has finished a
     step (so that one's launch overlaps the other's first epoch), each given its fault when
     due, then all waited for together: {case: FaultRun}. The last case's fault goes through
     `python -m labs.netem fault`, the others' in this process. RESUMED's run is resumed
-    (--resume, healthy links) as soon as it has ended, beside the others. Started when the
-    session starts (tests/early.py): it is mostly waiting."""
+    (--resume, healthy links) as soon as it has ended, beside the others."""
     if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
-    emulated_network_or_skip()
     cases = {**FATAL, **MILD}
     started = {}
 
@@ -244,11 +241,6 @@ def fault_runs(tmp_path_factory):
             run.kill()
         print(timeline(started, t0))
     return started
-
-
-@pytest.fixture(scope="module")
-def runs():
-    return fault_runs.result()
 
 
 def timeline(started, t0):
