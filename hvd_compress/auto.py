@@ -7,11 +7,11 @@ would close an import circle through communicators).
 
     compression=hc.Compression.auto                      the defaults below
     compression=hc.Compression.auto(warmup_steps=10, margin=0.0)
-    compression=hc.Compression.auto(trial_steps=0)       # take the model's plan untried
+    compression=hc.Compression.auto(trial_steps=5)       # time the plan against its rivals
 """
 import math
 
-from . import planner, trial
+from . import planner
 from .registry import label, parse_label
 
 __all__ = ["Auto", "WARMUP_STEPS"]
@@ -21,6 +21,12 @@ __all__ = ["Auto", "WARMUP_STEPS"]
 # a median that one slow step (a GC pause, a neighbour's burst) cannot move, at a cost of five
 # float32 steps, 0.3% of the lab's 2-epoch run at 2 ranks.
 WARMUP_STEPS = 6
+# The trial (hvd_compress/trial.py) is asked for, not the default: it fixed two of the three
+# cells where the model's plan lost on slow links (results/step-auto-trial), but its 24 steps
+# run lossy rivals early in training, and in the lab's one-epoch test run (63 steps) the final
+# accuracy ended 2.25 points under float32's, with a loss curve that tracks float32's: most
+# likely a short run's noise once the trajectory parts, not shown (docs/planner.md).
+DEFAULT_TRIAL_STEPS = 0
 
 
 class Auto:
@@ -32,7 +38,7 @@ class Auto:
 
     def __init__(self, candidates=planner.DEFAULT_CANDIDATES, warmup_steps=WARMUP_STEPS,
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
-                 replan_every=planner.REPLAN_EVERY, trial_steps=trial.TRIAL_STEPS):
+                 replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS):
         texts = tuple(label(*parse_label(str(t))) for t in candidates)
         if "none:allreduce" not in texts:
             texts = ("none:allreduce",) + texts     # float32 is always a candidate (fallback)

@@ -203,8 +203,9 @@ def test_codec_costs_and_errors_on_real_gradients():
 
 # ---------------------------------------------------------------- the plan's state
 
-def communicator(fusion=4096):
-    comm = AutoCommunicator(hc.Compression.auto(warmup_steps=3), fusion_threshold_bytes=fusion)
+def communicator(fusion=4096, **options):
+    comm = AutoCommunicator(hc.Compression.auto(warmup_steps=3, **options),
+                            fusion_threshold_bytes=fusion)
     tensors = [torch.zeros(1280), torch.zeros(64), torch.zeros(2048), torch.zeros(32)]
     comm.plan([f"t{i}" for i in range(4)], tensors)
     return comm
@@ -443,11 +444,11 @@ def test_a_rival_never_takes_a_scheme_the_accuracy_guard_refuses():
 @pytest.mark.unit
 def test_the_decision_carries_the_rivals_to_try_and_trial_steps_0_tries_none():
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02))] * 2
-    d = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    d = _decide(Auto(trial_steps=5), ranks, [link_rows(100e6)] * 2, [], 2)
     assert d["ok"] and d["trials"][0]["labels"] == d["labels"]
     assert d["trials"][0]["predicted_s"] == pytest.approx(d["predicted_s"])
     assert len(d["trials"]) >= 2
-    untried = _decide(Auto(trial_steps=0), ranks, [link_rows(100e6)] * 2, [], 2)
+    untried = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)     # the default: none
     assert "trials" not in untried and untried["no_trial"] == "trial_steps=0"
     assert untried["labels"] == d["labels"]
     with pytest.raises(ValueError, match="trial_steps"):
@@ -456,7 +457,7 @@ def test_the_decision_carries_the_rivals_to_try_and_trial_steps_0_tries_none():
 
 @pytest.mark.unit
 def test_trial_steps_switch_plans_at_step_boundaries_with_no_plan_shown_meanwhile():
-    comm = communicator()
+    comm = communicator(trial_steps=5)
     labels = [["bit8:allgather"] * 4, [FLOAT32] * 4, ["fp16:allreduce"] * 4]
     trials = [{"name": n, "labels": x, "predicted_s": 0.1, "loss": 0.0}
               for n, x in zip(("plan", "a", "b"), labels)]
