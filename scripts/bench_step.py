@@ -108,7 +108,7 @@ def make_model(name):
     return MODELS["horovod" if name == "lab" else name]()
 
 
-def make_optimizer(row, model):
+def make_optimizer(row, model, trial_steps=0):
     import torch
     import horovod.torch as hvd
     import hvd_compress as hc
@@ -118,7 +118,8 @@ def make_optimizer(row, model):
     if who == "stock":
         return hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, scheme))
-    compression = auto_compression() if row == AUTO_ROW else getattr(hc.Compression, scheme)
+    compression = (auto_compression()(trial_steps=trial_steps) if row == AUTO_ROW
+                   else getattr(hc.Compression, scheme))
     return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                    compression=compression, route=route[0] if route else None)
 
@@ -144,7 +145,7 @@ def worker(args):
     for row in args.rows.split(","):
         torch.manual_seed(0)
         model = make_model(args.model)
-        rows[row] = (model, make_optimizer(row, model))
+        rows[row] = (model, make_optimizer(row, model, args.auto_trial_steps))
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(args.batch_size, 1, 28, 28, generator=g),
@@ -241,6 +242,7 @@ def launch(args, model, link, n, csv_path):
            "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
            "--max-rounds", str(most), "--target-spread", str(args.target_spread),
            "--warmup", str(args.warmup), "--auto-warmup-max", str(args.auto_warmup_max),
+           "--auto-trial-steps", str(args.auto_trial_steps),
            "--batch-size", str(args.batch_size), "--csv", str(csv_path)]
     if LINKS[link]:
         netem = Path(__file__).with_name("netem.py")
@@ -375,6 +377,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--auto-warmup-max", type=int, default=200,
                    help="ours:auto's most warm-up steps before it must have a plan (default 200)")
+    p.add_argument("--auto-trial-steps", type=int, default=0,
+                   help="ours:auto's trial: timed steps per contender (Compression.auto("
+                        "trial_steps=...); default 0, no trial; results/step-auto-trial: 5)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--timeout", type=int, default=2400, help="seconds per job (default 2400)")
     p.add_argument("--out", default="results/step")
@@ -398,10 +403,12 @@ def parse_args(argv=None):
         args.ranks = [int(n) for n in args.ranks.split(",")]
     except ValueError:
         p.error(f"--ranks: comma-separated numbers of ranks, got {args.ranks!r}")
-    for name in ("steps", "rounds", "max_rounds", "warmup", "auto_warmup_max", "timeout"):
+    for name in ("steps", "rounds", "max_rounds", "warmup", "auto_warmup_max", "timeout",
+                 "auto_trial_steps"):
         value = getattr(args, name)
-        if value is not None and value < (0 if name == "warmup" else 1):
-            p.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'warmup' else 1}")
+        least = 0 if name in ("warmup", "auto_trial_steps") else 1
+        if value is not None and value < least:
+            p.error(f"--{name.replace('_', '-')} must be at least {least}")
     if min(args.ranks) < 2:
         p.error("--ranks: at least 2 ranks (there is nothing to exchange on one)")
     if AUTO_ROW in args.rows:

@@ -35,6 +35,15 @@ def test_the_default_rows_include_auto_with_the_runtime():
     args = bench.parse_args([])
     assert args.rows == bench.ROWS and args.rows[-1] == "ours:auto"
     assert (args.steps, args.rounds, args.max_rounds, args.target_spread) == (None, None, None, 3.0)
+    assert args.auto_trial_steps == 0                        # Compression.auto's default
+
+
+def test_the_auto_row_asks_for_the_trial_when_told():
+    """--auto-trial-steps reaches the auto row's Compression.auto (results/step-auto-trial: 5);
+    the fixed rows are unchanged by it."""
+    from labs.kit.flags import auto_compression
+    assert auto_compression()(trial_steps=5).trial_steps == 5
+    assert bench.parse_args(["--auto-trial-steps", "5"]).auto_trial_steps == 5
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -45,6 +54,7 @@ def test_the_default_rows_include_auto_with_the_runtime():
     (["--ranks", "1"], "at least 2 ranks"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--max-rounds", "0"], "--max-rounds must be at least 1"),
+    (["--auto-trial-steps", "-1"], "--auto-trial-steps must be at least 0"),
 ])
 def test_bad_arguments_are_clear_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:
