@@ -249,11 +249,7 @@ class AutoCommunicator(CommunicatorBase):
             return
         reason = decision.get("reason", "no decision")
         keep = self._good
-        self._plan = keep
-        self._labels = list(keep["labels"]) if keep else [FLOAT32] * len(self._buckets)
-        self._phase = "planned"
-        self._measured, self._since_plan = [], 0
-        self._event(f"fallback: {reason}", calibration_s=cost)
+        self._run_on(keep, f"fallback: {reason}", calibration_s=cost)
         if not self._warned:
             self._warned = True
             warnings.warn(f"hvd_compress Compression.auto: {reason}; training goes on with "
@@ -381,11 +377,19 @@ class AutoCommunicator(CommunicatorBase):
 
     def _adopt(self, decision, event, calibration_s=None):
         """Run on `decision`'s plan from the next step on (also the last good one to fall back to)."""
-        self._plan = self._good = decision
-        self._trial = None
-        self._labels = list(decision["labels"])
+        self._good = decision
         self._measurements = decision.get("measurements", {})
         self._refused = decision.get("refused", {})
+        self._run_on(decision, event, calibration_s)
+
+    def _run_on(self, decision, event, calibration_s=None):
+        """From the next step on, exchange by `decision`'s labels (None: float32 on every
+        bucket), its steps measured afresh for the re-plan rule: what adopting a plan and
+        falling back to the last good one (or to none) share."""
+        self._plan = decision
+        self._trial = None
+        self._labels = (list(decision["labels"]) if decision
+                        else [FLOAT32] * len(self._buckets))
         self._phase = "planned"
         self._measured, self._since_plan = [], 0
         self._event(event, calibration_s)

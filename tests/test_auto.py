@@ -259,6 +259,33 @@ def test_a_fallback_keeps_the_last_good_plan_and_warns_once():
     assert [e.get("calibration_s") for e in comm.plan_report()["events"][-3:]] == [0.1, 0.2, 0.3]
 
 
+@pytest.mark.unit
+def test_a_fallback_runs_on_the_kept_plan_as_adopting_it_does():
+    """Falling back and adopting share one path (_run_on): after a failed re-calibration the
+    kept plan is in force exactly as if adopted again (labels, plan, phase, no trial, its
+    steps measured afresh), and with no good plan float32 is, with no plan to show or save."""
+    labels = ["bit8:allgather", FLOAT32, "fp16:allreduce", FLOAT32]
+    good = {"ok": True, "labels": labels, "predicted_s": 0.2}
+    fell, adopted = communicator(), communicator()
+    for comm in (fell, adopted):
+        comm._apply(good, 0.1)
+        for _ in range(3):
+            comm.end_step(None, None)
+    with pytest.warns(RuntimeWarning, match="last good plan"):
+        fell._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.2)
+    adopted._adopt(good, "planned", calibration_s=0.2)
+
+    def state(c):
+        return (c.labels, c._plan, c._good, c._phase, c._trial, c._measured, c._since_plan,
+                c.state_dict(), c.plan_report()["plan"])
+    assert state(fell) == state(adopted) and fell.labels == labels
+    never = communicator()
+    with pytest.warns(RuntimeWarning, match="float32 on every bucket"):
+        never._apply({"ok": False, "reason": "calibration failed: rank 0: boom"}, 0.1)
+    assert never.labels == [FLOAT32] * 4 and never.state_dict() is None
+    assert never.plan_report()["phase"] == "planned" and never.pop_stats()["plan"] == ""
+
+
 # ---------------------------------------------------------------- on real ranks
 
 @pytest.mark.multiprocess
@@ -274,7 +301,8 @@ def test_auto_across_ranks(controller, np, request):
                  "ef.float32_carries_them_once", "ef.identical_weights", "trial.ran",
                  "trial.events", "trial.plan_shown_once_kept", "trial.steps_ran_the_contenders",
                  "trial.kept_a_contender_with_the_models_prediction", "trial.cost_counted",
-                 "trial.same_verdict_on_every_rank", "trial.identical_weights"):
+                 "trial.same_verdict_on_every_rank", "trial.identical_weights",
+                 "trial.changes_only_each_steps_schemes"):
         assert what in names, what
     for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
         assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label

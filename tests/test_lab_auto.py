@@ -192,6 +192,24 @@ def test_an_auto_row_without_a_plan_or_a_float32_row_is_refused():
         report.auto_section(summary_frame().iloc[1:])
 
 
+def test_the_nan_guard_reads_numbers_not_a_fallbacks_words():
+    """A fallback's reason is free text: 'nan' in it (a word, or inside one) is no NaN number,
+    and the report is written; a NaN the report prints as a number is still refused."""
+    frame = summary_frame()
+    frame.loc[1, ["plan", "plan_predicted_ms", "plan_measured_ms"]] = ["", math.nan, math.nan]
+    for reason in ("calibration failed: rank 1's median step is nan, not a finite time >= 0",
+                   "calibration failed: finance's `quote is NaN"):
+        frame["plan_fallback"] = ["", f"fallback: {reason}"]
+        text = report.fill("{{auto}}", {"auto": report.auto_section(frame)})
+        assert f"(fallback: {reason.replace('`', chr(39))})`" in text
+    frame["final_test_accuracy"] = [0.9012, math.nan]            # a number: 'nan%'
+    with pytest.raises(report.ReportError, match="would contain NaN"):
+        report.fill("{{auto}}", {"auto": report.auto_section(frame)})
+    for number in ("| nan |", "xnan", "+nan", "-nan ms", "(NaN%)"):
+        with pytest.raises(report.ReportError, match="would contain NaN"):
+            report.fill("step {{x}}", {"x": number})
+
+
 def test_network_predictions_leave_the_plan_to_its_own_prediction():
     """The alpha-beta prediction of a fixed row's exchange needs one scheme: an auto row is
     not predicted there (its plan predicts its step), and needs no loopback twin."""

@@ -28,6 +28,12 @@ from .matrix import read_summary
 from .table import ROW_ORDER
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+# The NaN guard reads the numbers, not the words the report quotes: a plan, a fallback's reason
+# (say, "rank 1's median step is nan"), a path or a run name is free text in a code span, and
+# is left out; a number the tables and sentences print is a NaN where it reads "nan" (Python's
+# format of one: with a sign, a unit or a ratio's "x" beside it, but inside no other word).
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+NAN_NUMBER = re.compile(r"(?<![a-wyz])nan(?![a-z])", flags=re.IGNORECASE)   # 'x1.73' -> 'xnan'
 
 # How the course names each configuration (the rows of its results table).
 ALGORITHMS = {
@@ -387,8 +393,9 @@ def plan_table(frame, baseline):
             raise ReportError(f"{p.run}: the table has no {run_name(p.ranks, 'none')} to "
                               f"compare it with")
         planned = math.isfinite(p.predicted_ms)      # else it fell back: no prediction
+        quoted = p.plan.replace("`", "'")            # free text, kept whole in its code span
         lines.append(
-            f"| {p.ranks} | `{p.plan}` | "
+            f"| {p.ranks} | `{quoted}` | "
             + (f"{p.predicted_ms:.1f} | {p.plan_measured_ms:.1f} | {100 * p.error:+.0f}% | "
                if planned else "— | — | — | ")
             + f"{p.step_ms:.1f} | {p.step_ms / fp32.step_ms:.2f} | "
@@ -564,7 +571,7 @@ def fill(template, values):
     text = PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
     if PLACEHOLDER.search(text):
         raise ReportError("a placeholder is left in the report")
-    if re.search(r"\bnan\b", text, flags=re.IGNORECASE):
+    if NAN_NUMBER.search(CODE_SPAN.sub("``", text)):
         raise ReportError("the report would contain NaN")
     return text
 

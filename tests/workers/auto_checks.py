@@ -205,10 +205,13 @@ def run(hvd):
     # 7. the trial: every fixed plan is a rival (margin inf), one timed step each
     real = trial.contenders
     trial.contenders = lambda *a, **k: real(*a, **dict(k, margin=math.inf))
+    used, stats = [], []                  # the labels each step ran on, read before it
     try:
         model = net()
         opt = optimizer(model, trial_steps=1)
-        stats = train(hvd, model, opt, WARMUP + 2 * (trial.TRIAL_RIVALS + 1))
+        for step in range(WARMUP + 2 * (trial.TRIAL_RIVALS + 1)):
+            used.append(opt.communicator.labels)
+            stats += train(hvd, model, opt, 1, first=step)
     finally:
         trial.contenders = real
     report = opt.plan_report()
@@ -236,6 +239,20 @@ def run(hvd):
                                             [c["measured_s"] for c in tried]))
     checks.check("trial.same_verdict_on_every_rank", agree, str(every))
     checks.check("trial.identical_weights", checks.same_everywhere(list(model.parameters())))
+    # the trial changes nothing but each step's schemes: the same labels, forced step by step
+    # on a fresh model (no calibration, no trial), give the very same weights (the lab's
+    # one-epoch run with the trial, replayed so, gave its losses bit for bit: docs/planner.md)
+    replay_model = net()
+    replay = optimizer(replay_model)
+    saved = opt.compression_state_dict()["communicator"]["auto_plan"]
+    for step, labels in enumerate(used):
+        replay.load_compression_state_dict({"residuals": {}, "communicator": {"auto_plan": dict(
+            saved, decision=dict(saved["decision"], labels=labels))}})
+        train(hvd, replay_model, replay, 1, first=step)
+    checks.check("trial.changes_only_each_steps_schemes",
+                 all(torch.equal(a, b) for a, b in zip(model.parameters(),
+                                                       replay_model.parameters())),
+                 str(sorted({" ".join(x) for x in used})))
 
 
 def _raising():
