@@ -167,8 +167,13 @@ class AutoCommunicator(CommunicatorBase):
         self._total = self._steps_total() + 1
         step_s = now - self._last_end if self._last_end is not None else math.nan
         if self._phase == "measuring":            # the pace is only needed while measuring
-            self._samples.append(calibration.step_sample(step_s, backward_start, backward_end,
-                                                         now, self._launches))
+            sample = calibration.step_sample(step_s, backward_start, backward_end, now,
+                                             self._launches)
+            # Horovod's broadcast_optimizer_state steps once, with zero gradients and no
+            # backward, before training: that is no warm-up step. Counted, it would take the
+            # place of the slow first real step that pace_summary discards.
+            if sample is not None or self._samples:
+                self._samples.append(sample)
             if len(self._samples) >= self.settings.warmup_steps:
                 self._calibrate()
         elif self._phase == "trial":

@@ -3,6 +3,7 @@ step's pace, every rank's measurements combined into one, the decision on rank 0
 fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
 (tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
 import math
+import time
 
 import pytest
 import torch
@@ -257,6 +258,22 @@ def test_a_fallback_keeps_the_last_good_plan_and_warns_once():
     events = comm.pop_stats()["plan_event"].split("; ")
     assert events[-2:] == ["fallback: calibration failed: rank 1: boom", "fallback: again"]
     assert [e.get("calibration_s") for e in comm.plan_report()["events"][-3:]] == [0.1, 0.2, 0.3]
+
+
+@pytest.mark.unit
+def test_the_empty_step_before_training_is_no_warm_up_step():
+    """Horovod's broadcast_optimizer_state calls step() once with zero gradients and no
+    backward (labs/mnist.py does, before training): not a warm-up step, so that the first
+    real step, the slow one, is the sample that pace_summary discards."""
+    comm = communicator()                                   # warmup_steps=3
+    comm.end_step(None, None)                               # broadcast_optimizer_state's step
+    assert comm._samples == [] and comm.pop_stats()["plan_event"] == "calibrating"
+    began = time.perf_counter() - 0.2
+    comm._launches = [(began + 0.05, 0.0)] * len(comm.labels)
+    comm.end_step(began, began + 0.1)                       # the first step of training
+    assert len(comm._samples) == 1 and comm._samples[0]["step_s"] > 0
+    comm.end_step(None, None)        # from then on an incomplete step counts (pace leaves it out)
+    assert len(comm._samples) == 2 and comm._samples[1] is None
 
 
 @pytest.mark.unit
