@@ -321,7 +321,8 @@ def run_job(controller, np, modules, workdir, env_extra=None, stall_s=STALL_S):
     env["HVDC_CHECK_DIR"] = str(workdir)
     if np > 2:
         env["HOROVOD_FUSION_THRESHOLD"] = "0"      # see the module's docstring
-    command = horovodrun_command(np, [sys.executable, str(WORKERS / "suite.py"), *modules], controller)
+    command = horovodrun_command(np, [sys.executable, str(WORKERS / "suite.py"), *modules], controller,
+                                 cached_build_check=True)
     rank_files = [workdir / f"rank{r}.txt" for r in range(np)]
     killed = ""
     with open(workdir / "launcher.out", "w+") as out:
