@@ -39,6 +39,19 @@ controller, while Gloo carries their collectives at 2 ranks (docs/testing.md); a
 checks that once called hvd.init() in the test process itself (wait_for, the benchmark's timing
 loop). Adding a module is one line in SUITE (and its run(hvd) in tests/workers/). Running a
 subset of the tests (a file, -k) starts jobs with only the modules the selected tests read.
+
+What a launch costs besides its checks, and what is not paid: horovodrun's own build check
+(a process that imports torch to ask gloo_built()/mpi_built(), about 2 s of a core before any
+rank starts) is answered once per Horovod build (labs/kit/horovodrun.py,
+cached_build_check=True); after the last module the ranks shut Horovod down together and leave
+by os._exit, without the interpreter's teardown of torch (suite.py).
+
+The jobs that must fail (MUST_FAIL: a rank that fails a check, a wedged rank; the disagreeing
+ranks run first in the failing one, each refusal a collective every rank completes) are
+launches of their own, never in a shared job. The first test that reads one (uses_must_fail_job,
+must_fail_job) starts every one that the collected tests read, overlapped: the wedged job first,
+the others once its ranks have logged, so that their start-up (torch imported on each rank)
+runs while it waits out its 5 s of silence; each is judged on its own logs and bounds.
 """
 import importlib.util
 import json
