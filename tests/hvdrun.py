@@ -39,6 +39,19 @@ controller, while Gloo carries their collectives at 2 ranks (docs/testing.md); a
 checks that once called hvd.init() in the test process itself (wait_for, the benchmark's timing
 loop). Adding a module is one line in SUITE (and its run(hvd) in tests/workers/). Running a
 subset of the tests (a file, -k) starts jobs with only the modules the selected tests read.
+
+What a launch costs besides its checks, and what is not paid: horovodrun's own build check
+(a process that imports torch to ask gloo_built()/mpi_built(), about 2 s of a core before any
+rank starts) is answered once per Horovod build (labs/kit/horovodrun.py,
+cached_build_check=True); after the last module the ranks shut Horovod down together and leave
+by os._exit, without the interpreter's teardown of torch (suite.py).
+
+The jobs that must fail (MUST_FAIL: a rank that fails a check, a wedged rank; the disagreeing
+ranks run first in the failing one, each refusal a collective every rank completes) are
+launches of their own, never in a shared job. The first test that reads one (uses_must_fail_job,
+must_fail_job) starts every one that the collected tests read, overlapped: the wedged job first,
+the others once its ranks have logged, so that their start-up (torch imported on each rank)
+runs while it waits out its 5 s of silence; each is judged on its own logs and bounds.
 """
 import importlib.util
 import json
@@ -96,6 +109,20 @@ SUITE = {
     "contract_checks": TWO,
 }
 
+# The jobs that must fail, each a launch of its own (never in a shared job: a rank that fails
+# ends its job): name -> (controller, modules, environment, seconds of silence that mean wedged).
+# A failing check ends the job at once; the disagreements run first in the same launch, since
+# every refusal is a collective that every rank completes before it raises, so they leave
+# Horovod as they found it (tests/workers/disagreeing_ranks.py). The wedged job is killed after
+# 5 s of silence: both its ranks log their one check within milliseconds of opening their logs.
+MUST_FAIL = {
+    "gloo-fails": ("gloo", ["disagreeing_ranks", "fails_on_one_rank", "wait_for_checks"],
+                   {"HVDC_FAIL": "check"}, None),
+    "mpi-fails": ("mpi", ["disagreeing_ranks", "fails_on_one_rank", "wait_for_checks"],
+                  {"HVDC_FAIL": "check"}, None),
+    "gloo-wedged": ("gloo", ["fails_on_one_rank", "wait_for_checks"], {"HVDC_FAIL": "wedge"}, 5),
+}
+
 STARTUP_S = 300      # until every rank has begun its log (horovodrun, rendezvous, hvd.init)
 STALL_S = 300        # then no rank logged a check for this long: wedged (a check takes seconds)
 LIMIT_S = 3600       # the whole job, however it progresses
@@ -128,6 +155,67 @@ def passed_checks(request):
 
 
 _JOBS = {}
+_MUST_FAIL_JOBS = {}
+
+
+def uses_must_fail_job(name):
+    """Mark a test that reads the MUST_FAIL job `name` (a format string of its parameters,
+    "{controller}-fails"), so that the first such test starts every job the collected tests read."""
+    def mark(test):
+        test.must_fail_job = name
+        return test
+    return mark
+
+
+def must_fail_job(request):
+    """The finished Job that the requesting test reads (its uses_must_fail_job name). The first
+    call runs every MUST_FAIL job that a collected test reads, overlapped: the wedged job first,
+    the others once its ranks have logged, so that they start while it waits out its silence
+    (a failing job's start-up is the import of torch on each rank, CPU the wait leaves idle);
+    each job is still timed and judged on its own."""
+    name = _must_fail_name(request.node)
+    if name not in _MUST_FAIL_JOBS:
+        wanted = [n for n in MUST_FAIL if n in {_must_fail_name(i) for i in request.session.items}]
+        base = request.getfixturevalue("tmp_path_factory")
+        _MUST_FAIL_JOBS.update(run_overlapped({n: (*MUST_FAIL[n], base.mktemp(f"job-{n}"))
+                                               for n in wanted}))
+    return _MUST_FAIL_JOBS[name]
+
+
+def _must_fail_name(item):
+    name = getattr(getattr(item, "function", None), "must_fail_job", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return name.format(**params) if name else None
+
+
+def run_overlapped(jobs, head_start_s=120):
+    """{name: Job} for {name: (controller, modules, env, stall_s, workdir)}, all on 2 ranks: the
+    ones with a stall_s (wedged) start first, the others when every rank of those has logged a
+    check (or after head_start_s), side by side in threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start(pool, name):
+        controller, modules, env, stall_s, workdir = jobs[name]
+        return pool.submit(run_job, controller, 2, modules, workdir, env, stall_s or STALL_S)
+    wedged = [n for n in jobs if jobs[n][3]]
+    with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
+        futures = {n: start(pool, n) for n in wedged}
+        deadline = time.monotonic() + head_start_s
+        while time.monotonic() < deadline and not all(_all_logged(jobs[n][4], 2) or futures[n].done()
+                                                      for n in wedged):
+            time.sleep(0.2)
+        futures.update({n: start(pool, n) for n in jobs if n not in futures})
+        return {n: futures[n].result() for n in jobs}
+
+
+def _all_logged(workdir, np):
+    """Has every rank of the job in `workdir` logged a check (a line that is not a frame)?"""
+    for r in range(np):
+        f = workdir / f"rank{r}.txt"
+        if not f.exists() or not any(line and not line.startswith("## ")
+                                     for line in f.read_text().splitlines()):
+            return False
+    return True
 
 
 def _wanted(items, config):
@@ -197,6 +285,7 @@ class Job:
     output: str                                      # the launcher's stdout and stderr
     killed: str = ""                                 # why the job was killed, if it was
     seconds: float = 0.0                             # the launch, start to end
+    workdir: Path = None                             # its rank logs and launcher output
 
     def module_checks(self, module):
         """(sorted names, None) if `module` passed on every rank, else (None, the message)."""
@@ -245,7 +334,8 @@ def run_job(controller, np, modules, workdir, env_extra=None, stall_s=STALL_S):
     env["HVDC_CHECK_DIR"] = str(workdir)
     if np > 2:
         env["HOROVOD_FUSION_THRESHOLD"] = "0"      # see the module's docstring
-    command = horovodrun_command(np, [sys.executable, str(WORKERS / "suite.py"), *modules], controller)
+    command = horovodrun_command(np, [sys.executable, str(WORKERS / "suite.py"), *modules], controller,
+                                 cached_build_check=True)
     rank_files = [workdir / f"rank{r}.txt" for r in range(np)]
     killed = ""
     with open(workdir / "launcher.out", "w+") as out:
@@ -276,7 +366,7 @@ def run_job(controller, np, modules, workdir, env_extra=None, stall_s=STALL_S):
         tb = workdir / f"rank{r}.traceback"
         logs.append(RankLog.parse(f.read_text(), tb.read_text() if tb.exists() else "") if f.exists() else None)
     job = Job(controller, np, list(modules), proc.returncode, logs, output, killed,
-              round(time.monotonic() - start, 1))
+              round(time.monotonic() - start, 1), workdir)
     (workdir / "job.json").write_text(json.dumps({                 # what a job costs, and where
         "controller": controller, "np": np, "returncode": proc.returncode, "killed": killed,
         "seconds": job.seconds, "module_seconds": [log.seconds if log else None for log in logs]}, indent=1))

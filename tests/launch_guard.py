@@ -77,7 +77,8 @@ def launch_kind(args, shell=False):
         return "netns"
     if program in RANK_LAUNCHERS and not set(argv[1:]) <= INFO_FLAGS:
         return "multiprocess"
-    if any(a == "-m" and b.startswith("horovod.runner") for a, b in zip(argv, argv[1:])):
+    if any(a == "-m" and b.startswith(("horovod.runner", "labs.kit.horovodrun"))
+           for a, b in zip(argv, argv[1:])):
         return "multiprocess"
     if program in ("sh", "bash", "dash") and "-c" in argv[:-1]:
         return _script_kind(argv[argv.index("-c") + 1])

@@ -22,11 +22,13 @@ pytestmark = pytest.mark.netns
 REPO = Path(__file__).resolve().parents[1]
 
 
-# Per rank and collective, enough bytes that each direction of a link is busy for >= 0.5 s at
-# 100 Mbit/s (many 20 ms samples, little CPU): 16 MiB at 2 ranks (allgather 1.3 s, alltoall
-# 0.7 s); 8 MiB at 4, where a rank sends 3 parts of an allgather (2.0 s) and 3/4 of an
-# alltoall (0.5 s). 16 MiB at 4 ranks took 4 s and 1 s for no better evidence.
-MIB = {2: 16, 4: 8}
+# Per rank, each collective's input: enough that each rank sends for 0.5 s or more at 100 Mbit/s
+# (25 and more 20 ms samples: turn-taking shows as about half of them idle, whatever the load),
+# and not much more: in an allgather a rank sends its input to n - 1 peers, in an alltoall
+# (n - 1) / n of it. Allgather 8 MiB at 2 ranks (0.67 s), 3 at 4 (0.75 s); alltoall 16 at 2
+# (0.67 s), 8 at 4 (0.5 s). (The allgathers were 16 and 8 MiB: 1.3 and 2.0 s of sending for no
+# better evidence.)
+MIB = {2: {"allgather": 8, "alltoall": 16}, 4: {"allgather": 3, "alltoall": 8}}
 
 
 @pytest.mark.usefixtures("emulated_network")      # probed when this test runs, not at import
@@ -36,10 +38,12 @@ def test_both_directions_flow_at_once(n, tmp_path):
     with netem.Cluster(n, netem.LinkShape.parse("100mbit")) as cluster:
         result = netem.run_ranks(
             cluster, [sys.executable, str(REPO / "tests" / "workers" / "duplex.py")],
-            timeout=240, env=dict(os.environ, HVDC_DUPLEX_DIR=str(tmp_path), HVDC_DUPLEX_MIB=str(mib)))
+            timeout=240, env=dict(os.environ, HVDC_DUPLEX_DIR=str(tmp_path),
+                                  HVDC_DUPLEX_ALLGATHER_MIB=str(mib["allgather"]),
+                                  HVDC_DUPLEX_ALLTOALL_MIB=str(mib["alltoall"])))
     assert result.returncode == 0
     reports = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(n)]
-    sent = {"allgather": (n - 1) * mib * 2**20, "alltoall": (n - 1) / n * mib * 2**20}
+    sent = {"allgather": (n - 1) * mib["allgather"] * 2**20, "alltoall": (n - 1) / n * mib["alltoall"] * 2**20}
     for r in reports:
         for op in ("allgather", "alltoall"):
             fraction, seconds = r[op]

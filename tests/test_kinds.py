@@ -157,6 +157,7 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     (["mpirun", "--allow-run-as-root", "-np", "4", "python", "a.py"], "multiprocess"),
     (["env", "A=1", "mpiexec", "-n", "2", "true"], "multiprocess"),
     ([sys.executable, "-m", "horovod.runner.launch", "-np", "2", "true"], "multiprocess"),
+    ([sys.executable, "-m", "labs.kit.horovodrun", "-np", "2", "--gloo", "true"], "multiprocess"),
     ("bash -c 'sleep 1; horovodrun -np 2 true'", "multiprocess"),
     (["ip", "netns", "add", "hvdc-1"], "netns"),
     (["ip", "-n", "hvdc-1", "link", "set", "lo", "up"], "netns"),

@@ -1,15 +1,9 @@
 """Odd gradients and disagreeing ranks across 2 real ranks (horovodrun, Gloo and MPI): the odd
 gradients in the shared job of each configuration (tests/hvdrun.py), the disagreeing ranks in
-launches of their own (they must fail)."""
-import re
-import subprocess
-import sys
-import time
-
+the jobs that must fail (tests/hvdrun.py's MUST_FAIL), never in a shared one."""
 import pytest
 
-from labs.kit.launch import horovodrun_command, launch_env
-from hvdrun import WORKERS, across_ranks, passed_checks
+from hvdrun import across_ranks, must_fail_job, passed_checks, uses_must_fail_job
 
 pytestmark = pytest.mark.multiprocess
 
@@ -22,31 +16,16 @@ def test_odd_gradients_across_two_ranks(controller, np, request):
             assert f"{route}.{what}" in names
 
 
-CASES = {"compression": "compression: rank 0 has 'bit8', rank 1 has 'none'",
-         "shape": "parameters: rank 0 has"}
-_LAUNCHES = {}          # controller -> (exit status, output, seconds): one launch, both cases
-
-
-def disagreeing_launch(controller):
-    """Both disagreements in one 2-rank job (tests/workers/disagreeing_ranks.py says why they
-    cannot interfere), launched by the first test of the controller."""
-    if controller not in _LAUNCHES:
-        start = time.monotonic()
-        proc = subprocess.run(horovodrun_command(2, [sys.executable, str(WORKERS / "disagreeing_ranks.py"),
-                                                     *CASES], controller),
-                              env=launch_env(), capture_output=True, text=True, timeout=300)
-        _LAUNCHES[controller] = (proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
-    return _LAUNCHES[controller]
-
-
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ["compression", "shape"])
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_disagreeing_ranks_fail_clearly_on_every_rank(case, controller):
-    returncode, out, seconds = disagreeing_launch(controller)
-    assert returncode != 0, out[-3000:]
-    assert f"case {case}: was not stopped" not in out, out[-3000:]
-    refusals = re.findall(rf"rank (\d) case {case}: refused: (.*)$", out, flags=re.MULTILINE)
-    assert sorted(r for r, _ in refusals) == ["0", "1"], out[-3000:]
-    for _, why in refusals:
-        assert why.startswith("hvd_compress.DistributedOptimizer: ranks disagree") and CASES[case] in why, why
-    assert seconds < 120
+@uses_must_fail_job("{controller}-fails")
+def test_disagreeing_ranks_fail_clearly_on_every_rank(case, controller, request):
+    """Both disagreements run first in the job whose rank 1 then fails a check on purpose
+    (tests/hvdrun.py's MUST_FAIL); every rank must refuse each, naming the disagreement: the
+    rank checks the refusal's text itself (tests/workers/disagreeing_ranks.py), and the job's
+    logs say that every rank passed the same checks."""
+    job = must_fail_job(request)
+    names, problem = job.module_checks("disagreeing_ranks")
+    assert names is not None, problem
+    assert {f"{case}.refused", f"{case}.refusal_names_the_disagreement"} <= set(names), names
+    assert all(log.seconds["disagreeing_ranks"] < 120 for log in job.logs)    # refused, not hung

@@ -2,12 +2,11 @@
 on synthetic logs), and, on real ranks, that a failing or wedged rank ends the job with its
 check and rank named and the later modules reported as not run."""
 import os
-import subprocess
-import time
+from pathlib import Path
 
 import pytest
 
-from hvdrun import BEGIN, DONE, END, FAILED, SUITE, Job, RankLog, run_job
+from hvdrun import BEGIN, DONE, END, FAILED, MUST_FAIL, SUITE, Job, RankLog, must_fail_job, uses_must_fail_job
 
 
 def log(*lines, traceback=""):
@@ -98,20 +97,31 @@ def test_the_suite_names_real_modules_and_configurations():
     for module, configs in SUITE.items():
         assert os.path.isfile(os.path.join(workers, module + ".py")), module
         assert configs and all(c in ("gloo", "mpi") and n >= 2 for c, n in configs), module
+    for name, (controller, modules, env, stall_s) in MUST_FAIL.items():
+        assert controller in ("gloo", "mpi") and name.startswith(controller), name
+        assert all(os.path.isfile(os.path.join(workers, m + ".py")) for m in modules), name
 
 
-def _ours_alive():
-    """Processes still running this file's failing module (ranks, launcher)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "fails_on_one_rank" in line and "ps -eo" not in line]
+def _alive(job_dir):
+    """Processes still running for the job whose log folder is `job_dir` (launcher, ranks): the
+    jobs that must fail run side by side, so a job's processes are told by their environment."""
+    mine = f"HVDC_CHECK_DIR={job_dir}".encode()
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mine in (proc / "environ").read_bytes().split(b"\0"):
+                alive.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:                 # ended meanwhile, or not ours to read
+            pass
+    return alive
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_a_failing_rank_ends_the_job_and_is_named(controller, tmp_path):
-    start = time.monotonic()
-    j = run_job(controller, 2, ["fails_on_one_rank", "wait_for_checks"], tmp_path, {"HVDC_FAIL": "check"})
-    assert time.monotonic() - start < 240                     # rank 0 did not wait forever
+@uses_must_fail_job("{controller}-fails")
+def test_a_failing_rank_ends_the_job_and_is_named(controller, request):
+    j = must_fail_job(request)        # disagreeing_ranks, then fails_on_one_rank, then wait_for_checks
+    assert j.seconds < 240                                    # rank 0 did not wait forever
     assert j.returncode != 0 and not j.killed
     names, problem = j.module_checks("fails_on_one_rank")
     assert names is None
@@ -123,22 +133,21 @@ def test_a_failing_rank_ends_the_job_and_is_named(controller, tmp_path):
     assert "fails_on_one_rank.py" in problem                  # rank 1's traceback
     names, problem = j.module_checks("wait_for_checks")
     assert names is None and "not run" in problem, problem
-    assert not _ours_alive()
+    assert not _alive(j.workdir)
 
 
 @pytest.mark.multiprocess
-def test_a_wedged_rank_gets_the_job_killed_and_is_named(tmp_path):
-    # 5 s of silence: both ranks log 'before.passes' within milliseconds of opening their logs
-    # (the stall is timed from then), and every second waited here is a second of the suite
-    start = time.monotonic()
-    j = run_job("gloo", 2, ["fails_on_one_rank", "wait_for_checks"], tmp_path, {"HVDC_FAIL": "wedge"},
-                stall_s=5)
-    assert time.monotonic() - start < 240
+@uses_must_fail_job("gloo-wedged")
+def test_a_wedged_rank_gets_the_job_killed_and_is_named(request):
+    # killed after 5 s of silence (hvdrun.MUST_FAIL): both ranks log 'before.passes' within
+    # milliseconds of opening their logs (the stall is timed from then)
+    j = must_fail_job(request)
+    assert j.seconds < 240
     names, problem = j.module_checks("fails_on_one_rank")
     assert names is None and "the job was killed: no rank logged a check for 5 s" in problem, problem
     assert problem.count("stopped in fails_on_one_rank after check 'before.passes'") == 2, problem
     assert "not run" in j.module_checks("wait_for_checks")[1]
-    assert not _ours_alive()
+    assert not _alive(j.workdir)
 
 
 @pytest.mark.unit

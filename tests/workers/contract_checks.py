@@ -60,7 +60,7 @@ def run(hvd):
     os.environ[registry.PLUGINS_ENV] = Path(filename).stem
     e5m2 = registry.scheme("e5m2").load()
     checks.check("one_file.registered", e5m2.name == "e5m2" and "e5m2" in registry.SCHEMES)
-    checks.trains("one_file.trains", e5m2)
+    checks.trains("one_file.trains", e5m2, steps=30)     # e5m2 (2-bit mantissa): not measured at 10
     shapes = [tuple(p.shape) for p in mlp().parameters()]
     for name, route in (("e5m2", "allgather"), ("e5m2", "alltoall"), ("bf16", "allgather"),
                         ("bf16", "alltoall")):

@@ -1,18 +1,22 @@
-"""Run under horovodrun with the disagreements named on the command line (compression, shape),
-one after another in the one job: on every rank hc.DistributedOptimizer must refuse each with a
-clear RuntimeError instead of hanging in a collective.
+"""A worker module for the jobs that must fail (tests/hvdrun.py's MUST_FAIL, not the shared
+SUITE): ranks that disagree (compression, a parameter's shape) must make
+hc.DistributedOptimizer refuse, on every rank, with a clear RuntimeError that names the
+disagreement, instead of hanging in a collective. A case that went through fails a check naming
+it and the rank; one that hung would leave the job without a log line until it is killed.
 
-One launch for all cases: the ranks' agreement check (optimizer._check_ranks_agree) is one
-allgather_object that every rank completes before every rank raises, so a refusal leaves
-Horovod as it found it and the next case starts clean; a case that hung would hang the job,
-and one that went through prints "was not stopped" and makes the job succeed (the test fails
-either way). Exit status 3 once every case was refused on this rank."""
-import sys
-
+It runs first in its job, before a rank fails on purpose: the ranks' agreement check
+(optimizer._check_ranks_agree) is one allgather_object that every rank completes before every
+rank raises, so a refusal leaves Horovod as it found it and the next case (and module) starts
+clean. Each rank also prints its refusal, for the launcher's output."""
 import torch
-import horovod.torch as hvd
 
 import hvd_compress as hc
+import checks
+
+REFUSAL = "hvd_compress.DistributedOptimizer: ranks disagree"
+# case -> what the refusal must say (rank 1 is the odd one out, of 2 ranks)
+CASES = {"compression": "compression: rank 0 has 'bit8', rank 1 has 'none'",
+         "shape": "parameters: rank 0 has"}
 
 
 def disagree(case, rank):
@@ -23,8 +27,6 @@ def disagree(case, rank):
         compression = hc.Compression.none        # rank 1 sends float32, the others 8-bit codes
     elif case == "shape" and rank == 1:
         width = 9                                # same parameter name, different shape
-    elif case not in ("compression", "shape"):
-        raise ValueError(f"no such case {case!r}")
     model = torch.nn.Linear(width, 3)
     try:
         hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -34,19 +36,14 @@ def disagree(case, rank):
     return None
 
 
-def main(cases):
-    hvd.init()
+def run(hvd):
     rank = hvd.rank()
-    refused = 0
-    for case in cases:
+    for case, detail in CASES.items():
         why = disagree(case, rank)
-        if why is None:
-            print(f"rank {rank} case {case}: was not stopped", flush=True)
-        else:
-            print(f"rank {rank} case {case}: refused: {why}", flush=True)
-            refused += 1
-    sys.exit(3 if refused == len(cases) else 0)
+        print(f"rank {rank} case {case}: " + (f"refused: {why}" if why else "was not stopped"), flush=True)
+        checks.check(f"{case}.refused", why is not None, "was not stopped")
+        checks.check(f"{case}.refusal_names_the_disagreement", why.startswith(REFUSAL) and detail in why, why)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    checks.main(run)

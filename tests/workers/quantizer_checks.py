@@ -129,8 +129,8 @@ def run(hvd):
         refusal = str(err)
     checks.check("onebit.alltoall_refused_clearly", bool(re.search("onebit cannot travel by alltoall", refusal)),
                  refusal)
-    checks.trains("int8", hc.Compression.int8, steps=30)
-    checks.trains("onebit", hc.Compression.onebit, steps=30)
+    checks.trains("int8", hc.Compression.int8)
+    checks.trains("onebit", hc.Compression.onebit)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ synchronize() without its yield spin, on real ranks. It returns what synchronize
 sum of every rank's tensor), sleeping between polls from POLL_SLEEP_S[0] doubling up to
 exchange.longest_sleep for this host (its ranks and cores), and raises Horovod's own error for a handle it never made.
 
-Run at 2 ranks: the sum, 2 * arange(2**22), is exact in float32 (below 2**24)."""
+Run at 2 ranks: the sum, 2 * arange(2**18), is exact in float32 (below 2**24)."""
 import os
 import re
 import time
@@ -22,7 +22,11 @@ def run(hvd):
     def sleep(seconds):
         delays.append(seconds)
         real_sleep(seconds)
-    x = torch.arange(1 << 22, dtype=torch.float32)            # 16 MiB: long enough to be waited for
+    # 1 MiB: any allreduce waits for Horovod's background thread's cycle and the other rank (a
+    # 10-float one: about 11 ms under Gloo, 1.2 ms under MPI, here), far longer than the 150 us
+    # the sleeps take to reach the longest (200 us at 2 ranks on 2 cores); 16 MiB a call took
+    # 20 x 0.25 s of the job under load
+    x = torch.arange(1 << 18, dtype=torch.float32)
     exchange.time.sleep = sleep                               # where wait_for sleeps
     try:
         outs = [communicators.wait_for(hvd.allreduce_async(x, name=f"wait_for.{i}", op=hvd.Sum))
