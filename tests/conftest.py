@@ -33,30 +33,43 @@ def mnist_dir():
 
 class SharedRuns:
     """Run folders that tests of several modules read, each made once a session: the first
-    test to ask trains it (tests/test_lab.py's runs, tests/test_lab_course_route.py)."""
+    test to ask trains it (tests/test_lab.py's runs, tests/test_lab_course_route.py). What a
+    make returned (a launch's exit code and output, for the tests that assert on them) is kept
+    beside its folder: `output(name)`."""
 
     def __init__(self, base, side_by_side=SIDE_BY_SIDE):
-        self.base, self.folders, self.side_by_side = base, {}, side_by_side
+        self.base, self.folders, self.outputs, self.failures = base, {}, {}, {}
+        self.side_by_side = side_by_side
 
     def get(self, name, make):
         """The folder `name`, made by make(folder) the first time it is asked for."""
         return self.get_all({name: make})[name]
 
-    def get_all(self, makes):
-        """{name: folder} for each name of {name: make}; the ones not made yet are made side by
-        side, `side_by_side` at a time (a run is a subprocess: its launch and start-up leave
-        the cores idle part of the time). The first failure is raised once all have ended."""
-        missing = {name: make for name, make in makes.items() if name not in self.folders}
+    def get_all(self, makes, raise_failures=True):
+        """{name: folder} for each name of {name: make}; the ones not made (or tried) yet are
+        made side by side, `side_by_side` at a time, in the order given (a run is a
+        subprocess: its launch and start-up leave the cores idle part of the time). A make's
+        error is kept: raised (the first of those asked for) once all have ended, and again
+        whenever its name is asked for; with raise_failures=False, only the folders made."""
+        missing = {name: make for name, make in makes.items()
+                   if name not in self.folders and name not in self.failures}
         if missing:
             with ThreadPoolExecutor(max_workers=min(self.side_by_side, len(missing))) as pool:
                 done = {name: pool.submit(make, self.base / name)
                         for name, make in missing.items()}
-            failures = [future.exception() for future in done.values() if future.exception()]
-            self.folders.update({name: self.base / name for name, future in done.items()
-                                 if future.exception() is None})
-            if failures:
-                raise failures[0]
-        return {name: self.folders[name] for name in makes}
+            for name, future in done.items():
+                if future.exception() is not None:
+                    self.failures[name] = future.exception()
+                else:
+                    self.folders[name], self.outputs[name] = self.base / name, future.result()
+        failed = [name for name in makes if name in self.failures]
+        if failed and raise_failures:
+            raise self.failures[failed[0]]
+        return {name: self.folders[name] for name in makes if name in self.folders}
+
+    def output(self, name):
+        """What make(folder) returned for the run `name` (made already)."""
+        return self.outputs[name]
 
 
 @pytest.fixture(scope="session")

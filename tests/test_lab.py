@@ -3,7 +3,9 @@
 One set of runs (serial and 2 processes x none / bit16 / bit8, one epoch of 8,000 images each,
 made once a session: tests/test_lab_course_route.py reads np2-bit8 too) serves all the
 assertions on accuracy and records; a small run matrix,
-an interrupted + resumed run, the report and the plots are checked on top.
+an interrupted + resumed run, the report and the plots are checked on top. Every launch of the
+module is made in one batch (SHARED, side by side: conftest.SharedRuns), the first test to ask
+makes them all.
 """
 import contextlib
 import gzip
@@ -67,32 +69,128 @@ def lab_flags(ranks, compression):
 
 
 CASES = [(ranks, c) for ranks in (1, 2) for c in FLAGS]
-# Every run shared between modules, by name: (ranks, flags). tests/test_lab_course_route.py
+
+# The matrix's runs prove the plumbing (skips, summary, report, plots, a resume, the trainer's
+# bookkeeping), not accuracy: 2,000 images, 16 steps a rank an epoch at 2 ranks, 32 serial.
+MATRIX_SPLIT = 2000
+MATRIX_SEED = 7         # not the default (42): the straight-line loop's equality proves --seed
+PER_EPOCH = math.ceil(MATRIX_SPLIT / 2 / 64)                                # 16 steps a rank
+STOP_AT = PER_EPOCH + 10                # the stopped runs: 10 steps into epoch 2
+# The runs stopped and resumed: the matrix's np2-bit8 row's flags (its uninterrupted
+# reference), and PowerSGD's and 1-bit's (their state through the checkpoint).
+STOPPED = {
+    "np2-bit8": ["--data-dir", str(MNIST_DIR), "--split-test", str(MATRIX_SPLIT), "--epochs",
+                 "2", "--lr", "0.1", "--seed", str(MATRIX_SEED), "--batch-size", "64",
+                 "--dataset", "mnist", "--model", "horovod", "--momentum", "0.5",
+                 "--no-progress", "--bit8-allreduce"],
+    **{name: ["--data-dir", str(MNIST_DIR), "--split-test", str(MATRIX_SPLIT), "--epochs", "2",
+              "--lr", "0.1", "--dataset", "mnist", "--no-progress"] + SMALL_NET + method
+       for name, method in (("np2-powersgd", ["--powersgd-allreduce", "2"]),
+                            ("np2-onebit", ["--onebit-allreduce"]))}}
+
+
+def matrix_argv(out):
+    """A two-row run matrix (serial and np2-bit8, two epochs of MATRIX_SPLIT images)."""
+    return ["--dataset", "mnist", "--data-dir", str(MNIST_DIR),
+            "--split-test", str(MATRIX_SPLIT), "--epochs", "2",
+            "--lr", "0.1", "--model", "horovod", "--momentum", "0.5", "--seed", str(MATRIX_SEED),
+            "--only", "serial,np2-bit8", "--out", str(out), "--quiet"]
+
+
+def launch(ranks, flags, check=True):
+    """make(folder) of a shared run: the lab on `ranks` with `flags` (its CompletedProcess is
+    the run's output)."""
+    return lambda out: train(out, ranks, flags, check=check)
+
+
+def run_the_matrix(out):
+    """The matrix as a user runs it (the matrix fixture runs it a second time, in process)."""
+    done = run([PYTHON, "-m", "labs.kit.matrix"] + matrix_argv(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def without_data(out):
+    """The lab pointed at an empty --data-dir (its --out must never be made)."""
+    out.mkdir()
+    return run([PYTHON, TRAINER, "--data-dir", str(out / "empty"), "--out", str(out / "run")])
+
+
+def run_files(folder):
+    """{relative path: bytes} of every file in a run folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def stop_and_resume(flags, refused_first=False):
+    """make(folder): the lab on 2 ranks with `flags`, stopped STOP_AT steps in (folder/stopped,
+    kept as the stop left it for the tests' checks before the resume), then a copy of it
+    (folder/resumed) continued with --resume; with refused_first, the lab is first started in
+    the copy without --resume (it must refuse and touch nothing). Returns the stopped launch,
+    the refused one and whether the folder's files were the same after it."""
+    def make(out):
+        stopped = train(out / "stopped", 2, flags + ["--max-steps", str(STOP_AT)], check=False)
+        shutil.copytree(out / "stopped", out / "resumed")
+        refused = untouched = None
+        if refused_first:
+            before = run_files(out / "resumed")
+            refused = train(out / "resumed", 1, flags, check=False)
+            untouched = run_files(out / "resumed") == before
+        train(out / "resumed", 2, flags + ["--resume"])
+        return {"stopped": stopped, "refused": refused, "untouched": untouched}
+    return make
+
+
+# Every launch of this module that needs no other, by name: make(folder), made once a session
+# and side by side (conftest.SharedRuns.get_all), the longest first. tests/test_lab_course_route.py
 # compares np2-bit8 with the same training through Horovod's own optimizer; that run is listed
-# here so that it trains in the same batch as this module's, side by side.
-SHARED = {**{f"np{ranks}-{c}": (ranks, lab_flags(ranks, c)) for ranks, c in CASES},
-          "np2-bit8-horovod": (2, COMMON + FLAGS["bit8"] + ["--optimizer", "horovod"])}
+# here so that it trains in the same batch as this module's.
+SHARED = {
+    **{f"{name}-stop-resume": stop_and_resume(flags, refused_first=name == "np2-bit8")
+       for name, flags in STOPPED.items()},    # two or three launches, one after the other
+    "matrix": run_the_matrix,                   # two launches, one after the other
+    # the lab's defaults: pytorch/examples' network, lr 0.02 x 2, momentum 0.9, a scale per
+    # 256 values; nothing but the data and the scheme given
+    "np2-defaults": launch(2, ["--data-dir", str(MNIST_DIR), "--split-test", "8000",
+                               "--epochs", "1", "--bit8-allreduce", "--no-progress"]),
+    **{f"np{ranks}-{c}": launch(ranks, lab_flags(ranks, c)) for ranks, c in CASES},
+    "np2-bit8-horovod": launch(2, COMMON + FLAGS["bit8"] + ["--optimizer", "horovod"]),
+    "np2-auto": launch(2, COMMON + ["--auto-allreduce"]),
+    # --model basic serial, stopped by --max-steps after 40 steps
+    "np1-basic-stopped": launch(1, COMMON + ["--model", "basic", "--lr", "0.01",
+                                             "--max-steps", "40"], check=False),
+    "no-data": without_data,
+}
 
 
 def lab_runs(shared_runs, names):
-    """{name: run folder} of SHARED runs, each trained once a session; those not trained yet
-    are trained side by side (conftest.SharedRuns.get_all)."""
-    return shared_runs.get_all({name: (lambda out, name=name: train(out, *SHARED[name]))
-                                for name in names})
+    """{name: run folder} of SHARED runs, each made once a session; those not made yet are
+    made side by side (conftest.SharedRuns.get_all)."""
+    return shared_runs.get_all({name: SHARED[name] for name in names})
 
 
-def lab_run(shared_runs, ranks, compression):
-    """The run folder of COMMON on `ranks` with `compression`, trained once a session (the
-    route tests read np2-bit8 too)."""
-    return lab_runs(shared_runs, [f"np{ranks}-{compression}"])[f"np{ranks}-{compression}"]
+class Batch:
+    """batch[name]: the SHARED run's folder, or its make's error raised (in the tests that read
+    that run only)."""
+
+    def __init__(self, shared_runs):
+        self.shared_runs = shared_runs
+
+    def __getitem__(self, name):
+        return lab_runs(self.shared_runs, [name])[name]
 
 
 @pytest.fixture(scope="module")
-def runs(shared_runs, mnist_dir):
-    """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8 (and,
-    in the same batch, the route tests' run)."""
-    folders = lab_runs(shared_runs, SHARED)
-    return {(ranks, c): folders[f"np{ranks}-{c}"] for ranks, c in CASES}
+def batch(shared_runs, mnist_dir):
+    """Every SHARED run, made side by side when the module's first test asks (a run that
+    failed fails the tests that read it, not the others)."""
+    shared_runs.get_all(SHARED, raise_failures=False)
+    return Batch(shared_runs)
+
+
+@pytest.fixture(scope="module")
+def runs(batch):
+    """{(ranks, compression): run folder} for serial and 2 processes x none/bit16/bit8."""
+    return {(ranks, c): batch[f"np{ranks}-{c}"] for ranks, c in CASES}
 
 
 # --- the runs --------------------------------------------------------------------------------
@@ -107,13 +205,10 @@ def test_one_epoch_reaches_90_percent(runs, ranks, compression):
 
 
 @pytest.fixture(scope="module")
-def defaults_run(tmp_path_factory, mnist_dir):
+def defaults_run(batch):
     """One epoch of bit8 on 2 ranks with nothing but the data and the scheme given: the lab's
     defaults (pytorch/examples' network, lr 0.02 x 2, momentum 0.9, a scale per 256 values)."""
-    out = tmp_path_factory.mktemp("defaults") / "np2-bit8"
-    train(out, 2, ["--data-dir", str(mnist_dir), "--split-test", "8000", "--epochs", "1",
-                   "--bit8-allreduce", "--no-progress"])
-    return out
+    return batch["np2-defaults"]
 
 
 @pytest.mark.multiprocess
@@ -184,13 +279,13 @@ def test_manifest_is_complete(runs, ranks, compression):
 
 
 @pytest.mark.multiprocess
-def test_auto_trains_and_records_its_plan(shared_runs, mnist_dir):
+def test_auto_trains_and_records_its_plan(shared_runs, batch):
     """--auto-allreduce (issue 25) on 2 ranks, the same data and epoch as the runs above: the
     plan is in every step's row from the step it is applied on, the same on both ranks, the
     manifest holds the optimizer's plan report (its buckets' labels are the last plan), the
     run summary and the report's auto row read them back, and it trains as well as float32."""
     from hvd_compress.registry import parse_label
-    folder = shared_runs.get("np2-auto", lambda out: train(out, 2, COMMON + ["--auto-allreduce"]))
+    folder = batch["np2-auto"]
     manifest = runlog.read_manifest(folder)
     assert manifest["status"] == "complete" and manifest["compression"] == "auto"
     assert manifest["config"] == "np2-auto-small" and manifest["collective"] == "auto"
@@ -213,7 +308,7 @@ def test_auto_trains_and_records_its_plan(shared_runs, mnist_dir):
         assert set(labels) == {"none:allreduce"}
     assert steps[run_matrix.STEP_PARTS[0] + "_s"].notna().all()
     accuracy = pd.read_csv(folder / "epochs.csv")["test_accuracy"].iloc[-1]
-    float32 = lab_run(shared_runs, 2, "none")          # the runs fixture's, made once
+    float32 = batch["np2-none"]                         # the runs fixture's, made once
     fp32 = pd.read_csv(float32 / "epochs.csv")["test_accuracy"].iloc[-1]
     assert accuracy > 0.9 and abs(accuracy - fp32) <= 0.01
     row = run_matrix.summarize_run("np2-auto", folder)
@@ -357,33 +452,24 @@ def test_one_vocabulary_for_the_table_and_the_trainer(lab):
 
 
 @pytest.mark.multiprocess
-def test_missing_data_is_a_clear_error_and_creates_nothing(tmp_path):
-    done = run([PYTHON, TRAINER, "--data-dir", str(tmp_path / "empty"),
-                "--out", str(tmp_path / "run")])
+def test_missing_data_is_a_clear_error_and_creates_nothing(shared_runs):
+    """(Made in the batch where MNIST is here; alone, needing no data, where it is not.)"""
+    folder = lab_runs(shared_runs, ["no-data"])["no-data"]
+    done = shared_runs.output("no-data")
     assert done.returncode == 2
     assert "could not find" in done.stderr and "--data-dir" in done.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (folder / "run").exists()
 
 
 # --- interrupted and resumed -----------------------------------------------------------------
 
-# The matrix's runs prove the plumbing (skips, summary, report, plots, a resume, the trainer's
-# bookkeeping), not accuracy: 2,000 images, 16 steps a rank an epoch at 2 ranks, 32 serial.
-MATRIX_SPLIT = 2000
-MATRIX_SEED = 7         # not the default (42): the straight-line loop's equality proves --seed
-
-
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory, mnist_dir):
-    """A two-row run matrix (serial and np2-bit8, two epochs), run twice: as a user runs it,
-    then again in process (a matrix whose rows are all complete launches nothing)."""
-    out = tmp_path_factory.mktemp("matrix")
-    argv = ["--dataset", "mnist", "--data-dir", str(mnist_dir),
-            "--split-test", str(MATRIX_SPLIT), "--epochs", "2",
-            "--lr", "0.1", "--model", "horovod", "--momentum", "0.5", "--seed", str(MATRIX_SEED),
-            "--only", "serial,np2-bit8", "--out", str(out), "--quiet"]
-    first = run([PYTHON, "-m", "labs.kit.matrix"] + argv)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+def matrix(shared_runs, batch):
+    """A two-row run matrix (serial and np2-bit8, two epochs), run twice: as a user runs it
+    (in the batch: run_the_matrix), then again in process (a matrix whose rows are all
+    complete launches nothing)."""
+    out, first = batch["matrix"], shared_runs.output("matrix")
+    argv = matrix_argv(out)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = run_matrix.main(argv)
@@ -419,40 +505,33 @@ def test_summary_matches_the_run_records(matrix):
 
 
 @pytest.mark.multiprocess
-def test_interrupted_run_resumes_to_the_same_result(matrix, tmp_path, mnist_dir):
+def test_interrupted_run_resumes_to_the_same_result(matrix, shared_runs, batch):
     """Stop a 2-process run in its second epoch, resume it: every step is recorded once and
-    the numbers equal those of the uninterrupted run of the matrix (same seed)."""
+    the numbers equal those of the uninterrupted run of the matrix (same seed). (Made in the
+    batch: stop_and_resume, the resume in a copy of the stopped run's folder.)"""
     out, _, _ = matrix
     reference = out / "np2-bit8"
-    folder = tmp_path / "np2-bit8"
-    flags = ["--data-dir", str(mnist_dir), "--split-test", str(MATRIX_SPLIT), "--epochs", "2",
-             "--lr", "0.1", "--seed", str(MATRIX_SEED), "--batch-size", "64", "--dataset", "mnist",
-             "--model", "horovod", "--momentum", "0.5", "--no-progress", "--bit8-allreduce"]
-    per_epoch = math.ceil(MATRIX_SPLIT / 2 / 64)                            # 16 steps
-    stopped = train(folder, 2, flags + ["--max-steps", str(per_epoch + 10)], check=False)
-    assert stopped.returncode != 0
-    manifest = runlog.read_manifest(folder)
+    stopped, folder = (batch["np2-bit8-stop-resume"] / f for f in ("stopped", "resumed"))
+    launches = shared_runs.output("np2-bit8-stop-resume")
+    done = launches["stopped"]
+    assert done.returncode != 0
+    manifest = runlog.read_manifest(stopped)
     assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
     assert manifest["epochs_completed"] == 1
-    assert len(pd.read_csv(folder / "steps_rank0.csv")) == per_epoch + 10   # 10 of epoch 2
-    assert "--resume" in stopped.stdout
+    assert len(pd.read_csv(stopped / "steps_rank0.csv")) == PER_EPOCH + 10  # 10 of epoch 2
+    assert "--resume" in done.stdout
 
-    def files():
-        return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*")
-                if p.is_file()}
-    before = files()
-    again = train(folder, 1, flags, check=False)                  # no --resume: refused
+    again = launches["refused"]                                   # no --resume: refused
     assert again.returncode == 2 and "already holds a run" in again.stderr
-    assert files() == before                                      # nothing touched
+    assert launches["untouched"]                                  # nothing touched
 
-    train(folder, 2, flags + ["--resume"])
     manifest = runlog.read_manifest(folder)
     assert manifest["status"] == "complete" and manifest["epochs_completed"] == 2
     assert manifest["resumes"][0]["from_epoch"] == 2
     assert manifest["resumes"][0]["rows_dropped_rank0"] == 10
     steps, ref_steps = (pd.read_csv(f / "steps.csv") for f in (folder, reference))
     assert not steps.duplicated(["rank", "step"]).any()
-    assert len(steps) == len(ref_steps) == 2 * 2 * per_epoch
+    assert len(steps) == len(ref_steps) == 2 * 2 * PER_EPOCH
     merged = steps.merge(ref_steps, on=["rank", "step"], suffixes=("", "_ref"))
     assert (merged["loss"] == merged["loss_ref"]).all()
     assert (merged["bytes_sent"] == merged["bytes_sent_ref"]).all()
@@ -468,31 +547,29 @@ def rank_rows(folder, ranks=2):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("method", [["--powersgd-allreduce", "2"], ["--onebit-allreduce"]])
-def test_method_state_survives_checkpoint_and_resume(method, tmp_path, mnist_dir):
+@pytest.mark.parametrize("method", ["np2-powersgd", "np2-onebit"])
+def test_method_state_survives_checkpoint_and_resume(method, shared_runs, batch):
     """PowerSGD's Q and every rank's error-feedback residuals are in the checkpoint (one state
     per rank): a run stopped 10 steps into epoch 2 and resumed from epoch 1's checkpoint takes
     those 10 steps again exactly as it took them the first time, when it trained straight on
-    from that point (its own rows, read before the resume, are the uninterrupted reference).
+    from that point (its own rows, in the stopped run's folder, which the resume leaves as it
+    was: it continues a copy (stop_and_resume), are the uninterrupted reference).
     Without the state the resumed run would restart from fresh Q and zero residuals, and every
     loss from the second step after the checkpoint on would differ."""
-    flags = ["--data-dir", str(mnist_dir), "--split-test", "2000", "--epochs", "2",
-             "--lr", "0.1", "--dataset", "mnist", "--no-progress"] + SMALL_NET + method
-    folder = tmp_path / "run"
-    per_epoch = math.ceil(2000 / 2 / 64)                                    # 16 steps
-    stopped = train(folder, 2, flags + ["--max-steps", str(per_epoch + 10)], check=False)
+    folder = batch[f"{method}-stop-resume"] / "stopped"
+    stopped = shared_runs.output(f"{method}-stop-resume")["stopped"]
     assert stopped.returncode != 0 and runlog.read_manifest(folder)["epochs_completed"] == 1
     straight = rank_rows(folder)
-    assert len(straight) == 2 * (per_epoch + 10)
+    assert len(straight) == 2 * STOP_AT
     state = torch.load(folder / "checkpoint.pt", weights_only=False)["compression_state"]
     assert len(state) == 2 and all(s.get("communicator", {}).get("residuals") or s["residuals"]
                                    for s in state)
-    if method[0] == "--powersgd-allreduce":
+    if method == "np2-powersgd":
         assert all(s["communicator"]["qs"] for s in state)
-    train(folder, 2, flags + ["--resume"])
-    resumed = pd.read_csv(folder / "steps.csv")
-    assert len(resumed) == 2 * 2 * per_epoch and not resumed.duplicated(["rank", "step"]).any()
-    merged = straight.merge(resumed, on=["rank", "step"], suffixes=("", "_resumed"))
+    resumed_rows = pd.read_csv(batch[f"{method}-stop-resume"] / "resumed" / "steps.csv")
+    assert len(resumed_rows) == 2 * 2 * PER_EPOCH
+    assert not resumed_rows.duplicated(["rank", "step"]).any()
+    merged = straight.merge(resumed_rows, on=["rank", "step"], suffixes=("", "_resumed"))
     assert len(merged) == len(straight)
     assert (merged["loss"] == merged["loss_resumed"]).all()
     again = merged[merged["epoch"] == 2]                # the steps taken twice
@@ -605,7 +682,7 @@ def test_matrix_refuses_a_run_made_with_other_settings(matrix):
 
 
 @pytest.mark.multiprocess
-def test_model_basic_trains_serial_and_on_two_ranks(mnist_dir, tmp_path, defaults_run):
+def test_model_basic_trains_serial_and_on_two_ranks(batch, defaults_run):
     """--model basic (pytorch/examples' network) runs through the whole lab, serial (40 steps,
     stopped by --max-steps) and on 2 ranks with bit8 (the defaults run: a whole epoch); the
     2-rank run counts each step's bytes as the formula says: one bit8 message of the 1.2 M
@@ -613,9 +690,7 @@ def test_model_basic_trains_serial_and_on_two_ranks(mnist_dir, tmp_path, default
     from hvd_compress.compressors import Compression
     from labs.mnist import BasicNet
     steps = 40
-    out = tmp_path / "np1"
-    train(out, 1, COMMON + ["--model", "basic", "--lr", "0.01", "--max-steps", str(steps)],
-          check=False)
+    out = batch["np1-basic-stopped"]            # COMMON, --model basic --max-steps 40
     manifest = runlog.read_manifest(out)
     assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
     for rows, count in ((pd.read_csv(out / "steps_rank0.csv"), steps),

@@ -3,11 +3,12 @@ and no run folder left behind.
 
 argparse and check_args run before Horovod starts, so the table of bad values is checked in
 process (parse_args exits 2 with the message on stderr); one real process proves what the user
-sees (exit code 2, the message, no traceback, no run folder), and two 2-rank launches prove
-that a data set too small for the ranks stops every rank with one message.
+sees (exit code 2, the message, no traceback, no run folder), and two 2-rank launches, side by
+side, prove that a data set too small for the ranks stops every rank with one message.
 """
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -95,27 +96,42 @@ def test_step_timeout_zero_disables_the_watchdog():
     assert parse_args(["--step-timeout-floor", "5"]).step_timeout_floor == 5
 
 
+# --split-test 1: one training image for two processes; 9999: one test image left for two.
+TOO_SMALL = {"training": "1", "test": "9999"}
+
+
+@pytest.fixture(scope="module")
+def too_many_ranks(tmp_path_factory):
+    """{set: (the 2-rank launch's result, its --out)} for each split of TOO_SMALL, the two
+    launched side by side (each is start-up: horovodrun, imports, the rendezvous)."""
+    outs = {name: tmp_path_factory.mktemp(f"too-small-{name}") / "run" for name in TOO_SMALL}
+    with ThreadPoolExecutor(max_workers=len(TOO_SMALL)) as pool:
+        done = {name: pool.submit(lab, ["--split-test", split], outs[name], 2)
+                for name, split in TOO_SMALL.items()}
+    return {name: (done[name].result(), outs[name]) for name in TOO_SMALL}
+
+
 @pytest.mark.multiprocess
 @needs_mnist
-def test_more_ranks_than_training_samples(tmp_path):
+def test_more_ranks_than_training_samples(too_many_ranks):
     """--split-test 1 on 2 ranks: one training image for two processes."""
-    done = lab(["--split-test", "1"], tmp_path / "run", ranks=2)
+    done, run_dir = too_many_ranks["training"]
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert "the training set has 1 samples but there are 2 ranks" in out, out[-3000:]
     assert 'mnist.py", line' not in out      # horovodrun's own traceback, none of the lab's
-    assert not (tmp_path / "run").exists()
+    assert not run_dir.exists()
 
 
 @pytest.mark.multiprocess
 @needs_mnist
-def test_more_ranks_than_test_samples(tmp_path):
+def test_more_ranks_than_test_samples(too_many_ranks):
     """--split-test 9999 on 2 ranks: one test image left for two processes."""
-    done = lab(["--split-test", "9999"], tmp_path / "run", ranks=2)
+    done, run_dir = too_many_ranks["test"]
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert "the test set has 1 samples but there are 2 ranks" in out, out[-3000:]
-    assert not (tmp_path / "run").exists()
+    assert not run_dir.exists()
 
 
 @pytest.mark.unit

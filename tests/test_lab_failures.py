@@ -9,7 +9,8 @@ the run's steps are fast, so the floor is the limit, and the job must end with a
 names rank 1 (issue 15) without waiting the default floor out; that the default limit (20 s
 floor) ends a stall within 60 s is tests/test_watchdog.py's.  The four cases run overlapping
 (CASES), each timed from its own signal; the measured seconds from the signal to the
-launcher's exit are printed (pytest -s).
+launcher's exit are printed (pytest -s). The full disk's two serial runs start once the last
+case has sent its signal, beside the cases' waits (DiskFull).
 """
 import os
 import signal
@@ -147,9 +148,48 @@ class Case:
             proc.stdout.close()
 
 
+class DiskFull:
+    """The full disk's two serial runs (test_disk_full_keeps_the_checkpoint_and_resumes): made
+    in a thread of their own, started by the cases' fixture once the last case has sent its
+    signal (the cases then mostly wait), or by the test itself; what they left is kept for
+    the test to assert (the error that stopped them included)."""
+
+    def __init__(self, base):
+        self.base, self.thread, self.error, self.found = base, None, None, {}
+
+    def start(self):
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+
+    def result(self):
+        self.start()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.found
+
+    def _run(self):
+        try:
+            self.found = fill_the_disk_and_resume(self.base)
+        except BaseException as err:                # the test re-raises it
+            self.error = err
+
+
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory):
-    """{(controller, how): Case}, the four run overlapping (CASES says how)."""
+def disk_full(tmp_path_factory):
+    """The full disk's runs, not started yet; ended before the module's teardown (its tmpfs
+    unmounted) even where its test was not selected."""
+    scenario = DiskFull(tmp_path_factory.mktemp("disk-full"))
+    yield scenario
+    if scenario.thread is not None:
+        scenario.thread.join()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory, disk_full):
+    """{(controller, how): Case}, the four run overlapping (CASES says how); the full disk's
+    runs start once the last case has signalled (as root: they mount a tmpfs)."""
     done, threads, before = {}, [], None
     for controller, how in CASES:
         case = Case(controller, how, tmp_path_factory.mktemp(f"{controller}-{how}") / "run")
@@ -157,6 +197,9 @@ def cases(tmp_path_factory):
         thread.start()
         done[(controller, how)], before = case, case
         threads.append(thread)
+    before.signalled.wait()
+    if os.geteuid() == 0:
+        disk_full.start()
     for thread in threads:
         thread.join()
     return done
@@ -190,39 +233,55 @@ def test_dead_or_wedged_rank_ends_the_job(cases, controller, how):
         assert list(steps.columns) == runlog.STEP_COLUMNS
 
 
-@needs_mnist
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a disk that fills up) needs root")
-def test_disk_full_keeps_the_checkpoint_and_resumes(tmp_path):
-    """--out on a 360 KiB tmpfs: epoch 1's checkpoint fits, epoch 2's does not (issue 15: disk
-    trouble). The run ends with a clear error and exit 3, epoch 1's checkpoint intact; copied
-    to a roomy disk, --resume finishes the run with every step recorded once. The disk fills
-    with checkpoints (the small network and its momentum, 186 KB each: the second beside the
-    first does not fit), not with step rows: STEPS_PER_EPOCH steps an epoch suffice."""
+def fill_the_disk_and_resume(base):
+    """--out on a 360 KiB tmpfs, 3 epochs: what the run that fills it left (its exit, output,
+    manifest, checkpoint's epoch, temp files), then a copy of it on a roomy disk resumed."""
     import shutil
-    disk = tmp_path / "disk"
+    disk = base / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=360k", "tmpfs", str(disk)], check=True)
     flags = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--split-test", "8000",
              "--epochs", "3", "--lr", "0.1", "--no-progress", "--model", "horovod", "--momentum", "0.5",
              "--steps-per-epoch", str(STEPS_PER_EPOCH)]
+    found = {}
     try:
-        full = subprocess.run(flags + ["--out", str(disk / "run")], env=launch_env(), cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
-        assert "No space left on device" in full.stdout and "--resume" in full.stdout, full.stdout[-2000:]
-        manifest = runlog.read_manifest(disk / "run")
-        assert manifest["status"] == "failed" and "cannot write the run's records" in manifest["reason"]
-        assert manifest["epochs_completed"] == 1
-        assert runlog.load_checkpoint(disk / "run" / "checkpoint.pt")["epoch"] == 1
-        assert not list((disk / "run").glob(".checkpoint.pt.*"))       # no torn temp file left
-        shutil.copytree(disk / "run", tmp_path / "roomy")
+        found["full"] = subprocess.run(flags + ["--out", str(disk / "run")], env=launch_env(),
+                                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+        found["manifest"] = runlog.read_manifest(disk / "run")
+        found["checkpoint_epoch"] = runlog.load_checkpoint(disk / "run" / "checkpoint.pt")["epoch"]
+        found["temp_files"] = list((disk / "run").glob(".checkpoint.pt.*"))
+        shutil.copytree(disk / "run", base / "roomy")
     finally:
         subprocess.run(["umount", str(disk)], check=False)
-    resumed = subprocess.run(flags + ["--out", str(tmp_path / "roomy"), "--resume"], env=launch_env(),
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    found["resumed"] = subprocess.run(flags + ["--out", str(base / "roomy"), "--resume"],
+                                      env=launch_env(), cwd=ROOT, capture_output=True,
+                                      text=True, timeout=600)
+    found["roomy"] = base / "roomy"
+    return found
+
+
+@needs_mnist
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a disk that fills up) needs root")
+def test_disk_full_keeps_the_checkpoint_and_resumes(disk_full):
+    """--out on a 360 KiB tmpfs: epoch 1's checkpoint fits, epoch 2's does not (issue 15: disk
+    trouble). The run ends with a clear error and exit 3, epoch 1's checkpoint intact; copied
+    to a roomy disk, --resume finishes the run with every step recorded once. The disk fills
+    with checkpoints (the small network and its momentum, 186 KB each: the second beside the
+    first does not fit), not with step rows: STEPS_PER_EPOCH steps an epoch suffice. (The runs
+    are made beside the dead and wedged cases: DiskFull.)"""
+    found = disk_full.result()
+    full = found["full"]
+    assert full.returncode == 3, full.stdout[-2000:] + full.stderr[-2000:]
+    assert "No space left on device" in full.stdout and "--resume" in full.stdout, full.stdout[-2000:]
+    manifest = found["manifest"]
+    assert manifest["status"] == "failed" and "cannot write the run's records" in manifest["reason"]
+    assert manifest["epochs_completed"] == 1
+    assert found["checkpoint_epoch"] == 1
+    assert not found["temp_files"]                                     # no torn temp file left
+    resumed, roomy = found["resumed"], found["roomy"]
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert runlog.read_manifest(tmp_path / "roomy")["status"] == "complete"
-    steps = pd.read_csv(tmp_path / "roomy" / "steps_rank0.csv")
+    assert runlog.read_manifest(roomy)["status"] == "complete"
+    steps = pd.read_csv(roomy / "steps_rank0.csv")
     assert not steps.duplicated(["epoch", "batch"]).any()
     assert sorted(steps.epoch.unique()) == [1, 2, 3] and len(steps) == 3 * STEPS_PER_EPOCH
-    assert list(pd.read_csv(tmp_path / "roomy" / "epochs.csv").epoch) == [1, 2, 3]
+    assert list(pd.read_csv(roomy / "epochs.csv").epoch) == [1, 2, 3]
