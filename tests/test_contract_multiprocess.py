@@ -41,7 +41,7 @@ def test_a_one_file_compressor_in_a_lab_run(tmp_path, mnist_dir):
     cmd = [sys.executable, str(ROOT / "labs" / "mnist.py"), "--e5m2-allreduce", "--out", str(out),
            "--data-dir", str(mnist_dir), "--split-test", "9000", "--epochs", "1",
            "--max-steps", "4", "--model", "horovod", "--no-progress"]
-    done = subprocess.run(horovodrun_command(2, cmd, controller="gloo"), env=env, cwd=ROOT,
+    done = subprocess.run(horovodrun_command(2, cmd, controller="gloo", cached_build_check=True), env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["compression"] == "e5m2" and manifest["config"] == "np2-e5m2-small", \

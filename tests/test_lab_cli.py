@@ -23,7 +23,7 @@ TRAINER = str(ROOT / "labs" / "mnist.py")
 def lab(argv, out, ranks=1):
     cmd = [sys.executable, TRAINER, "--data-dir", str(MNIST_DIR), "--out", str(out)] + argv
     if ranks > 1:
-        cmd = horovodrun_command(ranks, cmd, controller="gloo")
+        cmd = horovodrun_command(ranks, cmd, controller="gloo", cached_build_check=True)
     return subprocess.run(cmd, capture_output=True, text=True, env=launch_env(), cwd=ROOT,
                           timeout=300)
 

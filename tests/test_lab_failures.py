@@ -103,7 +103,7 @@ class Case:
                                       "--out", str(self.run_dir)]
                                  + (["--step-timeout", str(STEP_TIMEOUT)] if self.how == "kill"
                                     else ["--step-timeout-floor", str(FLOOR_S)]),
-                                 self.controller)
+                                 self.controller, cached_build_check=True)
 
     def run(self, after=None):
         """Wait for `after` (the case before) to have signalled, then run this case."""
