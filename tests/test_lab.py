@@ -283,7 +283,8 @@ def test_auto_trains_and_records_its_plan(shared_runs, batch):
     """--auto-allreduce (issue 25) on 2 ranks, the same data and epoch as the runs above: the
     plan is in every step's row from the step it is applied on, the same on both ranks, the
     manifest holds the optimizer's plan report (its buckets' labels are the last plan), the
-    run summary and the report's auto row read them back, and it trains as well as float32."""
+    run summary and the report's auto row read them back; on float32 all along it trains bit for
+    bit as float32 does, on a lossy plan past the 90% every scheme here passes."""
     from hvd_compress.registry import parse_label
     folder = batch["np2-auto"]
     manifest = runlog.read_manifest(folder)
@@ -307,10 +308,22 @@ def test_auto_trains_and_records_its_plan(shared_runs, batch):
     else:
         assert set(labels) == {"none:allreduce"}
     assert steps[run_matrix.STEP_PARTS[0] + "_s"].notna().all()
-    accuracy = pd.read_csv(folder / "epochs.csv")["test_accuracy"].iloc[-1]
     float32 = batch["np2-none"]                         # the runs fixture's, made once
-    fp32 = pd.read_csv(float32 / "epochs.csv")["test_accuracy"].iloc[-1]
-    assert accuracy > 0.9 and abs(accuracy - fp32) <= 0.01
+    accuracy, fp32 = (pd.read_csv(f / "epochs.csv")["test_accuracy"].iloc[-1]
+                      for f in (folder, float32))
+    lossy = {label for plan in planned["plan"] for label in plan.split()} - {"none:allreduce"}
+    if not lossy:
+        # float32 on every bucket all along (the quiet machine's plan, or a fallback): auto's
+        # measuring, planning and per-bucket exchange change no bit of training (2 ranks: a
+        # sum in either order), so every loss is float32's
+        merged = steps.merge(pd.read_csv(float32 / "steps.csv"), on=["rank", "step"],
+                             suffixes=("", "_fp32"))
+        assert len(merged) == len(steps) and (merged["loss"] == merged["loss_fp32"]).all()
+        assert accuracy == fp32
+    # A lossy plan (a loaded machine's, say) moves this 63-step run's accuracy by a point or
+    # more either way, as any small change to its gradients does (docs/planner.md, "Measured:
+    # what the trial does to accuracy"): its bar is the one every scheme of this file passes.
+    assert accuracy > 0.9
     row = run_matrix.summarize_run("np2-auto", folder)
     assert row["compression"] == "auto"
     if len(planned):
