@@ -4,10 +4,10 @@ The solution passes every check of the trainer (2 and 4 processes), the exchange
 in-tree route (the project's own patch: the cached wheel, no build); the untouched kit fails
 every check of those steps with its reason; each seeded trainer or exchange mistake fails its
 own check. Half the grader's quick run, to keep the file cheap: 1 epoch of the first 1024 training
-images scored on the first 500 test images, where the solution reaches 57.8% at 2 processes
-and 46.8% at 4 (deterministic: seeds, shards and Gloo's sum order are fixed), so 40% is
-asked. The file costs three launches, side by side: the class at 2 processes, the solution
-at 4, the in-tree script.
+images scored on the first 250 test images, where the solution reaches 58.0% at 2 processes
+and 46.0% at 4 (57.8% and 46.8% on the first 500; deterministic: seeds, shards and Gloo's sum
+order are fixed), so 40% is asked. The file costs two launches, side by side: the class at 2
+processes (the in-tree script inside it: the kits' Horovod is the project's), the solution at 4.
 """
 import subprocess
 import sys
@@ -22,7 +22,7 @@ from labs.classroom.report_checks import report_checks
 
 pytestmark = pytest.mark.multiprocess
 
-SMALL = dict(train_samples=1024, test_samples=500, min_accuracy=0.40)
+SMALL = dict(train_samples=1024, test_samples=250, min_accuracy=0.40)
 
 
 @pytest.fixture(scope="module")
