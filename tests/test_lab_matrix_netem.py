@@ -21,8 +21,11 @@ MATRIX = str(ROOT / "scripts" / "run_matrix.py")
 def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_dir,
                                                               emulated_network):
     out = tmp_path / "matrix"
+    # 5 steps a rank (640 images), then the evaluation of the 640 images left: --split-test 640
+    # left 9,360 to evaluate, nine tenths of the run's compute
     cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(mnist_dir),
-           "--split-test", "640", "--epochs", "1", "--lr", "0.1", "--model", "horovod",
+           "--split-test", "9360", "--steps-per-epoch", "5", "--epochs", "1", "--lr", "0.1",
+           "--model", "horovod",
            "--momentum", "0.5", "--only", "np2-bit8",
            "--netem-rate", "1gbit", "--netem-delay", "1ms", "--out", str(out), "--quiet",
            "--timeout", "300"]

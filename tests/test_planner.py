@@ -1,6 +1,5 @@
 """The planner (hvd_compress/planner.py): its timeline, its search against brute force, the
 accuracy guard, determinism, the re-plan rule, the codec-cost fit. Pure: no torch, no Horovod."""
-import itertools
 import math
 import random
 
@@ -175,10 +174,12 @@ def test_search_finds_the_exhaustive_optimum(seed):
     assert (dp.predicted_s, dp.loss) == pytest.approx((brute.predicted_s, brute.loss), rel=1e-12)
     assert pl.predict(m, dp.schemes).step_s == pytest.approx(dp.predicted_s, rel=1e-12)
     assert dp.exact and dp.front <= brute.front    # it kept fewer prefixes than there are plans
-    ties = [p for p in itertools.product(*pl.candidates_for(m)[0])
-            if pl.predict(m, p).step_s == brute.predicted_s]
-    if len(ties) == 1:                              # a unique optimum: the very same plan
-        assert dp.schemes == brute.schemes
+    # a unique optimum: the very same plan. Another plan only at exactly the optimum's time,
+    # a tie (brute's own plan predicts exactly that time, so the optimum was not unique):
+    # asked without predicting every plan a second time (that doubled the test's time)
+    assert pl.predict(m, brute.schemes).step_s == brute.predicted_s
+    if dp.schemes != brute.schemes:
+        assert pl.predict(m, dp.schemes).step_s == brute.predicted_s, (dp.schemes, brute.schemes)
 
 
 def test_tens_of_buckets_like_a_real_backward_are_searched_exactly():

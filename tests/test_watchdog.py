@@ -192,7 +192,7 @@ def test_a_step_the_crawl_met_halfway_does_not_lift_the_limit(tmp_path):
 def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
     code = ("import json, time; from labs.kit.watchdog import StepWatchdog\n"
             f"open('{tmp_path}/rank1.json', 'w').write(json.dumps(dict(rank=1, steps=3, time=time.time() - 60)))\n"
-            f"with StepWatchdog(1.0, rank=0, size=2, heartbeat_dir='{tmp_path}', period_s=0.2):\n"
+            f"with StepWatchdog(0.5, rank=0, size=2, heartbeat_dir='{tmp_path}', period_s=0.1):\n"
             "    time.sleep(30)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == EXIT_CODE
@@ -203,5 +203,5 @@ def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
 def test_disabled_watchdog_never_fires():
     fired = threading.Event()
     with StepWatchdog(0.1, enabled=False, on_timeout=lambda idle: fired.set()):
-        time.sleep(0.5)
+        time.sleep(0.3)                         # three times its limit
     assert not fired.is_set()

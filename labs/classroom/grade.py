@@ -6,11 +6,10 @@ from pathlib import Path
 
 from labs.kit.data import DATASETS
 
-from . import launch
+from . import intree, launch
 from .checks import STEPS, fail, error_text
 from .codec_checks import codec_checks, exhaustive_check
 from .compressor_checks import compressor_checks
-from .intree import intree_checks
 from .job_checks import exchange_checks, trainer_checks
 from .kit import is_kit
 from .report_checks import report_checks
@@ -80,28 +79,43 @@ def _trainer_argv(kit, n, options):
     return list(map(str, argv))
 
 
-def job_checks(kits, options):
-    """The exchange (2 ranks) and the trainer (each size), a launch per size for all kits."""
+def job_checks(kits, options, intree_ready=None):
+    """The exchange (2 ranks) and the trainer (each size), a launch per size for all kits; and
+    the in-tree script of the kits in `intree_ready` ({kit: intree.Prepared} whose Horovod is
+    the one the ranks import) inside the 2-rank launch."""
+    intree_ready = intree_ready or {}
     results = {kit: [] for kit in kits}
     train_samples = options.train_samples or DATASETS[options.dataset].train_images.count
-    for n in sorted(set(options.sizes) | ({2} if "exchange" in options.steps else set())):
+    sizes = set(options.sizes) if "trainer" in options.steps else set()
+    if "exchange" in options.steps or intree_ready:
+        sizes.add(2)
+    for n in sorted(sizes):
         trainer = "trainer" in options.steps and n in options.sizes
         exchange = "exchange" in options.steps and n == 2
-        if not (trainer or exchange):
-            continue
         tasks = []
         for kit in kits:
+            in_tree = n == 2 and kit in intree_ready
+            if not (trainer or exchange or in_tree):
+                continue
             log_dir = kit / "runs" / f"grader-np{n}"
             for old in log_dir.glob("*-rank*.csv"):
                 old.unlink()
             tasks.append({"kit": str(kit), "out": str(kit / ".grade" / f"np{n}"),
-                          "exchange": exchange, "dataset": options.dataset,
+                          "exchange": exchange, "intree": in_tree, "dataset": options.dataset,
                           "data_dir": options.data_dir, "test_samples": options.test_samples,
                           "trainer": _trainer_argv(kit, n, options) if trainer else None})
+        if not tasks:
+            continue
         records = launch.run_tasks(n, tasks, options.task_timeout)
-        for kit in kits:
+        for task in tasks:
+            kit = Path(task["kit"])
             if exchange:
                 results[kit] += exchange_checks(records[str(kit)], n)
+            if task["intree"]:
+                ranks = {r: rec["intree"] for r, rec in records[str(kit)].items()
+                         if r is not None and "intree" in rec}
+                status, tail = records[str(kit)].get(None, ("?", ""))
+                results[kit] += intree.record_checks(intree_ready[kit], ranks, status, tail)
             if trainer:
                 results[kit] += trainer_checks(records[str(kit)], n, kit / "runs" / f"grader-np{n}",
                                                train_samples, options.epochs,
@@ -118,11 +132,14 @@ def grade(kits, options=Options()):
     for kit in kits:
         if "codecs" in options.steps:
             results[kit] += in_process_checks(kit, options)
-    for kit, checks in job_checks(kits, options).items():
+    prepared = {kit: intree.prepare(kit) for kit in kits} if "intree" in options.steps else {}
+    in_job = {kit: p for kit, p in prepared.items() if p.in_grader_job}
+    for kit, checks in job_checks(kits, options, in_job).items():
         results[kit] += checks
     for kit in kits:
-        if "intree" in options.steps:
-            results[kit] += intree_checks(kit)
+        if kit in prepared and kit not in in_job:
+            p = prepared[kit]
+            results[kit] += intree.run_apart(kit, p) if p.ready else p.checks
         if "report" in options.steps:
             results[kit] += report_checks(kit)
     order = list(STEPS)

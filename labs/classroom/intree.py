@@ -1,10 +1,13 @@
 """Step 3b: the student's patched Horovod, built by the project's own setup (scripts/setup.sh
 --wheel-only: the same build, cached by the patches' hash, so a patch identical to the
 project's costs nothing and a new one about 5 minutes on 2 cores), then a plain Horovod script
-on 2 ranks through it (intree_job)."""
+on 2 ranks through it (intree_job): in a launch of its own with the student's wheel on
+PYTHONPATH, or, when that wheel is the one this virtualenv runs (the project's own patches),
+inside the grader's 2-rank job, which imports that very Horovod (two processes fewer)."""
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import launch
@@ -61,32 +64,46 @@ def site_for(wheel_dir):
     return site
 
 
-def intree_checks(kit, timeout=300):
-    """patch, build, then allreduce / DistributedOptimizer with hvd.Compression.bit8|bit16."""
+@dataclass
+class Prepared:
+    """A kit's in-tree route up to the script: its checks so far, and where its Horovod is."""
+    checks: list                # intree.patch and intree.build, or all four when one failed
+    ready: bool = False         # patch and build passed: the script on 2 ranks is still to run
+    site: Path = None           # PYTHONPATH entry for the student's Horovod; None: this venv's
+
+    @property
+    def in_grader_job(self):
+        """The script can run inside the grader's own 2-rank job (labs.classroom.rank_job):
+        the student's Horovod is the one the grader's ranks import already."""
+        return self.ready and self.site is None
+
+
+def prepare(kit):
+    """The patch check and the build (cached): what is left is the script on 2 ranks."""
     kit = Path(kit).resolve()
     names = ["intree.build", "intree.allreduce", "intree.optimizer"]
     first = patch_check(kit)
     if not first.passed:
-        return [first] + [fail(STEP, n, "not checked: no patch to build.", "未检查：没有可构建的补丁。")
-                          for n in names]
+        return Prepared([first] + [fail(STEP, n, "not checked: no patch to build.", "未检查：没有可构建的补丁。")
+                                   for n in names])
     wheel_dir, error = build(kit)
     if wheel_dir is None:
-        return [first, fail(STEP, "intree.build", f"Horovod does not build with your patches: "
-                            f"{' / '.join(error)}.", f"Horovod 无法用你的补丁构建：{' / '.join(error)}。")] + \
-            [fail(STEP, n, "not checked: the build failed.", "未检查：构建失败。") for n in names[1:]]
-    site = site_for(wheel_dir)
-    out = kit / ".grade" / "intree"
-    for old in out.glob("rank*.json"):
-        old.unlink()
-    status, tail = launch.run(2, "labs.classroom.intree_job", [out], timeout,
-                              pythonpath=[p for p in (site, kit) if p])
-    records = launch.read_ranks(out, 2)
-    results = [first, ok(STEP, "intree.build", wheel=wheel_dir.name)]
+        return Prepared([first, fail(STEP, "intree.build", f"Horovod does not build with your patches: "
+                                     f"{' / '.join(error)}.", f"Horovod 无法用你的补丁构建：{' / '.join(error)}。")] +
+                        [fail(STEP, n, "not checked: the build failed.", "未检查：构建失败。") for n in names[1:]])
+    return Prepared([first, ok(STEP, "intree.build", wheel=wheel_dir.name)], True, site_for(wheel_dir))
+
+
+def record_checks(prepared, records, status=None, tail=""):
+    """intree.allreduce and intree.optimizer from the script's records ({rank: record} of
+    labs.classroom.intree_job.run_checks; fewer than 2: the script did not finish)."""
+    names = ["intree.allreduce", "intree.optimizer"]
+    results = list(prepared.checks)
     if len(records) < 2:
         last = " / ".join([l for l in tail.splitlines() if l.strip()][-3:])
         return results + [fail(STEP, n, f"the plain Horovod script on 2 processes did not finish "
                                f"(status {status}): {last}.", f"2 进程的 Horovod 脚本未完成：{last}。")
-                          for n in names[1:]]
+                          for n in names]
     for key, name, what in (("bit8", "intree.allreduce", "hvd.allreduce(x, compression=hvd.Compression.%s)"),
                             ("optimizer", "intree.optimizer", "hvd.DistributedOptimizer(..., compression=hvd.Compression.bit8)")):
         keys = ("bit8", "bit16") if key == "bit8" else (key,)
@@ -102,3 +119,15 @@ def intree_checks(kit, timeout=300):
         results.append(fail(STEP, name, f"{shown} on rank {r}: {problem}.",
                             f"进程 {r} 上 {shown}：{problem}。"))
     return results
+
+
+def run_apart(kit, prepared, timeout=300):
+    """The script in a launch of its own, with the student's Horovod on PYTHONPATH."""
+    kit = Path(kit).resolve()
+    out = kit / ".grade" / "intree"
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    status, tail = launch.run(2, "labs.classroom.intree_job", [out], timeout,
+                              pythonpath=[p for p in (prepared.site, kit) if p])
+    return record_checks(prepared, launch.read_ranks(out, 2), status, tail)
+

@@ -2,8 +2,8 @@
 
     horovodrun -np N --gloo python -m labs.classroom.rank_job JOB.json
 
-JOB.json lists tasks, one per kit: {"kit", "out", "exchange": bool, "trainer": [argv] or null,
-"dataset", "data_dir", "test_samples"}. Each rank writes out/rank<R>.json. Several kits share one job (a class costs
+JOB.json lists tasks, one per kit: {"kit", "out", "exchange": bool, "intree": bool, "trainer":
+[argv] or null, "dataset", "data_dir", "test_samples"}. Each rank writes out/rank<R>.json. Several kits share one job (a class costs
 one launch per world size); each kit's modules are dropped from sys.modules before the next
 kit's are imported. Why in-process: the grader watches the trainer from outside its code (a
 global forward hook sees the model, the samples it trains on, its weights before the first
@@ -170,6 +170,9 @@ def main(job_path):
                     record["exchange"] = exchange_check(compression)
                 except Exception as err:
                     record["exchange"] = {"import_error": error_text(err)}
+            if task.get("intree"):                # the in-tree script, this Horovod being the kit's
+                from labs.classroom import intree_job
+                record["intree"] = intree_job.run_checks()
             if task.get("trainer") is not None:
                 record["trainer"] = run_trainer(kit, task["trainer"], task)
         hvd.allreduce(torch.zeros(1), name=f"classroom.done.{task['kit']}")   # all ranks end the kit
