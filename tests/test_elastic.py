@@ -40,7 +40,7 @@ from conftest import ROOT
 from labs.kit import runlog
 from labs.kit.launch import launch_env
 
-pytestmark = pytest.mark.multiprocess     # not slow: 37 s on an idle 2-core Zen 4 (main, 3-rank reference)
+pytestmark = pytest.mark.multiprocess     # not slow: 37 s idle (2-core Zen 4), main's version
 
 HOSTS = ["localhost:1", "127.0.0.1:1", f"{socket.gethostname()}:1"]
 TRAIN = 8000
@@ -48,8 +48,8 @@ TESTED = 10000 - TRAIN
 # Two runs whose batches differ (the fault changes them from epoch 2 on) end apart by chance:
 # here 0.0-1.2 points either way, epoch by epoch (2026-11-24: a fault-free-equivalent 1.2 point
 # gap failed the one-point bound this test had); the one-process reference (77.35% every time:
-# one process, one seed) against faulty runs: +0.35 and -0.9 points. Two standard errors of the difference of two
-# accuracies near 80% on TESTED images, 2 * sqrt(2 * 0.8 * 0.2 / 2000) = 2.5 points; a lost
+# one process, one seed) minus faulty runs: +0.35, -0.9, -3.0, -1.8 points. Two standard errors
+# of the difference of two accuracies near 80% on TESTED images, 2 * sqrt(2 * 0.8 * 0.2 / 2000) = 2.5 points; a lost
 # rollback (weights re-initialised, a step skipped or applied twice at scale) costs far more.
 NOISE = 2 * (2 * 0.8 * 0.2 / TESTED) ** 0.5
 COMMIT_EVERY = 5

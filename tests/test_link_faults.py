@@ -20,8 +20,8 @@ are ended by a fixed --step-timeout of 12 s, the least that still lets their sen
 once the previous one has finished a training step, so each one's launch (the namespaces,
 Python and torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's
 first epoch and the others' waiting for their watchdogs; the link set down is resumed as soon
-as its job has ended, beside the runs still going. The measured seconds from each fault to the end of
-its job, and when each run started, got its fault and ended, are printed (pytest -s);
+as its job has ended, beside the runs still going. The measured seconds from each fault to the
+end of its job, and when each run started, got its fault and ended, are printed (pytest -s);
 docs/reliability.md's rows come from them.
 
 The uninterrupted reference: a mild fault changes timings, never numbers (Gloo's sums of two
@@ -53,7 +53,7 @@ from labs.netem import faults as netem_faults
 from labs.netem.cluster import CONTROL_DIR
 from labs.netem.links import NetemError
 
-pytestmark = pytest.mark.netns     # not slow: 37 s on an idle 2-core Zen 4 (five runs)
+pytestmark = pytest.mark.netns     # not slow: 37 s idle (2-core Zen 4), five runs (main)
 
 TRAINER = str(ROOT / "labs" / "mnist.py")
 TRAIN = 8000                     # --split-test: the first 8,000 test images train, 2,000 test
@@ -103,11 +103,11 @@ def steps_written(path):
 
 
 class FaultRun:
-    """One run on its own emulated cluster: started, given its fault one step into epoch 2,
+    """One run on its own emulated cluster: started, given its faults one step into epoch 2,
     then waited for. Its output goes to a file (several run at once: no pipe may fill)."""
 
-    def __init__(self, out, delay, fault, extra=(), resume=False):
-        self.out, self.delay, self.what, self.extra = out, delay, fault, list(extra)
+    def __init__(self, out, delay, faults, extra=(), resume=False):
+        self.out, self.delay, self.what, self.extra = out, delay, faults, list(extra)
         self.log = out.parent / f"{out.name}{'-resumed' if resume else ''}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(command(out, delay, extra, resume), stdout=log,
