@@ -56,9 +56,11 @@ COMMIT_EVERY = 5
 # Gloo's timeout in the collectives (labs/elastic.py's detection; its default 10 s): how long the
 # survivor that does not see the dead rank's socket close waits. A healthy rank never makes
 # another wait that long: Horovod's background thread (C++, no GIL) takes part in every
-# negotiation cycle while its Python thread is busy (a joining rank's imports: 16.8 s under
-# load 15 with no timeout), so only a whole process stopped for 5 s would trip it; the
-# rendezvous, where ranks wait for a starting one, keep 60 s (init_twice).
+# negotiation cycle while its Python thread is busy (main's joining rank built its model and
+# optimizer, torch._dynamo's import, 16.8 s under load 15 while the others waited in the
+# broadcast under a 10 s timeout), so only a whole process stopped for 5 s would trip it; the
+# second init's rendezvous is among processes all running (they leave the first together); the
+# first, where ranks wait for a starting one, keeps 60 s (labs/elastic.py's init_twice).
 DETECT_S = 5
 EPOCHS = 6
 STEPS_3_RANKS = math.ceil(TRAIN / (3 * 64))     # 42 steps an epoch at 3 ranks
