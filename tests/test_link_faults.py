@@ -8,29 +8,25 @@ A fault test proves detection, naming and resume, not training, so each run is s
 small network on 8,000 Fashion-MNIST images (--split-test: 63 steps an epoch at 2 ranks), 2
 epochs over 1 Gbit/s links, the fault injected as soon as rank 0 has finished the first step
 of epoch 2 (epoch 1's checkpoint is then on disk): by labs.netem.faults in this process (a
-tc or ip command, milliseconds), the mild run's second one (the loss) by `python -m labs.netem
-fault`, the command a user types (a Python process that took seconds on a loaded machine).
+tc or ip command, milliseconds), the last case's by `python -m labs.netem fault`, the command
+a user types (a Python process that took seconds on a loaded machine).
 
 Most of a fatal case is waiting for the watchdog. The crawl keeps the adaptive limit (10x the
 slowest step, at least 20 s; a step that the crawl meets halfway is not learnt from:
 labs/kit/watchdog.py), so the default is what ends it; the link set down and every packet lost
 are ended by a fixed --step-timeout of 12 s, the least that still lets their sentences be read
-(the links' rates are taken over the last 10 s, all of them after the fault). The four runs
-(module fixture `runs`) start one after another, the longest wait first (ORDER): a run starts
-once the previous one has finished a training step, so each one's launch (the namespaces,
-Python and torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's
-first epoch and the others' waiting for their watchdogs; the link set down is resumed as soon
-as its job has ended, beside the runs still going. The measured seconds from each fault to the
-end of its job, and when each run started, got its fault and ended, are printed (pytest -s);
+(the links' rates are taken over the last 10 s, all of them after the fault). The five runs
+(module fixture `runs`) start one after another, the crawl first: a run starts once the
+previous one has finished a training step, so each one's launch (the namespaces, Python and
+torch, Horovod's rendezvous, the data: most of a run) overlaps the previous one's first epoch
+and the others' waiting for their watchdogs; the link set down is resumed as soon as its job
+has ended, beside the runs still going. The measured seconds from each fault to the end of
+its job, and when each run started, got its fault and ended, are printed (pytest -s);
 docs/reliability.md's rows come from them.
 
 The uninterrupted reference: a mild fault changes timings, never numbers (Gloo's sums of two
-ranks do not depend on timing, the data order and dropout follow the seed), and a resume takes
-up the run where its checkpoint left it, so the run that rode out both mild faults (2% loss,
-rank 1 at 10 Mbit/s: one run, each fault in it for all of epoch 2) and the run resumed on
-healthy links after its link went down must equal each other step by step: each is the
-other's uninterrupted run. (Until issue 23's fourth round each mild fault had a run of its own,
-the two equal to each other and to the resumed run: one launch more.)
+ranks do not depend on timing, the data order and dropout follow the seed), so the two
+ridden-out runs must equal each other, and the resumed run must equal them, step by step.
 """
 import json
 import math
@@ -53,7 +49,7 @@ from labs.netem import faults as netem_faults
 from labs.netem.cluster import CONTROL_DIR
 from labs.netem.links import NetemError
 
-pytestmark = pytest.mark.netns     # not slow: 37 s idle (2-core Zen 4), five runs (main)
+pytestmark = pytest.mark.netns     # not slow: 42 s on an idle 2-core Zen 4
 
 TRAINER = str(ROOT / "labs" / "mnist.py")
 TRAIN = 8000                     # --split-test: the first 8,000 test images train, 2,000 test
@@ -68,23 +64,14 @@ START_TIMEOUT_S = 240            # to reach epoch 2
 # --step-timeout of the runs that do not keep the adaptive limit: the watchdog reads a link's
 # rate over the last RATE_WINDOW_S (10 s), and all of that window must follow the fault
 STEP_TIMEOUT_S = 12
-# case: (the link's delay (0.1 ms: the userspace switch, which can drop frames), the faults,
-# the trainer's own flags)
-FATAL = {"rank 1 at 20 kbit/s": ("0", [("rate", 1, "20kbit")], []),
-         "rank 1's eth0 down": ("0", [("down", 1)], ["--step-timeout", str(STEP_TIMEOUT_S)]),
-         "100% loss": ("0.1ms", [("loss", 1.0)], ["--step-timeout", str(STEP_TIMEOUT_S)])}
-# Both mild faults in one run (two runs before, each the other's reference): the rate first,
-# in process (milliseconds), then the loss by `python -m labs.netem fault`, whose frames the
-# bridge must count as dropped, so the command's fault is seen to have come in time
-MILD = {"2% loss, rank 1 at 10 Mbit/s": ("0.1ms", [("rate", 1, "10mbit"), ("loss", 0.02)], [])}
-MILD_CASE, = MILD
+# case: (the link's delay (0.1 ms: the userspace switch, which can drop frames), the fault,
+# the trainer's own flags); the crawl first, its 20 s wait overlapping the others' start-up
+FATAL = {"rank 1 at 20 kbit/s": ("0", ("rate", 1, "20kbit"), []),
+         "rank 1's eth0 down": ("0", ("down", 1), ["--step-timeout", str(STEP_TIMEOUT_S)]),
+         "100% loss": ("0.1ms", ("loss", 1.0), ["--step-timeout", str(STEP_TIMEOUT_S)])}
+MILD = {"2% loss": ("0.1ms", ("loss", 0.02), []),
+        "rank 1 at 10 Mbit/s": ("0", ("rate", 1, "10mbit"), [])}
 RESUMED = "rank 1's eth0 down"   # the case whose run is resumed, once ended, beside the others
-# The order the runs start in: the longest from fault to end first (the link set down: its
-# 12 s, then the resume's launch and epoch 2; the crawl: the adaptive limit's 20 s floor; the
-# mild run: epoch 2 through loss and 10 Mbit/s), the last one the shortest (every packet lost:
-# 12 s). Each starts one launch after the one before it, so its end is its own start-up plus
-# its wait.
-ORDER = [RESUMED, "rank 1 at 20 kbit/s", MILD_CASE, "100% loss"]
 
 
 
@@ -103,11 +90,11 @@ def steps_written(path):
 
 
 class FaultRun:
-    """One run on its own emulated cluster: started, given its faults one step into epoch 2,
+    """One run on its own emulated cluster: started, given its fault one step into epoch 2,
     then waited for. Its output goes to a file (several run at once: no pipe may fill)."""
 
-    def __init__(self, out, delay, faults, extra=(), resume=False):
-        self.out, self.delay, self.what, self.extra = out, delay, faults, list(extra)
+    def __init__(self, out, delay, fault, extra=(), resume=False):
+        self.out, self.delay, self.what, self.extra = out, delay, fault, list(extra)
         self.log = out.parent / f"{out.name}{'-resumed' if resume else ''}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(command(out, delay, extra, resume), stdout=log,
@@ -140,38 +127,34 @@ class FaultRun:
                 or steps_written(self.out / "steps_rank0.csv") > 0)
 
     def inject(self, by_command=False):
-        """The run's faults, into its cluster (by its tag: other clusters may be running), one
-        after another: in this process (labs.netem.faults, milliseconds: the crawl must meet
-        steps still to come), the last one by `python -m labs.netem fault --tag` as a user
-        would type it if `by_command`."""
+        """The fault, into this run's cluster (by its tag: other clusters may be running):
+        in this process (labs.netem.faults, milliseconds: the crawl must meet steps still to
+        come), or by `python -m labs.netem fault --tag` as a user would."""
         if self.error:
             return
         tag = next((p.name for p in CONTROL_DIR.glob(f"{self.proc.pid}-*")), None)
         if tag is None:
             self.error = f"no control folder of the cluster of pid {self.proc.pid} in {CONTROL_DIR}"
             return
-        for i, fault in enumerate(self.what):
-            if by_command and i == len(self.what) - 1:
-                done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
-                                       *map(str, fault)], capture_output=True, text=True,
-                                      timeout=60, cwd=ROOT)
-                if done.returncode != 0:
-                    self.error = f"fault {fault}: {done.stdout + done.stderr}"
+        if by_command:
+            done = subprocess.run([sys.executable, "-m", "labs.netem", "fault", "--tag", tag,
+                                   *map(str, self.what)], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT)
+            self.faulted = time.monotonic()
+            if done.returncode != 0:
+                self.error = f"fault {self.what}: {done.stdout + done.stderr}"
+            return
+        kind, *values = self.what
+        try:
+            if kind == "down":
+                netem_faults.link_state(values[0], False, tag)
+            elif kind == "loss":
+                netem_faults.loss(values[0], tag)
             else:
-                kind, *values = fault
-                try:
-                    if kind == "down":
-                        netem_faults.link_state(values[0], False, tag)
-                    elif kind == "loss":
-                        netem_faults.loss(values[0], tag)
-                    else:
-                        netem_faults.rate(values[0], values[1], tag)
-                except NetemError as err:
-                    self.error = f"fault {fault}: {err}"
-            if self.faulted is None:
-                self.faulted = time.monotonic()      # the first fault: the job's time from it
-            if self.error:
-                return
+                netem_faults.rate(values[0], values[1], tag)
+        except NetemError as err:
+            self.error = f"fault {self.what}: {err}"
+        self.faulted = time.monotonic()
 
     def ended(self):
         """True once the job has ended (the seconds from the fault to its end are kept)."""
@@ -208,14 +191,14 @@ class FaultRun:
 
 @pytest.fixture(scope="module")
 def runs(emulated_network, tmp_path_factory):
-    """Every case's run (FATAL and MILD, in ORDER), each started once the previous one has
-    finished a step (so that one's launch overlaps the other's first epoch), each given its
-    faults when due, then all waited for together: {case: FaultRun}. The mild run's last fault
-    goes through `python -m labs.netem fault`, the others in this process. RESUMED's run is resumed
+    """Every case's run (FATAL and MILD), each started once the previous one has finished a
+    step (so that one's launch overlaps the other's first epoch), each given its fault when
+    due, then all waited for together: {case: FaultRun}. The last case's fault goes through
+    `python -m labs.netem fault`, the others' in this process. RESUMED's run is resumed
     (--resume, healthy links) as soon as it has ended, beside the others."""
     if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
         pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
-    cases = {case: {**FATAL, **MILD}[case] for case in ORDER}
+    cases = {**FATAL, **MILD}
     started = {}
 
     def poll():
@@ -237,7 +220,7 @@ def runs(emulated_network, tmp_path_factory):
             poll()
             for case, run in started.items():
                 if run.faulted is None and run.error is None and run.due():
-                    run.inject(by_command=case == MILD_CASE)
+                    run.inject(by_command=case == list(cases)[-1])
             if all(run.faulted or run.error for run in started.values()) \
                     and len(started) == len(cases):
                 break
@@ -342,11 +325,11 @@ def report(case, seconds, output, accuracy=None):
 
 
 def test_a_link_set_down_ends_the_job_naming_it_and_the_run_resumes(runs):
-    run = runs[RESUMED]
+    run = runs["rank 1's eth0 down"]
     output, seconds = ended_naming(run, "Link down", "rank 1's network interface eth0 is down")
     accuracy = resume_completes(run)
-    same_numbers(run.out, runs[MILD_CASE].out)     # as if never interrupted
-    report(RESUMED, seconds, output, accuracy)
+    same_numbers(run.out, runs["rank 1 at 10 Mbit/s"].out)     # as if never interrupted
+    report("rank 1's eth0 down", seconds, output, accuracy)
 
 
 def test_every_packet_lost_ends_the_job_naming_it(runs):
@@ -361,22 +344,17 @@ def test_a_link_that_crawls_ends_the_job_naming_it(runs):
     report("rank 1 at 20 kbit/s", seconds, output)
 
 
-def test_mild_faults_are_ridden_out_and_change_no_number(runs):
-    """Both mild faults in one run (its rate limit and its loss); its numbers equal the run
-    resumed after the link set down, itself on healthy links from its checkpoint on: each run
-    is the other's uninterrupted reference (before issue 23's fourth round a second mild run
-    was)."""
-    run = runs[MILD_CASE]
+@pytest.mark.parametrize("case", list(MILD))
+def test_mild_faults_are_ridden_out_and_change_no_number(runs, case):
+    run = runs[case]
     code, output, seconds = result(run)
     assert code == 0, output[-3000:]
     assert runlog.read_manifest(run.out)["status"] == "complete"
     rows_once(run.out)
-    # the bridge really dropped frames: the loss, the command's fault, came while it trained
-    stats = json.loads(re.search(r"netem: delay bridge (\{.*\})", output).group(1))
-    assert stats["dropped_loss"] > 0, stats
-    reference = runs[RESUMED].resumed
-    assert reference is not None and reference.ended() and reference.proc.returncode == 0, \
-        "the reference, the run resumed after the link set down, did not complete"
-    same_numbers(run.out, runs[RESUMED].out)
+    if run.what[0] == "loss":              # the bridge really dropped frames
+        stats = json.loads(re.search(r"netem: delay bridge (\{.*\})", output).group(1))
+        assert stats["dropped_loss"] > 0, stats
+    other = next(runs[c] for c in MILD if c != case)
+    same_numbers(run.out, other.out)
     accuracy = float(pd.read_csv(run.out / "epochs.csv")["test_accuracy"].iloc[-1])
-    report(MILD_CASE + " (ridden out)", seconds, output, accuracy)
+    report(case + " (ridden out)", seconds, output, accuracy)
