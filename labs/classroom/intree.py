@@ -130,4 +130,3 @@ def run_apart(kit, prepared, timeout=300):
     status, tail = launch.run(2, "labs.classroom.intree_job", [out], timeout,
                               pythonpath=[p for p in (prepared.site, kit) if p])
     return record_checks(prepared, launch.read_ranks(out, 2), status, tail)
-
