@@ -15,12 +15,15 @@ Links: loopback; 1gbit and 100mbit; 10mbit, a cross-site link, where the basic n
 step takes ~4 s at 2 ranks and compression has the most to win.
 
 Steps: each row's timed steps come in rounds, every row once a round. After --rounds rounds
-more are run, up to --max-rounds, while any row's round-to-round spread is above
---target-spread (3%, issue 25's): the spread of a row is (largest - smallest median of its
-rounds) / the median of all its steps, said in summary.csv (round_spread_pct, rounds) for
-every row. Defaults (STEPS): 5 steps a round, 8 to 16 rounds; the basic net at 10mbit 3 steps a
-round, 4 to 8 rounds (a step there takes 1-7 s). --steps (a row's steps in its first --rounds
-rounds), --rounds and --max-rounds set every cell alike.
+more are run, up to --max-rounds, while any row's median is not yet known to --target-spread
+(3%, issue 25's): a row's spread (median_ci_pct in summary.csv) is the width of the 95%
+confidence interval of its median step across its rounds (distribution-free: order statistics
+of the round medians), in % of the median; it shrinks as rounds are added, so running longer
+can reach it. round_spread_pct, the largest minus the smallest round median, is said beside it:
+it is the spread of one round, which more rounds never shrink. Defaults (STEPS): the lab net
+10 steps a round, 10 to 40 rounds; the basic net 5 steps a round, 8 to 30 rounds, and at
+10mbit 3 steps, 6 to 10 rounds (a step there takes 1-7 s). --steps (a row's steps in its first
+--rounds rounds), --rounds and --max-rounds set every cell alike.
 
 ours:auto: before the timed rounds its warm-up goes on until every rank has decided, a plan or
 a fallback to float32 (at most --auto-warmup-max steps, its trial steps included, else the
@@ -32,15 +35,13 @@ timed steps include whatever re-planning the optimizer does (plan_event in steps
 
 Writes OUT/steps.csv (one row per timed step of rank 0, with the plan it ran under for auto),
 OUT/calibration.csv, OUT/plans/, OUT/summary.csv (per row: median step and its split, p10/p90,
-the round spread, the plan and its predicted step, ratios to stock float32 and fp16 and to the
+the spreads, the plan and its predicted step, ratios to stock float32 and fp16 and to the
 cell's fastest fixed row, stock or ours: vs_fastest, fastest_row) and OUT/summary.png; then
 `python scripts/wins_losses.py OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
 example network of the lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M).
 
-Time of the whole grid on the 2-core Zen 4: about 40 minutes if every row is under the target
-spread after its first rounds, about 70 if every cell runs to --max-rounds (estimated from
-results/step's step times and, at 10mbit, the rows' bytes at 10 Mbit/s; not timed end to end;
-auto's calibration comes on top: see calibration.csv).
+Time on the 2-core Zen 4: docs/planner.md ("Measured: the step benchmark") says how long each
+cell of results/step-auto-grid took.
 """
 import argparse
 import csv
@@ -63,7 +64,7 @@ STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + S
 CALIBRATION_COLUMNS = ["model", "link", "ranks", "row", "auto_warmup_steps", "auto_warmup_s",
                        "calibration_s", "auto_outcome", "plan"]
 # (steps a round, first rounds, most rounds) per (model, link); "*" for any other.
-STEPS = {("*", "*"): (5, 8, 16), ("basic", "10mbit"): (3, 4, 8)}
+STEPS = {("*", "*"): (5, 8, 30), ("lab", "*"): (10, 10, 40), ("basic", "10mbit"): (3, 6, 10)}
 TARGET_SPREAD_PCT = 3.0
 CELL = ["model", "link", "ranks"]
 
@@ -73,7 +74,7 @@ def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
     their first rounds while a row's spread is over the target; --steps N (a row's steps in
     its first rounds, at most one round a step) or --rounds R run exactly that, unless
     --max-rounds allows more."""
-    per_round, first, most = STEPS.get((model, link), STEPS[("*", "*")])
+    per_round, first, most = STEPS.get((model, link), STEPS.get((model, "*"), STEPS[("*", "*")]))
     if steps is not None or rounds is not None:
         first = rounds if rounds is not None else min(first, steps)
         per_round = max(1, steps // first) if steps is not None else per_round
@@ -83,16 +84,41 @@ def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
     return per_round, first, max(first, most)
 
 
-def round_spread_pct(step_ms, rounds):
-    """A row's round-to-round spread, in % of its median step: (largest - smallest median of
-    its rounds) / median of all its steps. NaN with fewer than two rounds."""
+def _round_medians(step_ms, rounds):
     medians = {}
     for value, rnd in zip(step_ms, rounds):
         medians.setdefault(rnd, []).append(value)
-    if len(medians) < 2:
+    return sorted(_median(v) for v in medians.values())
+
+
+def round_spread_pct(step_ms, rounds):
+    """The spread of one round: (largest - smallest median of a row's rounds) / the median of
+    all its steps, in %. NaN with fewer than two rounds. More rounds never shrink it."""
+    per_round = _round_medians(step_ms, rounds)
+    if len(per_round) < 2:
         return math.nan
-    per_round = [_median(v) for v in medians.values()]
-    return 100 * (max(per_round) - min(per_round)) / _median(list(step_ms))
+    return 100 * (per_round[-1] - per_round[0]) / _median(list(step_ms))
+
+
+def median_ci_pct(step_ms, rounds, level=0.95):
+    """How well a row's median step is known: the width of a distribution-free confidence
+    interval (at `level`) of the median of its round medians, in % of its median step.
+
+    The interval is [r_(j), r_(k+1-j)] of the k sorted round medians, j the largest rank with
+    P(Binomial(k, 1/2) < j) <= (1 - level) / 2: a round's median falls below the true median
+    with probability 1/2, whatever the distribution (rounds are interleaved, so a drift of
+    the machine falls on every row alike). NaN where k rounds are too few for the level (5 at
+    95%)."""
+    per_round = _round_medians(step_ms, rounds)
+    k, tail, below, j = len(per_round), (1 - level) / 2, 0.0, 0
+    while True:
+        below += math.comb(k, j) / 2 ** k          # P(Binomial(k, 1/2) <= j)
+        if below > tail:
+            break
+        j += 1
+    if j == 0:
+        return math.nan
+    return 100 * (per_round[k - j] - per_round[j - 1]) / _median(list(step_ms))
 
 
 def _median(values):
@@ -162,20 +188,26 @@ def worker(args):
         return t0, t1, t2, opt.pop_stats() if hasattr(opt, "pop_stats") else {}
 
     def warm_up_auto(model, opt):
-        """Steps until every rank has decided (a plan, or a fallback to float32, which the
-        optimizer says in plan_event): (steps, seconds, outcome, the report)."""
+        """Steps until this rank has decided (a plan, or a fallback to float32, which the
+        optimizer says in plan_event): (steps, seconds, outcome, the report). Every rank
+        decides at the same step (the decision is broadcast), so no collective is added to
+        the warm-up's steps: they are what the optimizer measures its fixed time on. One
+        check after it says that the ranks did agree."""
         start, outcome = time.perf_counter(), ""
         for i in range(args.auto_warmup_max):
             *_, stats = step(model, opt, i)
             fields = plan_fields(AUTO_ROW, stats)
             if "fallback" in fields["plan_event"]:
                 outcome = fields["plan_event"]
-            decided = bool(fields["plan"]) or bool(outcome)
-            agreed = hvd.allreduce(torch.tensor([float(decided)]), op=hvd.Min,
-                                   name=f"auto_decided.{i}")
-            if agreed.item() == 1.0:
-                return (i + 1, time.perf_counter() - start, outcome or "planned",
-                        opt.plan_report())
+            if fields["plan"] or outcome:
+                seconds = time.perf_counter() - start
+                steps = torch.tensor([float(i + 1)])
+                lo = hvd.allreduce(steps, op=hvd.Min, name="auto_decided.min").item()
+                hi = hvd.allreduce(steps, op=hvd.Max, name="auto_decided.max").item()
+                if lo != hi:
+                    raise RuntimeError(f"ours:auto: the ranks decided after {lo:g} to {hi:g} "
+                                       f"warm-up steps; the decision must be broadcast")
+                return i + 1, seconds, outcome or "planned", opt.plan_report()
         raise RuntimeError(f"ours:auto neither planned nor fell back in {args.auto_warmup_max} "
                            f"warm-up steps (--auto-warmup-max)")
 
@@ -208,7 +240,7 @@ def worker(args):
             out.flush()
         more = 0.0
         if rank == 0 and rnd < args.max_rounds:
-            spreads = [round_spread_pct(*t) for t in times.values() if t[0]]
+            spreads = [median_ci_pct(*t) for t in times.values() if t[0]]
             worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
             more = float(rnd < args.rounds or worst > args.target_spread)
         more = hvd.broadcast(torch.tensor([more]), root_rank=0, name=f"more.{rnd}").item()
@@ -264,6 +296,8 @@ def summarise(steps, calibration=None):
     groups = steps.groupby(keys, sort=False)
     summary["round_spread_pct"] = [round_spread_pct(g.step_ms.tolist(), g["round"].tolist())
                                    for _, g in groups]
+    summary["median_ci_pct"] = [median_ci_pct(g.step_ms.tolist(), g["round"].tolist())
+                                for _, g in groups]
     # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
     # of forward+backward, medians over the row's steps
     codec = (steps.compress_ms + steps.decompress_ms).groupby(
@@ -366,14 +400,15 @@ def parse_args(argv=None):
     p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--steps", type=int, default=None,
                    help="timed steps per row in its first rounds, every cell (default: STEPS, "
-                        "5 a round; the basic net at 10mbit 3)")
+                        "the lab net 10 a round, the basic net 5, at 10mbit 3)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved rounds, every cell (default 8; the basic net at 10mbit 4)")
+                   help="interleaved rounds, every cell (default: STEPS, 6-10)")
     p.add_argument("--max-rounds", type=int, default=None,
-                   help="rounds allowed while a row's spread is over --target-spread (default "
-                        "16 and 8 with the default steps, else --rounds)")
+                   help="rounds allowed while a row's median_ci_pct is over --target-spread "
+                        "(default: STEPS, 10-40, with the default steps, else --rounds)")
     p.add_argument("--target-spread", type=float, default=TARGET_SPREAD_PCT, metavar="PCT",
-                   help=f"round-to-round spread to reach, in %% (default {TARGET_SPREAD_PCT:g})")
+                   help=f"width of each row's 95%% confidence interval of its median step to "
+                        f"reach, in %% of it (default {TARGET_SPREAD_PCT:g})")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--auto-warmup-max", type=int, default=200,
                    help="ours:auto's most warm-up steps before it must have a plan (default 200)")
@@ -435,15 +470,16 @@ def main(argv=None):
                 print(f"[bench_step] {model} over {link}, {n} ranks", flush=True)
                 launch(args, model, link, n, csv_path.resolve())
     summary = replot(out)
-    cols = ["model", "link", "ranks", "row", "step_ms", "round_spread_pct", "vs_stock_none",
+    cols = ["model", "link", "ranks", "row", "step_ms", "median_ci_pct", "round_spread_pct",
+            "rounds", "vs_stock_none",
             "vs_fastest", "forward_backward_ms", "communicate_ms", "codec_pct_of_fwd_bwd",
             "plan", "plan_predicted_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    over = summary[~(summary.round_spread_pct <= args.target_spread)]
-    print(f"[bench_step] rows with a round-to-round spread over {args.target_spread:g}%: "
-          f"{len(over)} of {len(summary)}"
-          + (f" (largest {over.round_spread_pct.max():.1f}%: {over.loc[over.round_spread_pct.idxmax(), 'row']})"
-             if len(over) and over.round_spread_pct.notna().any() else ""), flush=True)
+    over = summary[~(summary.median_ci_pct <= args.target_spread)]
+    print(f"[bench_step] rows whose median is known to worse than {args.target_spread:g}% "
+          f"(median_ci_pct): {len(over)} of {len(summary)}"
+          + (f" (largest {over.median_ci_pct.max():.1f}%: {over.loc[over.median_ci_pct.idxmax(), 'row']})"
+             if len(over) and over.median_ci_pct.notna().any() else ""), flush=True)
     return 0
 
 

@@ -15,8 +15,10 @@ its median step (step_ms). Writes, beside the summary (or in --out-dir):
                          it beats stock float32; for ours:auto, cells within 5% of the fastest
                          fixed row and of stock float32 (issue 25's targets) and its ratios
   wins_losses_cells.csv  one line per cell: the fastest fixed row, stock float32, auto, its plan
-                         (or its fallback), its ratios to both, and the round-to-round spread
-                         of the fastest row and of auto (a ratio inside them is a tie)
+                         (or its fallback), its ratios to both, how well the fastest row's
+                         and auto's medians are known (median_ci_pct: a ratio inside them is
+                         a tie; round_spread_pct for a summary from before it), and auto's
+                         predicted step and its error against the measured median
   wins_losses.md         both, as tables
 Pure pandas on the CSV: nothing is run or measured here.
 """
@@ -53,6 +55,7 @@ def per_cell(frame, tie_pct=0.0):
     """One line per cell: the fastest fixed row(s) (within tie_pct of the fastest), stock
     float32's step, auto's step, plan and ratios (NaN where the cell has no such row)."""
     lines = []
+    spread = "median_ci_pct" if "median_ci_pct" in frame else "round_spread_pct"
     for key, cell in frame.groupby(CELL, sort=False):
         fixed = cell[cell.row != AUTO_ROW]
         if fixed.empty:
@@ -67,8 +70,11 @@ def per_cell(frame, tie_pct=0.0):
                           fastest_ms=best, stock_none_ms=stock_ms, auto_ms=auto_ms,
                           auto_plan=_text(auto, "plan"), auto_outcome=_text(auto, "auto_outcome"),
                           auto_vs_fastest=auto_ms / best, auto_vs_stock_none=auto_ms / stock_ms,
-                          fastest_spread_pct=_number(tied.iloc[:1], "round_spread_pct"),
-                          auto_spread_pct=_number(auto, "round_spread_pct")))
+                          fastest_spread_pct=_number(tied.iloc[:1], spread),
+                          auto_spread_pct=_number(auto, spread),
+                          auto_predicted_ms=_number(auto, "plan_predicted_ms"),
+                          auto_prediction_error_pct=100 * (
+                              _number(auto, "plan_predicted_ms") / auto_ms - 1)))
     return pd.DataFrame(lines)
 
 

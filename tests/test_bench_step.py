@@ -79,20 +79,20 @@ def test_the_auto_row_without_the_runtime_is_refused_before_anything_runs(monkey
 
 
 def test_steps_per_cell_defaults_and_overrides():
-    """5 steps a round, 8 rounds going on to 16 while a row's spread is over the target; the
-    basic net at 10mbit 3 a round, 4 to 8. --steps/--rounds run exactly what they say
-    (--steps 5: five rounds of one step, as before), --max-rounds allows more."""
-    assert bench.cell_steps("lab", "loopback") == (5, 8, 16)
-    assert bench.cell_steps("basic", "100mbit") == (5, 8, 16)
-    assert bench.cell_steps("lab", "10mbit") == (5, 8, 16)
-    assert bench.cell_steps("basic", "10mbit") == (3, 4, 8)
+    """The lab net 10 steps a round, 10 rounds going on to 40 while a row's median is not known
+    to the target; the basic net 5 a round, 8 to 30, and at 10mbit 3, 6 to 10. --steps/--rounds
+    run exactly what they say (--steps 5: five rounds of one step), --max-rounds allows more."""
+    assert bench.cell_steps("lab", "loopback") == (10, 10, 40)
+    assert bench.cell_steps("lab", "10mbit") == (10, 10, 40)
+    assert bench.cell_steps("basic", "100mbit") == (5, 8, 30)
+    assert bench.cell_steps("basic", "10mbit") == (3, 6, 10)
     assert bench.cell_steps("lab", "loopback", steps=5) == (1, 5, 5)
-    assert bench.cell_steps("lab", "loopback", steps=40) == (5, 8, 8)
-    assert bench.cell_steps("basic", "10mbit", steps=12) == (3, 4, 4)
-    assert bench.cell_steps("lab", "loopback", rounds=4) == (5, 4, 4)
-    assert bench.cell_steps("lab", "loopback", steps=20, rounds=4) == (5, 4, 4)
-    assert bench.cell_steps("lab", "loopback", max_rounds=12) == (5, 8, 12)
-    assert bench.cell_steps("lab", "loopback", steps=40, max_rounds=3) == (5, 8, 8)
+    assert bench.cell_steps("basic", "loopback", steps=40) == (5, 8, 8)
+    assert bench.cell_steps("basic", "10mbit", steps=12) == (2, 6, 6)
+    assert bench.cell_steps("lab", "loopback", rounds=4) == (10, 4, 4)
+    assert bench.cell_steps("basic", "loopback", steps=20, rounds=4) == (5, 4, 4)
+    assert bench.cell_steps("lab", "loopback", max_rounds=12) == (10, 10, 12)
+    assert bench.cell_steps("basic", "loopback", steps=40, max_rounds=3) == (5, 8, 8)
 
 
 # ---- the spread and the summary -------------------------------------------------------------
@@ -104,6 +104,24 @@ def test_round_spread_by_hand():
         100 / 11)
     assert bench.round_spread_pct([5, 5, 5, 5], [1, 2, 3, 4]) == 0.0
     assert math.isnan(bench.round_spread_pct([10, 12], [1, 1]))
+
+
+def test_median_confidence_interval_by_hand():
+    """k round medians; the interval is [r_(j), r_(k+1-j)], j the largest with
+    P(Bin(k, 1/2) < j) <= 2.5%: k=5 is too few (P(B=0) = 3.1%); k=6: j=1 (1.6%), the whole
+    range; k=16: j=4 (P(B<=3) = 1.06%, P(B<=4) = 3.84%), the 4th to the 13th."""
+    assert math.isnan(bench.median_ci_pct([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]))
+    six = [10, 11, 12, 13, 14, 20]
+    assert bench.median_ci_pct(six, range(6)) == pytest.approx(100 * 10 / 12.5)
+    sixteen = list(range(100, 116))                 # one step a round, sorted 100..115
+    assert bench.median_ci_pct(sixteen, range(16)) == pytest.approx(100 * (112 - 103) / 107.5)
+    # more rounds of the same spread of round medians narrow it; the round range does not
+    many = [100 + (i * 7) % 16 for i in range(160)]
+    assert bench.median_ci_pct(many, range(160)) < bench.median_ci_pct(sixteen, range(16)) / 2
+    assert bench.round_spread_pct(many, range(160)) == bench.round_spread_pct(sixteen, range(16))
+    # a round's median, not its steps: rounds of 1, 1, 9 and 1, 1, 1 ... are all 1
+    steps = [1, 1, 9] * 6
+    assert bench.median_ci_pct(steps, [i // 3 for i in range(18)]) == 0.0
 
 
 def steps_frame():
@@ -148,6 +166,7 @@ def test_summary_ratios_spread_plan_and_calibration():
     assert summary.loc[("loopback", "ours:bit8:allgather"), "round_spread_pct"] == pytest.approx(
         100 * 0.9 / 9.45)
     assert summary.loc[("10mbit", "stock:none"), "round_spread_pct"] == 0.0
+    assert summary.median_ci_pct.isna().all()                 # two rounds are too few
     assert (summary.rounds == 2).all() and (summary.steps == 4).all()
     # the plan of the last timed step, the median predicted over planned steps, re-plans
     auto = summary.loc[("10mbit", "ours:auto")]
@@ -214,6 +233,20 @@ def test_wins_and_losses_by_construction(tmp_path):
     assert (cells.fastest_spread_pct == 1.5).all() and (cells.auto_spread_pct == 1.5).all()
     text = (tmp_path / "wins_losses.md").read_text()
     assert "3 cells" in text and "| ours:bit8:allgather | 3 | 2 | 2 |" in text
+
+
+def test_cells_say_how_well_medians_are_known_and_the_prediction_error(tmp_path):
+    """A summary with median_ci_pct reports it (not the round range); auto's predicted step
+    and its error against its measured median: 9.3 ms predicted 10.23 ms is +10%."""
+    frame = hand_made_summary().assign(median_ci_pct=2.5, plan_predicted_ms=math.nan)
+    frame.loc[frame.row == "ours:auto", "plan_predicted_ms"] = frame[
+        frame.row == "ours:auto"].step_ms * 1.1
+    frame.to_csv(tmp_path / "summary.csv", index=False)
+    assert wins.main([str(tmp_path / "summary.csv")]) == 0
+    cells = pd.read_csv(tmp_path / "wins_losses_cells.csv")
+    assert (cells.fastest_spread_pct == 2.5).all() and (cells.auto_spread_pct == 2.5).all()
+    assert cells.auto_predicted_ms.iloc[0] == pytest.approx(10.23, rel=1e-3)
+    assert cells.auto_prediction_error_pct.tolist() == pytest.approx([10.0] * 3, rel=1e-3)
 
 
 def test_ties_within_a_margin_count_for_every_tied_row(tmp_path):
