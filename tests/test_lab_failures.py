@@ -40,10 +40,11 @@ STEPS_PER_EPOCH = 20    # the full disk's run: a checkpoint fills the disk, not 
 
 
 # What each case's output must say.  A dead rank: the launcher names rank 1 and its SIGKILL
-# (horovodrun's Gloo launcher: exit status 128 + 9; Open MPI: the signal).  A wedged rank: the
+# (horovodrun's Gloo launcher: exit status 128 + 9; Open MPI: the signal); under Gloo rank 0's
+# failed collective also names it, from its heartbeat's pid (not "a deadlock?").  A wedged rank: the
 # lab's watchdog names the stall and the rank (issue 15).
 WEDGED = ["no training step finished", "Stalled: rank 1"]
-CAUSES = {("gloo", "kill"): ["Process 1 exit with status code 137"],
+CAUSES = {("gloo", "kill"): ["Process 1 exit with status code 137", "Dead: rank 1 (process"],
           ("mpi", "kill"): ["process rank 1 with PID", "exited on signal 9 (Killed)"],
           ("gloo", "stop"): WEDGED, ("mpi", "stop"): WEDGED}
 

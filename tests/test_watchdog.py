@@ -1,4 +1,5 @@
 """The step watchdog ends a stuck process with a clear error, and leaves a live one alone."""
+import os
 import subprocess
 import sys
 import threading
@@ -101,6 +102,30 @@ def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):
     for r in range(3):
         (tmp_path / f"rank{r}.json").write_text(json.dumps({"rank": r, "steps": 40, "time": now}))
     assert suspects(tmp_path, 3, now=now) == ""
+
+
+def test_suspects_name_a_rank_whose_process_exited_before_its_heartbeat_ages(tmp_path):
+    """A SIGKILLed rank's last heartbeat is fresh for up to STALE_S, and Gloo reports the dead
+    peer at once: the heartbeat's pid on this host says it is dead, not a deadlock."""
+    import json
+    import socket
+    now = 1000.0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                   # reaped: its pid names no process
+    host = socket.gethostname()
+    beats = [(40, os.getpid(), host), (39, dead.pid, host), (40, dead.pid, "elsewhere")]
+    for r, (steps, pid, on) in enumerate(beats):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(
+            {"rank": r, "steps": steps, "time": now - 0.5, "pid": pid, "host": on}))
+    text = suspects(tmp_path, 3, exclude=0, now=now)
+    assert text.startswith(f"Dead: rank 1 (process {dead.pid}, 39 steps done)"), text
+    assert "rank 2" not in text and "deadlock" not in text     # another host: cannot tell
+    # the heartbeat the thread writes carries them
+    dog = StepWatchdog(timeout_s=60, rank=0, size=1, heartbeat_dir=tmp_path / "hb")
+    (tmp_path / "hb").mkdir()
+    dog.heartbeat()
+    beat = json.loads((tmp_path / "hb" / "rank0.json").read_text())
+    assert (beat["pid"], beat["host"]) == (os.getpid(), host)
 
 
 def test_suspects_name_a_link_down_a_network_that_delivers_nothing_or_a_crawl(tmp_path):

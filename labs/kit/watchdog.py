@@ -30,6 +30,7 @@ one rank may finish a step the other has not: a step apart is not then a deadloc
 """
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -162,7 +163,8 @@ class StepWatchdog:
         if self.heartbeat_dir is None:
             return
         path = self.heartbeat_dir / f"rank{self.rank}.json"
-        beat = {"rank": self.rank, "steps": self.steps, "time": time.time()}
+        beat = {"rank": self.rank, "steps": self.steps, "time": time.time(),
+                "pid": os.getpid(), "host": socket.gethostname()}
         link = self._link()
         if link is not None:
             beat["link"] = link
@@ -224,6 +226,14 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S, deadl
             beats[r] = json.loads((Path(heartbeat_dir) / f"rank{r}.json").read_text())
         except (OSError, ValueError):
             beats[r] = None
+    gone = [r for r, b in beats.items() if r != exclude and b is not None and _exited(b)]
+    if gone:
+        # A killed process's last heartbeat is still fresh for up to stale_s: its pid says
+        # first (Gloo reports a dead peer at once, before the heartbeat ages).
+        detail = ", ".join(f"rank {r} (process {beats[r]['pid']}, {beats[r]['steps']} steps done)"
+                           for r in gone)
+        return (f"Dead: {detail}: its process has exited, while the others wait for it in a "
+                f"collective.")
     silent = [r for r, b in beats.items() if r != exclude and (b is None or now - b["time"] > stale_s)]
     if silent:
         detail = ", ".join(f"rank {r}" + ("" if beats[r] is None else
@@ -245,6 +255,19 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S, deadl
         return ("Every rank is running but not progressing (a deadlock?); behind the others: "
                 + ", ".join(f"rank {r} ({behind} steps)" for r in late) + ".")
     return ""
+
+
+def _exited(beat):
+    """Whether a heartbeat's process, on this host, has exited (False where it cannot be told:
+    another host, or a heartbeat from before pids were written)."""
+    pid = beat.get("pid")
+    if not isinstance(pid, int) or beat.get("host") != socket.gethostname():
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True                  # no such process
+    return state in ("Z", "X")       # exited, not yet reaped by its launcher
 
 
 def links_down(links):
