@@ -18,8 +18,9 @@ The life of a plan, at step boundaries (end_step, which every rank reaches at th
               switched at step boundaries; the step times gathered (the slowest rank's each
               step), rank 0 judges (trial.verdict), broadcasts; the kept plan applies from the
               next step (none to try: the plan applies at once)
-  planned     every `replan_every` steps the ranks' last steps are gathered and
-              planner.should_replan decides, identically everywhere; a drift -> measuring again
+  planned     every `replan_every` steps the ranks' last steps are gathered (each step the
+              ranks' mean) and planner.should_replan decides, identically everywhere; a drift
+              -> measuring again
 """
 import math
 import statistics
@@ -189,14 +190,15 @@ class AutoCommunicator(CommunicatorBase):
         self._last_end = time.perf_counter()
 
     def _check_drift(self, predicted):
-        """Every rank: gather the ranks' last steps (the slowest rank's each step), decide."""
+        """Every rank: gather the ranks' last steps (each step the job's: the ranks' mean,
+        calibration.job_step_s), decide."""
         window = planner.REPLAN_WINDOW
         recent = [t if math.isfinite(t) else 0.0 for t in self._measured[-window:]]
         recent = [0.0] * (window - len(recent)) + recent
         every = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
                               name="hvdc.auto.replan")
-        slowest = every.max(dim=0).values.tolist()
-        decision = planner.should_replan(predicted, slowest, self._since_plan,
+        steps = [calibration.job_step_s(column) for column in every.t().tolist()]
+        decision = planner.should_replan(predicted, steps, self._since_plan,
                                          every=self.settings.replan_every)
         self._last_replan = {"step": self._total, "now": decision.now, "reason": decision.reason,
                              "drift": decision.drift}
@@ -429,7 +431,7 @@ def _decide(settings, ranks, links, problems, n):
                     "predicted_s": ranks[0]["pace"]["step_s"], "fastest_s": math.nan,
                     "measurements": {}, "refused": {}, "note": "one rank: nothing travels"}
         timed = calibration.combine(ranks, links, n)
-        step = max(r["pace"]["step_s"] for r in ranks)
+        step = calibration.job_step_s(r["pace"]["step_s"] for r in ranks)
         m, busy = calibration.busy_links(timed, ranks[0].get("labels", [FLOAT32] * len(layout)),
                                          step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)

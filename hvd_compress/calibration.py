@@ -233,6 +233,18 @@ def _finite(value, what):
     return float(value)
 
 
+def job_step_s(steps):
+    """The job's step from the ranks' own times of it (their mean). In synchronous training the
+    ranks' steps end together, so on average they last as long; one rank's step differs from
+    another's by when that rank ran again after the exchange ended, which adds to one step and
+    takes as much from the next. The slowest rank's time of each step (or the largest of the
+    ranks' medians) keeps only the additions: on 4 ranks sharing 2 cores, where a rank waits
+    for a core, it read the lab net's steps up to ~20% long and re-planned on drift that was
+    not there (docs/planner.md, "Measured: the step benchmark")."""
+    steps = list(steps)
+    return math.fsum(steps) / len(steps)
+
+
 def combine(ranks, link_rows, n):
     """One planner.Measurements from every rank's measurements (`ranks`: per rank, the dict
     the runtime gathered: buckets, pace, codecs, errors) and timed collectives (`link_rows`:

@@ -3,6 +3,7 @@ step's pace, every rank's measurements combined into one, the decision on rank 0
 fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
 (tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
 import math
+import statistics
 import time
 
 import pytest
@@ -113,6 +114,35 @@ def test_combine_takes_the_slowest_pace_and_each_collectives_fastest_rank():
     assert m.codecs["bit8:allgather"].encode.b == pytest.approx(2e-9, rel=1e-6)
     fit = m.links["allreduce"]                         # the faster rank's rows: the real link
     assert fit.alpha == pytest.approx(1e-3, rel=1e-6) and fit.beta == pytest.approx(8 / 100e6, rel=1e-6)
+
+
+@pytest.mark.unit
+def test_the_jobs_step_is_the_ranks_mean_not_the_slowest_ranks():
+    """Four ranks end every step together (at k * 0.1 s) but each runs again a little later,
+    by its own delay: each rank's step is 0.1 s plus its delay now minus its delay the step
+    before. The slowest rank's time of each step keeps only the delays' growth: 0.12-0.13 s
+    here; their mean is the step, 0.1 s."""
+    delays = [[0.0, 0.02, 0.0, 0.03, 0.0, 0.01], [0.01, 0.0, 0.02, 0.0, 0.03, 0.0],
+              [0.0, 0.0, 0.01, 0.02, 0.0, 0.01], [0.02, 0.01, 0.0, 0.0, 0.02, 0.0]]
+    ends = [[k * 0.1 + d for k, d in enumerate(rank)] for rank in delays]
+    per_rank = [[b - a for a, b in zip(e, e[1:])] for e in ends]
+    each_step = list(zip(*per_rank))
+    slowest = [max(step) for step in each_step]
+    assert statistics.median(slowest) > 0.115
+    assert [calibration.job_step_s(step) for step in each_step] == pytest.approx([0.1] * 5,
+                                                                                 abs=0.011)
+    assert calibration.job_step_s([0.5, 0.7]) == pytest.approx(0.6)
+
+
+@pytest.mark.unit
+def test_the_busy_factor_is_fitted_to_the_jobs_step_not_the_slowest_ranks():
+    """Ranks whose median warm-up steps read 0.5 and 0.7 s: float32, the plan in force, is
+    predicted at their mean, 0.6 s (the fast link alone predicts less, so k > 1)."""
+    ranks = [rank_measurements(), rank_measurements()]
+    ranks[1]["pace"]["step_s"] = 0.7
+    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
+    assert d["ok"] and d["measurements"]["busy_factor"] > 1
+    assert d["fixed_plans_s"][FLOAT32] == pytest.approx(0.6, rel=1e-6)
 
 
 @pytest.mark.unit
