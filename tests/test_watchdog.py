@@ -120,6 +120,13 @@ def test_suspects_name_a_rank_whose_process_exited_before_its_heartbeat_ages(tmp
     text = suspects(tmp_path, 3, exclude=0, now=now)
     assert text.startswith(f"Dead: rank 1 (process {dead.pid}, 39 steps done)"), text
     assert "rank 2" not in text and "deadlock" not in text     # another host: cannot tell
+    # a link's fault comes first: a rank whose own watchdog ended it on that fault exited too
+    for r, (steps, pid, on) in enumerate(beats):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(
+            {"rank": r, "steps": steps, "time": now - 0.5, "pid": pid, "host": on,
+             "link": {"iface": "eth0", "rx_bytes": 1, "window_s": 10.0, "state": "up",
+                      "rx_bps": 0.0}}))
+    assert suspects(tmp_path, 3, exclude=0, now=now).startswith("No traffic: every link is up")
     # the heartbeat the thread writes carries them
     dog = StepWatchdog(timeout_s=60, rank=0, size=1, heartbeat_dir=tmp_path / "hb")
     (tmp_path / "hb").mkdir()

@@ -216,7 +216,8 @@ class StepWatchdog:
 
 def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S, deadlock=True):
     """A sentence naming the ranks that stopped: heartbeat stale or missing (process stopped or
-    dead), else a link's fault, else (deadlock=True) the ranks furthest behind in steps; '' if
+    dead), else a link's fault, else a rank whose process has exited (its heartbeat's pid on
+    this host), else (deadlock=True) the ranks furthest behind in steps; '' if
     nothing can be said. deadlock=False keeps to what was observed: in a healthy run the ranks
     are often a step apart for a moment."""
     now = time.time() if now is None else now
@@ -226,14 +227,6 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S, deadl
             beats[r] = json.loads((Path(heartbeat_dir) / f"rank{r}.json").read_text())
         except (OSError, ValueError):
             beats[r] = None
-    gone = [r for r, b in beats.items() if r != exclude and b is not None and _exited(b)]
-    if gone:
-        # A killed process's last heartbeat is still fresh for up to stale_s: its pid says
-        # first (Gloo reports a dead peer at once, before the heartbeat ages).
-        detail = ", ".join(f"rank {r} (process {beats[r]['pid']}, {beats[r]['steps']} steps done)"
-                           for r in gone)
-        return (f"Dead: {detail}: its process has exited, while the others wait for it in a "
-                f"collective.")
     silent = [r for r, b in beats.items() if r != exclude and (b is None or now - b["time"] > stale_s)]
     if silent:
         detail = ", ".join(f"rank {r}" + ("" if beats[r] is None else
@@ -248,6 +241,16 @@ def suspects(heartbeat_dir, size, exclude=None, now=None, stale_s=STALE_S, deadl
     cause = links_down(links) or links_traffic(links)
     if cause:
         return cause
+    gone = [r for r, b in beats.items() if r != exclude and b is not None and _exited(b)]
+    if gone:
+        # A killed process's last heartbeat is still fresh for up to stale_s: its pid tells
+        # (Gloo reports a dead peer at once, before the heartbeat ages). After the links: a
+        # rank whose own watchdog ended it on a link's fault has exited too, and the link is
+        # the cause.
+        detail = ", ".join(f"rank {r} (process {beats[r]['pid']}, {beats[r]['steps']} steps done)"
+                           for r in gone)
+        return (f"Dead: {detail}: its process has exited, while the others wait for it in a "
+                f"collective.")
     steps = {r: b["steps"] for r, b in beats.items() if b is not None}
     if deadlock and steps and len(set(steps.values())) > 1:
         behind = min(steps.values())
