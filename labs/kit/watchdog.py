@@ -48,6 +48,7 @@ STALE_S = 5 * PERIOD_S  # a heartbeat this old: that process is not running
 RATE_WINDOW_S = 10.0    # a link's receive rate: bytes over the last this many seconds
 DEAD_LINK_BPS = 1000.0  # received less than this a second: the network delivers nothing
 CRAWL_BPS = 1e6 / 8     # under 1 Mbit/s: a crawl
+HOST = socket.gethostname()   # a heartbeat's pid is checked only on the host that wrote it
 
 
 class StepWatchdog:
@@ -164,7 +165,7 @@ class StepWatchdog:
             return
         path = self.heartbeat_dir / f"rank{self.rank}.json"
         beat = {"rank": self.rank, "steps": self.steps, "time": time.time(),
-                "pid": os.getpid(), "host": socket.gethostname()}
+                "pid": os.getpid(), "host": HOST}
         link = self._link()
         if link is not None:
             beat["link"] = link
@@ -264,7 +265,7 @@ def _exited(beat):
     """Whether a heartbeat's process, on this host, has exited (False where it cannot be told:
     another host, or a heartbeat from before pids were written)."""
     pid = beat.get("pid")
-    if not isinstance(pid, int) or beat.get("host") != socket.gethostname():
+    if not isinstance(pid, int) or beat.get("host") != HOST:
         return False
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
