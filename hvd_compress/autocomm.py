@@ -217,8 +217,9 @@ class AutoCommunicator(CommunicatorBase):
         links = [[] for _ in ranks]
         if not problems and n > 1:
             try:
-                rows = calibration.time_collectives(
-                    hvd, calibration.link_sizes(max(4 * b.numel for b in self._buckets)))
+                largest = max(4 * b.numel for b in self._buckets)
+                rows = calibration.time_collectives(hvd, calibration.link_sizes(largest),
+                                                    caps=calibration.link_grow_caps(largest))
             except Exception as err:
                 rows = {"error": f"rank {rank}: timing the collectives: {_say(err)}"}
             links = hvd.allgather_object(rows, name="hvdc.auto.links")

@@ -9,7 +9,9 @@ the other ranks are in):
   time_codecs     each candidate's encode / two-phase reduce / decode on the real buckets
   measure_errors  each lossy scheme's ||decode(encode(g)) - g|| / ||g|| on the buckets
 Collective, every rank in the same order:
-  time_collectives  each candidate collective on two sizes, a few repetitions
+  time_collectives  each candidate collective on two sizes, a few repetitions, and larger
+                    ones (agreed from every rank's times) where those two cannot tell the cost
+                    of a byte from the cost of a message
 Pure:
   combine         every rank's measurements -> planner.Measurements (the slowest rank's pace
                   and codec costs; each collective's fastest rank, see below), or a ValueError
@@ -28,7 +30,8 @@ from .registry import Route, parse_label
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
-           "measure_errors", "link_sizes", "time_collectives", "combine", "busy_links",
+           "measure_errors", "link_sizes", "link_grow_caps", "next_link_size",
+           "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "busy_links",
            "BUSY_FACTOR_MAX", "summary"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
@@ -37,6 +40,16 @@ LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # small enough that a 10 Mbit/s link times it in ~0.2 s.
 LINK_SMALL_BYTES = 4 << 10
 LINK_LARGE_BYTES = (64 << 10, 256 << 10)
+# Where the larger message takes under LINK_RESOLVED_RATIO times the small one's time, the
+# message's cost hides the byte's: on the emulated 1 Gbit/s link at 4 ranks a 256 KiB allreduce
+# took 5 ms, as long as a 4 KiB one, a 4 MiB one 58 ms, and the fit of the two small sizes
+# made the job's 4.7 MB bucket nearly free (docs/planner.md, "The link's sizes"). Then the
+# collective is timed again 4x larger, up to the largest message the job's plans send through it
+# and while the last size took under LINK_GROW_MAX_S (a 10 Mbit/s link never grows: 256 KiB
+# takes ~0.2 s there).
+LINK_RESOLVED_RATIO = 4.0
+LINK_GROW_MAX_S = 0.05
+LINK_GROW_FACTOR = 4
 # Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
 # it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
@@ -187,17 +200,39 @@ def link_sizes(largest_bucket_bytes):
     return (LINK_SMALL_BYTES, min(max(int(largest_bucket_bytes), low), high))
 
 
-def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES):
+def link_grow_caps(largest_bucket_bytes):
+    """{collective: the largest message (bytes as time_collectives takes them) the job's plans
+    send through it}: the float32 bucket by allreduce, its 16-bit form by the others (fp16's
+    vector, bit16's allgather part or alltoall send buffer)."""
+    largest = int(largest_bucket_bytes)
+    return {c: largest if c == "allreduce" else largest // 2 for c in LINK_COLLECTIVES}
+
+
+def next_link_size(size, small_s, large_s, cap):
+    """The next size to time a collective at, or None: grow (x LINK_GROW_FACTOR, at most `cap`)
+    while the largest size so far (`size`, taking `large_s`) is not LINK_RESOLVED_RATIO times as
+    slow as the small one (`small_s`), took under LINK_GROW_MAX_S, and is below `cap`. Pure: every
+    rank passes the same agreed times and gets the same answer."""
+    if size >= cap or not large_s < LINK_GROW_MAX_S or large_s >= LINK_RESOLVED_RATIO * small_s:
+        return None
+    return min(size * LINK_GROW_FACTOR, int(cap))
+
+
+def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None):
     """[(collective, n, bytes, seconds)] for each collective and size, `reps` timed repetitions
     after one untimed, every rank in the same order (a collective: call it on every rank).
     bytes as costmodel.fit defines them: allreduce a float32 vector of that many bytes,
     allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send buffer
-    (equal splits)."""
+    (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective whose two
+    sizes did not resolve a byte's cost is timed at larger ones (next_link_size), decided on
+    the fastest rank's medians, gathered: the same sizes on every rank."""
     n = hvd.size()
     rows = []
     for collective in collectives:
-        for size in sizes:
-            size = max(n, size // (4 * n) * 4 * n)       # whole values, equal splits
+        sizes_here = list(sizes)
+        medians = []
+        while sizes_here:
+            size = _whole(sizes_here.pop(0), n)
             if collective == "allreduce":
                 tensor = torch.zeros(size // 4, dtype=torch.float32)
                 launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
@@ -214,6 +249,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES):
             else:
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
+            times = []
             for rep in range(reps + 1):
                 began = time.perf_counter()
                 handle = launch(tensor, name)
@@ -221,8 +257,23 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES):
                     time.sleep(_POLL_S)
                 hvd.synchronize(handle)
                 if rep:
-                    rows.append((collective, n, size, time.perf_counter() - began))
+                    times.append(time.perf_counter() - began)
+            rows += [(collective, n, size, t) for t in times]
+            medians.append(statistics.median(times))
+            if sizes_here or caps is None or collective not in caps or len(medians) < 2:
+                continue
+            every = hvd.allgather(torch.tensor([[medians[0], medians[-1]]], dtype=torch.float64),
+                                  name=f"hvdc.auto.link.grow.{collective}.{size}")
+            small_s, large_s = every.min(dim=0).values.tolist()
+            grown = next_link_size(size, small_s, large_s, caps[collective])
+            if grown is not None and _whole(grown, n) > size:
+                sizes_here.append(grown)
     return rows
+
+
+def _whole(size, n):
+    """`size` bytes rounded down to whole float32 values split equally over n ranks."""
+    return max(n, size // (4 * n) * 4 * n)
 
 
 # ---------------------------------------------------------------- every rank's -> one

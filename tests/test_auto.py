@@ -341,7 +341,8 @@ def test_auto_across_ranks(controller, np, request):
     names = passed_checks(request)
     for what in ("trains.same_plan_on_every_rank", "trains.identical_weights",
                  "trains.plan_labels_legal", "trains.calibration_cost_recorded",
-                 "trains.links_fitted", "mixed.identical_weights", "mixed.plan_shown",
+                 "trains.links_fitted", "links.grow_to_the_cap",
+                 "links.grown_by_the_rule_alike_everywhere", "mixed.identical_weights", "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "resume.plan_restored", "reset.measures_again",
                  "bad.reason_recorded", "ef.lossy_buckets_keep_residuals",
@@ -356,6 +357,28 @@ def test_auto_across_ranks(controller, np, request):
     for tag in ("raises", "non_finite", "disagrees"):
         for what in ("every_rank_falls_back", "float32", "identical_weights"):
             assert f"bad.{tag}.{what}" in names
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("size, small_s, large_s, cap, grown", [
+    (256 << 10, 5e-3, 5e-3, 4718592, 1 << 20),       # 1 Gbit/s, 4 ranks: 256 KiB as slow as 4 KiB
+    (1 << 20, 5e-3, 15e-3, 4718592, 4 << 20),        # 3x: the byte still hidden
+    (4 << 20, 5e-3, 58e-3, 4718592, None),           # resolved (and over the time bound)
+    (256 << 10, 1e-3, 31e-3, 4718592, None),         # 100 Mbit/s: 31x, resolved
+    (256 << 10, 1e-3, 2e-3, 600 << 10, 600 << 10),   # grown no larger than the cap
+    (256 << 10, 1e-3, 2e-3, 87 << 10, None),         # the job sends nothing larger
+    (256 << 10, 20e-3, 60e-3, 4718592, None),        # a slow message: no time for a larger one
+])
+def test_a_link_is_timed_larger_only_where_two_sizes_hide_the_bytes_cost(size, small_s, large_s,
+                                                                           cap, grown):
+    assert calibration.next_link_size(size, small_s, large_s, cap) == grown
+
+
+@pytest.mark.unit
+def test_the_link_grows_to_what_each_collective_carries_of_the_largest_bucket():
+    caps = calibration.link_grow_caps(4718592)
+    assert caps == {"allreduce": 4718592, "allreduce_fp16": 2359296, "allgather": 2359296,
+                    "alltoall": 2359296}
 
 
 @pytest.mark.unit
