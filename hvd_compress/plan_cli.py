@@ -269,7 +269,7 @@ def main(argv=None):
         print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
               f"| {d * 1e3:.2f} ms |")
     print(f"\nbackward ends {timeline.backward_end_s * 1e3:.2f} ms (encodes included); "
-          f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {args.margin:.0%}; "
+          f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {args.margin * 100:g}%; "
           f"search {'exact' if plan.exact else 'beam (front over MAX_FRONT)'}")
     for (b, t), why in sorted(plan.refused.items()):
         print(f"refused: {b} {t}: {why}")
