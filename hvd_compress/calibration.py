@@ -43,10 +43,10 @@ LINK_LARGE_BYTES = (64 << 10, 256 << 10)
 # Where the larger message takes under LINK_RESOLVED_RATIO times the small one's time, the
 # message's cost hides the byte's: on the emulated 1 Gbit/s link at 4 ranks a 256 KiB allreduce
 # took 5 ms, as long as a 4 KiB one, a 4 MiB one 58 ms, and the fit of the two small sizes
-# made the job's 4.7 MB bucket nearly free (docs/planner.md, "The link's sizes"). Then the
-# collective is timed again 4x larger, up to the largest message the job's plans send through it
-# and while the last size took under LINK_GROW_MAX_S (a 10 Mbit/s link never grows: 256 KiB
-# takes ~0.2 s there).
+# made the job's 4.7 MB bucket nearly free (docs/planner.md, "In the job", calibration step 2).
+# Then the collective is timed again 4x larger, up to the largest message the job's plans send
+# through it and while the last size took under LINK_GROW_MAX_S (a 10 Mbit/s link never grows:
+# 256 KiB takes ~0.2 s there).
 LINK_RESOLVED_RATIO = 4.0
 LINK_GROW_MAX_S = 0.05
 LINK_GROW_FACTOR = 4
