@@ -13,10 +13,9 @@ Collective, every rank in the same order:
                     ones (agreed from every rank's times) where those two cannot tell the cost
                     of a byte from the cost of a message
 Pure:
-  link_periods    every rank's timed collectives -> each collective's period at each size
   combine         every rank's measurements -> planner.Measurements (the slowest rank's pace
-                  and codec costs; each collective's period over all ranks, see link_periods),
-                  or a ValueError saying why they cannot be planned from
+                  and codec costs; each collective's fastest rank, see below), or a ValueError
+                  saying why they cannot be planned from
 """
 import dataclasses
 import math
@@ -31,7 +30,7 @@ from .registry import Route, parse_label
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
-           "measure_errors", "link_sizes", "link_grow_caps", "next_link_size", "link_periods",
+           "measure_errors", "link_sizes", "link_grow_caps", "next_link_size",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "busy_links",
            "BUSY_FACTOR_MAX", "summary"]
 
@@ -52,8 +51,7 @@ LINK_RESOLVED_RATIO = 4.0
 LINK_GROW_MAX_S = 0.05
 LINK_GROW_FACTOR = 4
 # Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
-# it does for the job's own buckets), back to back: the fit takes their mean over all ranks
-# (link_periods).
+# it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
 CODEC_REPS = 3
 # In synchronous training every rank's step lasts as long as the slowest's: ranks whose median
@@ -225,15 +223,14 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
     after one untimed, every rank in the same order (a collective: call it on every rank).
     bytes as costmodel.fit defines them: allreduce a float32 vector of that many bytes,
     allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send buffer
-    (equal splits). The repetitions run back to back, so a rank's times add up to its span
-    (link_periods). With `caps` ({collective: bytes}, link_grow_caps), a collective whose two
+    (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective whose two
     sizes did not resolve a byte's cost is timed at larger ones (next_link_size), decided on
-    the periods over every rank, gathered: the same sizes on every rank."""
+    the fastest rank's medians, gathered: the same sizes on every rank."""
     n = hvd.size()
     rows = []
     for collective in collectives:
         sizes_here = list(sizes)
-        means = []
+        medians = []
         while sizes_here:
             size = _whole(sizes_here.pop(0), n)
             if collective == "allreduce":
@@ -262,36 +259,16 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                 if rep:
                     times.append(time.perf_counter() - began)
             rows += [(collective, n, size, t) for t in times]
-            means.append(math.fsum(times) / len(times))
-            if sizes_here or caps is None or collective not in caps or len(means) < 2:
+            medians.append(statistics.median(times))
+            if sizes_here or caps is None or collective not in caps or len(medians) < 2:
                 continue
-            every = hvd.allgather(torch.tensor([[means[0], means[-1]]], dtype=torch.float64),
+            every = hvd.allgather(torch.tensor([[medians[0], medians[-1]]], dtype=torch.float64),
                                   name=f"hvdc.auto.link.grow.{collective}.{size}")
-            small_s, large_s = every.mean(dim=0).tolist()
+            small_s, large_s = every.min(dim=0).values.tolist()
             grown = next_link_size(size, small_s, large_s, caps[collective])
             if grown is not None and _whole(grown, n) > size:
                 sizes_here.append(grown)
     return rows
-
-
-def link_periods(link_rows):
-    """{(collective, n, bytes): seconds}: each collective's period at each size, the mean of
-    every rank's timed repetitions (`link_rows`: per rank, time_collectives' rows).
-
-    Why the mean over all ranks, not the fastest rank's time: a collective ends on each rank
-    when that rank has its data, and the next one starts when the last rank has asked for it.
-    Back to back, a rank's repetitions add up to its span, first end to last, so their mean is
-    the period the job's queue moves at, whatever each rank's share of it. The fastest rank's
-    repetition keeps only the ranks that finished early: an alltoall over the emulated 10
-    Mbit/s link at 4 ranks ended on rank 0 after 0.90-1.16 s, the next collective started
-    0-0.31 s later, the two together 1.04-1.39 s, and the fastest rank's times predicted the
-    basic net's two-phase steps 12% short (docs/planner.md, "In the job", step 2)."""
-    times = {}
-    for rows in link_rows:
-        for collective, size_n, nbytes, seconds in rows:
-            times.setdefault((collective, size_n, nbytes), []).append(
-                _finite(seconds, f"a timed {collective}"))
-    return {key: math.fsum(ts) / len(ts) for key, ts in sorted(times.items())}
 
 
 def _whole(size, n):
@@ -323,7 +300,8 @@ def combine(ranks, link_rows, n):
     """One planner.Measurements from every rank's measurements (`ranks`: per rank, the dict
     the runtime gathered: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
     per rank, its rows). Per quantity the slowest rank's: its pace sets the timeline, its
-    codecs the hooks' cost. Per collective and size its period over all ranks (link_periods).
+    codecs the hooks' cost. Per collective repetition the fastest rank's: every rank times the
+    same collective, and those that arrived earlier add their wait for the last to it.
     Raises ValueError where they cannot be planned from: ranks with other buckets, times that
     are not finite, ranks whose steps differ by more than DISAGREE_FACTOR, a link that does not
     fit."""
@@ -348,7 +326,15 @@ def combine(ranks, link_rows, n):
     buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
     backward = max(pace["backward_s"], ready[-1] if ready else 0.0)
 
-    links = planner.fit_links([key + (s,) for key, s in link_periods(link_rows).items()])
+    fastest = {}
+    for rows in link_rows:
+        seen = {}
+        for collective, size_n, nbytes, seconds in rows:
+            key = (collective, size_n, nbytes, seen.setdefault((collective, nbytes), 0))
+            seen[(collective, nbytes)] += 1
+            seconds = _finite(seconds, f"a timed {collective}")
+            fastest[key] = min(fastest.get(key, math.inf), seconds)
+    links = planner.fit_links([(c, size_n, b, s) for (c, size_n, b, _), s in sorted(fastest.items())])
 
     codecs = {}
     for text in sorted({t for r in ranks for t in r["codecs"]}):
