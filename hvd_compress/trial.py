@@ -37,7 +37,8 @@ TRIAL_MARGIN = 0.30
 # rounds = 24 trial steps at most.
 TRIAL_RIVALS = 3
 # Measured steps within this fraction of the fastest count as tied: the least lossy is kept.
-# 2%: below what a few steps resolve (a row's step is known to 2-16% after 30-40 rounds).
+# 2%: below what a few steps resolve (a row's median step is known to 1.7-46%, the width of
+# its 95% interval, after 10-40 rounds in results/step-auto-grid).
 TRIAL_TIE = 0.02
 
 
