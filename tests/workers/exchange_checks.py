@@ -245,6 +245,71 @@ def check_optimizer():
     check("optimizer.skip_synchronize.same_on_all_ranks", same_on_all_ranks(params, "clip"))
 
 
+def check_phase_launcher():
+    """A two-phase bucket's allgather is launched while step() has not begun: by the optimizer's
+    PhaseLauncher thread, the moment its alltoall completes, not at the next gradient hook
+    (there is none after backward's last). Then step() gives the bits of the exchange after
+    backward. A progress() that raises in the thread is raised by stop(), and the thread ends
+    when idle."""
+    import time
+    from hvd_compress.exchange import Exchange, PhaseLauncher
+
+    def run(make_optimizer, exchange):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = make_optimizer(model)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        g = torch.Generator().manual_seed(RANK)
+        for _ in range(3):
+            opt.zero_grad()
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 4, (32,), generator=g)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            exchange(model, opt)
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    for comp in (hc.Compression.bit8, hc.Compression.bit16):
+        phases = []
+
+        def wait_without_step(model, opt):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(ex.phase == 1 for ex in opt._in_flight.values()):
+                time.sleep(0.001)
+            phases.append(sorted(ex.phase for ex in opt._in_flight.values()))
+        hooked = run(lambda m: hc.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(),
+            compression=comp, route="alltoall", error_feedback=False, fusion_threshold_bytes=600),
+            wait_without_step)
+        tag = f"optimizer.{comp.name}.alltoall.phase_launcher"
+        check(f"{tag}.phase2_launched_before_step",
+              len(phases) == 3 and all(len(p) >= 2 and set(p) == {2} for p in phases),
+              f"phases of the in-flight buckets after each backward: {phases}")
+        comm = make_communicator(comp, "alltoall", fusion_threshold_bytes=600)
+        after = exchange_after_backward(comm)
+        plain = run(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                    lambda model, opt: after(model))
+        check(f"{tag}.equals_exchange_after_backward", torch.equal(hooked, plain),
+              f"max diff {(hooked - plain).abs().max()}")
+
+    class Failing:
+        def progress(self, exchange):
+            raise RuntimeError("progress failed")
+
+        def has_later_phase(self, exchange):
+            return True
+    launcher = PhaseLauncher(Failing())
+    with launcher.lock:
+        launcher.add(Exchange(None, None))
+    deadline = time.monotonic() + 10
+    while launcher._running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    error = launcher.stop()
+    check("phase_launcher.error_raised_by_stop",
+          isinstance(error, RuntimeError) and "progress failed" in str(error), repr(error))
+    check("phase_launcher.thread_ends_when_idle", not launcher._running)
+    check("phase_launcher.error_reported_once", launcher.stop() is None)
+
+
 def check_advance():
     """The two-phase route's advance() leaves no bucket in phase 1 (each phase 2 launched as its
     phase 1 completed, in any order), and finishing the buckets in reverse order then gives
