@@ -142,9 +142,6 @@ class AutoCommunicator(CommunicatorBase):
     def progress(self, exchange):
         self._active[id(exchange.bucket)].progress(exchange)
 
-    def has_later_phase(self, exchange):
-        return self._active[id(exchange.bucket)].has_later_phase(exchange)
-
     def advance(self, exchanges):
         launch_next_phases(self, [ex for ex in exchanges
                                   if self._active[id(ex.bucket)].route == Route.ALLTOALL])

@@ -205,9 +205,6 @@ class AlltoallCommunicator(_PacketBase):
         exchange.phase = 2
         self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
 
-    def has_later_phase(self, exchange):
-        return exchange.phase == 1
-
     def advance(self, exchanges):
         launch_next_phases(self, exchanges)
 

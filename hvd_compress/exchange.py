@@ -5,7 +5,6 @@ The packet routes (communicators.py) and the per-tensor methods (tensorwise.py: 
 PowerSGD) build on this one module, so neither imports the other.
 """
 import os
-import threading
 import time
 from contextlib import contextmanager
 
@@ -15,7 +14,7 @@ from .fusion import Bucket
 from .roles import Communicator
 
 __all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
-           "PhaseLauncher", "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep"]
+           "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep"]
 
 # How long wait_for() sleeps between polls: doubling from the first value up to the second on a
 # crowded host (more ranks than cores), up to UNCROWDED_LONGEST_SLEEP_S where every rank has a
@@ -85,78 +84,6 @@ def launch_next_phases(communicator, exchanges):
         if pending:
             with communicator.stats.timing("communicate_s"):
                 time.sleep(next(sleeps))
-
-
-class PhaseLauncher:
-    """Launches each multi-phase exchange's next phase the moment its current one completes,
-    from a thread of its own, while backward goes on computing.
-
-    Why: the optimizer otherwise looks at an exchange only in a gradient hook or in step(). A
-    convolution's backward is one long op without hooks, so a two-phase bucket whose alltoall
-    ended early in it waited for the slowest rank's backward to end before its allgather: in
-    Horovod's timeline of the basic net's bit16 two-phase row at 1 Gbit/s, fc1.weight's
-    allgather started a median 65 ms after its alltoall ended at 4 ranks, 43 ms at 2; with this
-    thread 10 and 5 ms (results/phase-launcher). Exchanges a communicator says have a later
-    phase (`has_later_phase`) are polled as wait_for polls; `lock` is held around every call
-    into the communicator (the optimizer holds it in its hooks too), so progress() never runs
-    twice at once and the counters are added from one thread at a time. The thread ends after
-    IDLE_EXIT_S without work.
-    """
-
-    IDLE_EXIT_S = 1.0
-
-    def __init__(self, communicator):
-        self._comm = communicator
-        self.lock = threading.Lock()
-        self._wake = threading.Condition(self.lock)
-        self._work = []
-        self._error = None
-        self._running = False
-
-    def add(self, exchange):
-        """Watch `exchange` until its next phase is launched. Call with `lock` held."""
-        self._work.append(exchange)
-        if self._running:
-            self._wake.notify()
-        else:
-            self._running = True
-            threading.Thread(target=self._run, name="hvdc-phase-launcher", daemon=True).start()
-
-    def stop(self):
-        """Watch nothing more (step() launches what is left); after it returns the thread
-        calls into the communicator no more. Returns the first error a progress() raised since
-        the last stop(), or None."""
-        with self.lock:
-            self._work = []
-            error, self._error = self._error, None
-        return error
-
-    def _run(self):
-        with self.lock:
-            sleeps = None
-            while True:
-                if not self._work:
-                    sleeps = None
-                    if not self._wake.wait(self.IDLE_EXIT_S) and not self._work:
-                        self._running = False
-                        return
-                    continue
-                for exchange in list(self._work):
-                    try:
-                        self._comm.progress(exchange)
-                        done = not self._comm.has_later_phase(exchange)
-                    except BaseException as err:      # step() raises it (stop())
-                        self._error = self._error or err
-                        done = True
-                    if done:
-                        self._work.remove(exchange)
-                if self._work:
-                    sleeps = sleeps or _poll_sleeps()
-                    self.lock.release()
-                    try:
-                        time.sleep(next(sleeps))
-                    finally:
-                        self.lock.acquire()
 
 
 class Stats:

@@ -40,7 +40,7 @@ from .autocomm import AutoCommunicator
 from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
 from .compressors import Compression, compressor_name
-from .exchange import PhaseLauncher, wait_for
+from .exchange import wait_for
 from .memory import ResidualMemory
 
 __all__ = ["DistributedOptimizer"]
@@ -86,7 +86,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b, (group, _) in enumerate(planned):
             for j, i in enumerate(group):
                 self._slot[order[i][1]] = (b, j)
-        self._launcher = PhaseLauncher(self._communicator)
         self._reset_step()
         # Elastic workers must not run a collective outside hvd.elastic.run's sync point (a
         # worker that joins later would wait alone): there the check is skipped.
@@ -108,7 +107,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "parameters": [(name, tuple(p.shape)) for name, p in self._params]}
 
     def _reset_step(self):
-        self._launcher.stop()
         self._passes_left = {p: self.backward_passes_per_step for _, p in self._params}
         self._missing = [len(bucket) for bucket in self._buckets]
         self._waiting = [[] for _ in self._buckets]     # (member, gradient) not yet in the bucket
@@ -135,14 +133,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         start = time.perf_counter()
         if self._first_hook is None:
             self._first_hook = start
-        with self._launcher.lock:                # the launcher's thread calls in too
-            self._put(p, p.grad, in_hook=True)
-            self._progress()
-            self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
+        self._put(p, p.grad)
+        self._progress()
+        self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
 
-    def _put(self, p, grad, in_hook=False):
-        """Note p's gradient; when its bucket is complete, copy them all in (one op) and launch;
-        in a hook, a bucket with a later phase is watched until it is launched (PhaseLauncher)."""
+    def _put(self, p, grad):
+        """Note p's gradient; when its bucket is complete, copy them all in (one op) and launch."""
         b, j = self._slot[p]
         self._arrived.add(p)
         self._waiting[b].append((j, grad))
@@ -155,13 +151,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._first_launch is None:
                 self._first_launch = self._last_launch
             try:
-                exchange = self._in_flight[b] = self._communicator.start(self._buckets[b],
-                                                                         self._memory)
+                self._in_flight[b] = self._communicator.start(self._buckets[b], self._memory)
             except BaseException as err:         # kept for synchronize(), then raised here
                 self._failure = err
                 raise
-            if in_hook and self._communicator.has_later_phase(exchange):
-                self._launcher.add(exchange)
 
     def _progress(self):
         for exchange in self._in_flight.values():
@@ -189,7 +182,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _abandon_step(self):
         """Wait for the collectives still in flight (their results are dropped) and forget the
         step, so that the next backward starts afresh."""
-        self._launcher.stop()
         for exchange in self._in_flight.values():
             try:
                 wait_for(exchange.handle)
@@ -200,11 +192,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self):
         now = backward_end = time.perf_counter()
-        error = self._launcher.stop()            # from here step() launches the later phases
-        if error is not None:
-            error.add_note("hvd_compress: raised while launching a bucket's later phase during "
-                           "backward")
-            raise error
         stats = self._communicator.stats.values
         stats["overlap_s"] += sum(now - ex.launched for ex in self._in_flight.values())
         for name, p in self._params:

@@ -190,12 +190,6 @@ class Communicator:
     def progress(self, exchange):
         """Launch the exchange's next phase if its current one is done; never blocks."""
 
-    def has_later_phase(self, exchange):
-        """Whether `exchange` has a collective still to launch when its current one completes
-        (what progress() launches): the optimizer then polls it from a thread of its own
-        (exchange.PhaseLauncher). One-phase routes: never."""
-        return False
-
     def advance(self, exchanges):
         """Before the finishes: launch each exchange's later phase the moment its earlier one
         completes, in completion order (multi-phase routes; one-phase ones have nothing to do)."""

@@ -47,8 +47,3 @@ def test_optimizer_exchange_across_ranks(controller, np, request):
         for ef in (0, 1):
             assert {f"optimizer.{route}.ef{ef}.finite", f"optimizer.{route}.ef{ef}.same_on_all_ranks"} <= set(names)
     assert "optimizer.skip_synchronize.same_on_all_ranks" in names
-    for comp in ("bit8", "bit16"):
-        tag = f"optimizer.{comp}.alltoall.phase_launcher"
-        assert {f"{tag}.phase2_launched_before_step", f"{tag}.equals_exchange_after_backward"} <= set(names)
-    assert {"phase_launcher.error_raised_by_stop", "phase_launcher.thread_ends_when_idle",
-            "phase_launcher.error_reported_once"} <= set(names)

@@ -3,8 +3,7 @@ compressed exchange on real ranks (exchange_checks.check_optimizer): hc.Distribu
 with none/fp16 trains to the bits of hvd.DistributedOptimizer (1 and 2 backward passes, a layer
 only rank 0 uses); bit8/bit16 on both routes, with and without error feedback, train to finite
 parameters identical on all ranks; exchanging from gradient hooks gives the bits of one
-exchange after backward; skip_synchronize works; a two-phase bucket's allgather is launched
-by the optimizer's own thread before step() (check_phase_launcher).
+exchange after backward; skip_synchronize works.
 
 A module of its own so that a job can run the exchange's routes without it: the 3-rank job
 checks the routes' chunking at an odd world size, while these checks, which depend on no
@@ -17,7 +16,6 @@ import exchange_checks
 def run(hvd):
     exchange_checks.N, exchange_checks.RANK = hvd.size(), hvd.rank()
     exchange_checks.check_optimizer()
-    exchange_checks.check_phase_launcher()
 
 
 if __name__ == "__main__":
