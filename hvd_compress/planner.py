@@ -66,10 +66,10 @@ ERROR_BOUND = 2.0 ** -4
 # Plans predicted within this fraction of the fastest count as tied: the least lossy of them is
 # taken (the accuracy guard has already admitted every scheme in them). 0.5%, not the 2% it was:
 # with 2% auto took plans predicted 1.0-1.9% slower than the fastest in 7 of the basic net's 8
-# cells of results/step-auto-grid, and at 1 Gbit/s, 4 ranks, the one it took (fc1.weight bit16
-# two-phase, predicted 1.7% slower) measured 7% slower than bit8 by allgather, the model's
-# fastest: the model's gaps between plans were smaller than the measured ones, so a margin that
-# wide trades real time (docs/planner.md, "The margin").
+# cells of results/step-auto-grid/basic-margin-2pct, and at 1 Gbit/s, 4 ranks, the one it took
+# (fc1.weight bit16 two-phase, predicted 1.7% slower) measured 7% slower than bit8 by
+# allgather, the model's fastest: the model's gaps between plans were smaller than the measured
+# ones, so a margin that wide trades real time (docs/planner.md, "The margin").
 TIE_MARGIN = 0.005
 # Re-plan when the median measured step of the last REPLAN_WINDOW steps is off the prediction by
 # more than REPLAN_MARGIN, at most once every REPLAN_EVERY steps. 15%: the accuracy the
