@@ -19,13 +19,23 @@ The timeline, per step, times from the start of backward (a plan changes nothing
     decode     t = B'; t = max(t, Q_i) + dec_i       at step(), bucket by bucket
     step       = fixed_s + t                         fixed_s: forward, update (no plan moves them)
 
-Unrolled, t = max(B' + D, P_k) with P_i = max(P_(i-1), Q_i) + dec_i, D = dec_1 + ... + dec_k:
-a left-to-right fold whose state (E, Q, P, D) -- encodes so far, queue free, decodes done if
-they started at 0, decode total -- grows monotonically with every input and sets the step
-monotonically. So a plan prefix whose state is no smaller in every component than another's
-(and no less lossy) can be dropped: `search` keeps only the Pareto front of these states over
-the buckets, exactly the plans an exhaustive search could still need (tests check it), up to
-MAX_FRONT prefixes; beyond, the most promising of them (a beam, said in the plan).
+A later phase (a two-phase bucket's allgather) is where that fold and the plugin differ: the
+plugin launches it from the first gradient hook after the phase before it ended (after that
+hook's own bucket has been launched; its middle reduce runs in the hook, on backward's thread)
+or, from backward's end on, as soon as that phase ends. `predict` times every plan so, event by
+event (`_timeline`); the fold is what the search's DP runs on, exact where no option has a later
+phase.
+
+Unrolled, the fold's t = max(B' + D, P_k) with P_i = max(P_(i-1), Q_i) + dec_i, D = dec_1 + ...
++ dec_k: a left-to-right fold whose state (E, Q, P, D) -- encodes so far, queue free, decodes
+done if they started at 0, decode total -- grows monotonically with every input and sets the
+step monotonically. So a plan prefix whose state is no smaller in every component than another's
+(and no less lossy) can be dropped: the DP keeps only the Pareto front of these states over the
+buckets, exactly the plans an exhaustive search could still need (tests check it), up to
+MAX_FRONT prefixes; beyond, the most promising of them (a beam, said in the plan). A waiting
+later phase breaks that monotonicity (a later bucket may go first), so `search` predicts every
+plan where there are at most EXHAUSTIVE_PLANS, and beyond lets the timeline re-rank and improve
+the DP's plans (`_improve`).
 
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
@@ -46,9 +56,9 @@ from .registry import label, parse_label, resolve_route
 
 __all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
            "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",
-           "REPLAN_EVERY", "REPLAN_WINDOW", "MAX_FRONT", "candidates_for", "wire_units", "predict",
-           "fixed_plan", "search", "exhaustive", "should_replan", "Replan", "fit_affine",
-           "fit_links"]
+           "REPLAN_EVERY", "REPLAN_WINDOW", "MAX_FRONT", "EXHAUSTIVE_PLANS", "candidates_for",
+           "wire_units", "predict", "fixed_plan", "search", "exhaustive", "should_replan",
+           "Replan", "fit_affine", "fit_links"]
 
 # The candidates, in the fixed order that breaks every tie: least lossy first.
 # int8 is left out: it sends exactly bit8's bytes (so it never moves less), its stochastic
@@ -83,6 +93,11 @@ REPLAN_EVERY = 100
 # says it is not proven optimal; it is still never slower than the best fixed plan, which is
 # always a candidate.
 MAX_FRONT = 128
+# Up to this many allowed plans the search predicts every one (6 candidates on 5 buckets:
+# 7,776 plans, ~0.3 s); beyond, the DP ranks them (module docstring, "The search").
+EXHAUSTIVE_PLANS = 8192
+IMPROVE_STARTS = 16
+IMPROVE_PLANS = 2000
 
 
 # ---------------------------------------------------------------- the measurements
@@ -305,14 +320,49 @@ def predict(m: Measurements, plan) -> Timeline:
     plan = tuple(plan)
     if len(plan) != len(m.buckets):
         raise ValueError(f"a plan needs one scheme per bucket: {len(m.buckets)}, got {len(plan)}")
-    state, leaves, done = (0.0, 0.0, 0.0, 0.0), [], []
-    opts = _options(m, plan)
-    for bucket, opt in zip(m.buckets, opts):
-        leaves.append(max(state[1], bucket.ready_s + state[0] + opt.enc))
-        state, clock = _advance(state, bucket, opt, m.backward_s)
-        done.append(clock)
-    return Timeline(m.fixed_s + _finish(state, m.backward_s), m.backward_s + state[0],
-                    tuple(leaves), tuple(done), sum(o.loss for o in opts))
+    return _timeline(m, _options(m, plan))
+
+
+def _timeline(m, opts):
+    """The plan's step, event by event, as the plugin runs it (module docstring, "A later
+    phase"): a bucket's first collective is queued at its hook; a later phase is queued by the
+    first hook after the phase before it ended (after that hook's own bucket), its middle
+    reduce in that hook, on backward's thread; from backward's end on, as soon as the phase
+    before it ends; Horovod's thread runs the queue in order; step() decodes bucket by bucket."""
+    E = Q = 0.0
+    leaves, done, pending = [], [0.0] * len(opts), []      # pending: (bucket, phase, ended)
+    for j, (bucket, opt) in enumerate(zip(m.buckets, opts)):
+        E += opt.enc
+        hook = bucket.ready_s + E
+        leaves.append(max(Q, hook))
+        Q = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+        mine, still = (j, 1, Q), []
+        for i, k, ended in pending:
+            if ended > hook:
+                still.append((i, k, ended))
+                continue
+            E += opts[i].mid
+            Q = _run(max(Q, bucket.ready_s + E), opts[i].phases[k], m.backward_s + E)
+            still.append((i, k + 1, Q))
+        pending = [p for p in still + [mine] if p[1] < len(opts[p[0]].phases)]
+        for i, k, ended in still + [mine]:
+            if k == len(opts[i].phases):
+                done[i] = ended
+    backward_end = clock = m.backward_s + E
+    while pending:                    # step(): each later phase as soon as the one before ends
+        pending.sort(key=lambda p: p[2])
+        i, k, ended = pending.pop(0)
+        clock = max(clock, ended) + opts[i].mid
+        Q = _run(max(Q, clock), opts[i].phases[k], backward_end)
+        if k + 1 < len(opts[i].phases):
+            pending.append((i, k + 1, Q))
+        else:
+            done[i] = Q
+    t = clock
+    for opt, d in zip(opts, done):
+        t = max(t, d) + opt.dec
+    return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
+                    sum(o.loss for o in opts))
 
 
 def fixed_plan(m: Measurements, text: str):
@@ -354,30 +404,80 @@ def _choose(finals, margin):
 
 
 def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
-           margin=TIE_MARGIN) -> Plan:
+           margin=TIE_MARGIN, exhaustive_plans=None) -> Plan:
     """The plan with the smallest predicted step, or, among those within `margin` of it, the
-    least lossy (sum over buckets of bytes x measured error). Exact on this model: a Pareto-
-    front DP over the buckets in launch order (module docstring), in two passes: the fastest
+    least lossy (sum over buckets of bytes x measured error). Up to EXHAUSTIVE_PLANS allowed
+    plans (`exhaustive_plans`): every one predicted, exact. Beyond, a Pareto-front DP over the
+    buckets in launch order on the fold (module docstring; exact where no allowed option has a
+    later phase, which the fold alone times as the timeline does), in two passes: the fastest
     step T* (state E, Q, P, D), then the least lossy plan within (1 + margin) T* (the loss a
-    fifth component). Each pass drops a prefix whose step can only end above its limit: the
-    best fixed plan's step, then (1 + margin) T*."""
+    fifth component), each dropping a prefix whose step can only end above its limit; its
+    final plans, every fixed plan and each of them with its later-phase buckets on the same
+    scheme's allgather are then predicted on the timeline, which chooses."""
     if not 0 <= margin < 1:
         raise ValueError(f"tie margin must be in [0, 1), got {margin!r}")
     allowed, refused = candidates_for(m, candidates, bound)
+    limit = EXHAUSTIVE_PLANS if exhaustive_plans is None else exhaustive_plans
+    if math.prod(len(a) for a in allowed) <= limit:
+        return exhaustive(m, candidates, bound, margin)
     order = {label(*parse_label(t)): i for i, t in enumerate(candidates)}
     opts = [[_option(m, b, t, order.get(t, len(order))) for t in texts]
             for b, texts in zip(m.buckets, allowed)]
-    # an upper bound: the best plan taking one scheme everywhere it is allowed, else none
-    upper = min(_fold(m, [next((o for o in per if o.index == i), per[0]) for per in opts])
-                for i in sorted({o.index for per in opts for o in per}))
-    fixed = [_plan_row(m, [next((o for o in per if o.index == i), per[0]) for per in opts])
-             for i in sorted({o.index for per in opts for o in per})]
+    indices = sorted({o.index for per in opts for o in per})
+    fixed = [[next((o for o in per if o.index == i), per[0]) for per in opts] for i in indices]
+    upper = min(_fold(m, f) for f in fixed)      # the best plan taking one scheme everywhere
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
-    fastest = min(f[0] for f in finals + fixed)
-    finals, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
-    best, fastest = _choose(finals + fixed, margin)
+    fastest = min([f[0] for f in finals] + [_fold(m, f) for f in fixed])
+    finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
+    phased = any(len(o.phases) > 1 for per in opts for o in per)
+    by_label = [{o.label: o for o in per} for per in opts]
+    shortlist = {tuple(f[2]) for f in finals + finals2} | {tuple(o.index for o in f)
+                                                           for f in fixed}
+    rows = {}
+    for idx in sorted(shortlist):
+        chosen = [next(o for o in per if o.index == i) for per, i in zip(opts, idx)]
+        for plan in (chosen, [_one_phase(o, labels) for o, labels in zip(chosen, by_label)]):
+            key = tuple(o.label for o in plan)
+            if key not in rows:
+                t = _timeline(m, plan)
+                rows[key] = (t.step_s, t.loss, tuple(o.index for o in plan), key)
+    if phased:
+        _improve(m, opts, rows)
+    best, fastest = _choose(list(rows.values()), margin)
     return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
-                max(w1, w2), refused, exact1 and exact2)
+                max(w1, w2), refused, exact1 and exact2 and not phased)
+
+
+def _improve(m, opts, rows):
+    """Where the fold and the timeline differ (a later phase waits for a hook), the fold's best
+    need not be the timeline's: from each of the IMPROVE_STARTS fastest plans found, move one
+    bucket at a time to another option while that makes the predicted step shorter, for at
+    most IMPROVE_PLANS plans predicted (every plan tried is added to `rows`)."""
+    by_index = [{o.index: o for o in per} for per in opts]
+    budget = IMPROVE_PLANS
+    for start in sorted(rows.values(), key=lambda r: (r[0], r[1], r[2]))[:IMPROVE_STARTS]:
+        current, better = start, True
+        while better and budget > 0:
+            better = False
+            for i, per in enumerate(opts):
+                for o in per:
+                    key = current[3][:i] + (o.label,) + current[3][i + 1:]
+                    if key not in rows:
+                        if budget <= 0:
+                            return
+                        budget -= 1
+                        idx = current[2][:i] + (o.index,) + current[2][i + 1:]
+                        t = _timeline(m, [by_index[j][x] for j, x in enumerate(idx)])
+                        rows[key] = (t.step_s, t.loss, idx, key)
+                    if rows[key][:3] < current[:3]:
+                        current, better = rows[key], True
+
+
+def _one_phase(opt, options):
+    """The same scheme by allgather, where `opt` has a later phase and that is allowed."""
+    if len(opt.phases) < 2:
+        return opt
+    return options.get(label(parse_label(opt.label)[0], "allgather"), opt)
 
 
 def _plan_row(m, opts):
@@ -452,19 +552,18 @@ def _pareto(states):
 
 def exhaustive(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
                margin=TIE_MARGIN) -> Plan:
-    """Every allowed plan, predicted one by one: the reference `search` is tested against
-    (options ** buckets plans: for a handful of buckets only)."""
+    """Every allowed plan, predicted one by one: what `search` does up to EXHAUSTIVE_PLANS
+    plans, and the reference its DP is tested against."""
     import itertools
     allowed, refused = candidates_for(m, candidates, bound)
     order = {label(*parse_label(t)): i for i, t in enumerate(candidates)}
     finals = []
+    options = [{t: _option(m, b, t, order.get(t, len(order))) for t in texts}
+               for b, texts in zip(m.buckets, allowed)]
     for labels in itertools.product(*allowed):
-        opts = _options(m, labels, candidates)
-        state = (0.0, 0.0, 0.0, 0.0)
-        for bucket, opt in zip(m.buckets, opts):
-            state, _ = _advance(state, bucket, opt, m.backward_s)
-        finals.append((m.fixed_s + _finish(state, m.backward_s), sum(o.loss for o in opts),
-                       tuple(order.get(t, len(order)) for t in labels), labels))
+        t = _timeline(m, [per[x] for per, x in zip(options, labels)])
+        finals.append((t.step_s, t.loss, tuple(order.get(x, len(order)) for x in labels),
+                       labels))
     best, fastest = _choose(finals, margin)
     return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
                 len(finals), refused)

@@ -110,6 +110,55 @@ def test_idle_link_after_backward():
     assert pl.predict(m, ["none"]).step_s == pytest.approx(wire_idle)
 
 
+def phase_seconds(scheme, route, nbytes, n, l):
+    return [methods.COLLECTIVE_COSTS[c](n, b).seconds(l)
+            for c, b in pl.wire_units(scheme, route, nbytes // 4, n)]
+
+
+def test_a_later_phase_waits_for_the_next_hook_and_queues_after_that_hooks_bucket():
+    # "a": two-phase, its alltoall ends long before "b" is ready: the plugin launches the
+    # allgather from b's hook (ready 50 ms + both encodes), after b's own first collective
+    b = [pl.Bucket("a", 4 * MiB, 0.0), pl.Bucket("b", 4 * MiB, 0.050)]
+    l = link(1e9, 0.0)
+    cost = pl.CodecCost(encode=pl.Affine(0.001, 0.0), reduce=pl.Affine(0.002, 0.0))
+    m = measurements(b, 0.100, l, n=4, codecs={"bit8:alltoall": cost,
+                                               "bit8:allgather": pl.CodecCost()})
+    a2a, ag = phase_seconds("bit8", "alltoall", 4 * MiB, 4, l)
+    (b_ag,) = phase_seconds("bit8", "allgather", 4 * MiB, 4, l)
+    assert 0.001 + a2a < 0.050                      # a's first phase ends before b's hook
+    t = pl.predict(m, ["bit8:alltoall", "bit8:allgather"])
+    hook = 0.050 + 0.001                            # b's ready time plus a's encode
+    assert t.leaves_s == (pytest.approx(0.001), pytest.approx(hook))
+    assert t.done_s[1] == pytest.approx(hook + b_ag)
+    # a's middle reduce runs in that hook, on backward's thread: backward ends 2 ms later
+    assert t.backward_end_s == pytest.approx(0.100 + 0.001 + 0.002)
+    assert t.done_s[0] == pytest.approx(max(hook + b_ag, hook + 0.002) + ag)
+
+
+def test_after_backward_a_later_phase_follows_at_once():
+    # one two-phase bucket ready as backward ends: no hook is left, step() launches the
+    # allgather as soon as the alltoall ends (plus the middle reduce)
+    b = [pl.Bucket("a", 4 * MiB, 0.020)]
+    l = link(100e6, 0.0)
+    mid = pl.CodecCost(reduce=pl.Affine(0.003, 0.0))
+    m = measurements(b, 0.020, l, n=4, codecs={"bit8:alltoall": mid})
+    a2a, ag = phase_seconds("bit8", "alltoall", 4 * MiB, 4, l)
+    t = pl.predict(m, ["bit8:alltoall"])
+    assert t.done_s[0] == pytest.approx(0.020 + a2a + 0.003 + ag)
+    assert t.step_s == pytest.approx(t.done_s[0])
+
+
+def test_a_later_phase_without_a_later_hook_waits_for_backwards_end():
+    # the only bucket's alltoall ends mid-backward: no hook comes, its allgather waits for
+    # step() at backward's end, where the idle link runs it
+    b = [pl.Bucket("a", 64 * 1024, 0.0)]
+    l = link(1e9, 0.0)
+    m = measurements(b, 0.200, l, n=4, codecs={"bit8:alltoall": FREE})
+    a2a, ag = phase_seconds("bit8", "alltoall", 64 * 1024, 4, l)
+    assert a2a < 0.200
+    assert pl.predict(m, ["bit8:alltoall"]).done_s[0] == pytest.approx(0.200 + ag)
+
+
 # ---------------------------------------------------------------- the search
 
 def test_slow_wire_compresses_the_exposed_tail_and_leaves_the_hidden_bucket_alone():
@@ -164,12 +213,26 @@ def random_instance(rng, k):
                            links_idle=idle, fixed_s=rng.uniform(0, 0.01))
 
 
+ONE_PHASE = ("none:allreduce", "fp16:allreduce", "bit16:allgather", "bit8:allgather")
+
+
+def test_a_few_buckets_are_searched_by_predicting_every_plan():
+    m = random_instance(random.Random(5), k=3)
+    plan, brute = pl.search(m), pl.exhaustive(m)
+    assert plan == brute and plan.exact
+    allowed, _ = pl.candidates_for(m)
+    assert plan.front == math.prod(len(a) for a in allowed) <= pl.EXHAUSTIVE_PLANS
+
+
 @pytest.mark.parametrize("seed", range(25))
-def test_search_finds_the_exhaustive_optimum(seed):
+def test_the_dp_finds_the_exhaustive_optimum_where_no_phase_waits(seed):
+    # one-phase candidates: the fold is the timeline, so the DP is exact (forced here;
+    # search() itself predicts every plan up to EXHAUSTIVE_PLANS)
     rng = random.Random(seed)
     m = random_instance(rng, k=rng.randint(3, 5))
     margin = rng.choice([0.0, pl.TIE_MARGIN, 0.1])
-    dp, brute = pl.search(m, margin=margin), pl.exhaustive(m, margin=margin)
+    dp = pl.search(m, ONE_PHASE, margin=margin, exhaustive_plans=0)
+    brute = pl.exhaustive(m, ONE_PHASE, margin=margin)
     assert dp.fastest_s == pytest.approx(brute.fastest_s, rel=1e-12)
     assert (dp.predicted_s, dp.loss) == pytest.approx((brute.predicted_s, brute.loss), rel=1e-12)
     assert pl.predict(m, dp.schemes).step_s == pytest.approx(dp.predicted_s, rel=1e-12)
@@ -182,15 +245,37 @@ def test_search_finds_the_exhaustive_optimum(seed):
         assert pl.predict(m, dp.schemes).step_s == brute.predicted_s, (dp.schemes, brute.schemes)
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_the_dp_with_later_phases_finds_the_exhaustive_optimum_on_these_instances(seed):
+    # two-phase candidates: the fold launches a later phase at once, the timeline at the next
+    # hook, so the DP's plans are a shortlist the timeline re-ranks and improves bucket by
+    # bucket: not proven (exact is False), but it found the optimum on 300 of 300 such
+    # instances (docs/planner.md, "The search"); these 25 hold it to that
+    rng = random.Random(seed)
+    m = random_instance(rng, k=rng.randint(3, 5))
+    margin = rng.choice([0.0, pl.TIE_MARGIN, 0.1])
+    dp = pl.search(m, margin=margin, exhaustive_plans=0)
+    brute = pl.exhaustive(m, margin=margin)
+    assert pl.predict(m, dp.schemes).step_s == pytest.approx(dp.predicted_s, rel=1e-12)
+    assert dp.fastest_s == pytest.approx(brute.fastest_s, rel=1e-12)
+    assert (dp.predicted_s, dp.loss) == pytest.approx((brute.predicted_s, brute.loss), rel=1e-12)
+    allowed, _ = pl.candidates_for(m)
+    assert dp.exact is not any(
+        len(pl.wire_units(*pl.parse_label(t), 1, m.n)) > 1 for a in allowed for t in a)
+
+
 def test_tens_of_buckets_like_a_real_backward_are_searched_exactly():
     # 30 buckets of 1 MB ready evenly through a 200 ms backward: the front stays small
     bs = [pl.Bucket(f"b{i}", 1_000_000, 0.2 * (i + 1) / 30) for i in range(30)]
     for rate, expect in ((10e6, "bit8:allgather"), (10e9, "none:allreduce")):
         m = measurements(bs, 0.2, link(rate), codecs=codecs(5e-10, 5e-10, 1e-4))
-        plan = pl.search(m)
+        plan = pl.search(m, ONE_PHASE)
         assert plan.exact and expect in plan.schemes
         if rate == 10e9:
             assert set(plan.schemes) == {"none:allreduce"}
+        # with the two-phase routes too the timeline decides among the DP's plans: not proven
+        plan = pl.search(m)
+        assert not plan.exact and expect in plan.schemes
 
 
 def test_a_wide_front_falls_back_to_a_beam_never_worse_than_a_fixed_plan():
