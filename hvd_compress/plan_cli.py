@@ -270,7 +270,7 @@ def main(argv=None):
               f"| {d * 1e3:.2f} ms |")
     print(f"\nbackward ends {timeline.backward_end_s * 1e3:.2f} ms (encodes included); "
           f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {args.margin * 100:g}%; "
-          f"search {'exact' if plan.exact else 'beam (front over MAX_FRONT)'}")
+          f"search {'exact' if plan.exact else 'not proven optimal (docs/planner.md, The search)'}")
     for (b, t), why in sorted(plan.refused.items()):
         print(f"refused: {b} {t}: {why}")
     return 0

@@ -375,9 +375,10 @@ def fixed_plan(m: Measurements, text: str):
 @dataclass(frozen=True)
 class Plan:
     """The chosen plan: a label per bucket, its predicted step, the fastest predicted step of
-    any allowed plan, how many plan prefixes the search kept at most (its front), the reasons
-    candidates were refused, and whether the search was exact (its front stayed within
-    MAX_FRONT)."""
+    any allowed plan, how many plans or plan prefixes the search kept at most (its front: every
+    plan, where it predicted them all), the reasons candidates were refused, and whether the
+    plan is proven the best on the model (every plan predicted, or the DP's front within
+    MAX_FRONT and no later phase allowed)."""
 
     buckets: tuple
     schemes: tuple
