@@ -70,6 +70,7 @@ class AutoCommunicator(CommunicatorBase):
                 comm.tagged = True           # the label in the collective's name
             self._subs[text] = comm
         self._buckets, self._index, self._active = [], {}, {}
+        self._inputs = {}                    # while measuring: each bucket's gradient as sent
         self._events, self._history = [], []
         self._warned = False
         self._calibration_s, self._calibrations = 0.0, 0
@@ -92,6 +93,7 @@ class AutoCommunicator(CommunicatorBase):
         self._phase = "measuring"
         self._trial = None
         self._samples = []                   # the plan in force stays, and its steps
+        self._inputs = {}
         self._last_end = None
         self._launches = [None] * len(self._buckets)
 
@@ -128,6 +130,16 @@ class AutoCommunicator(CommunicatorBase):
         i = self._index[id(bucket)]
         sub = self._subs[self._labels[i]]
         began = time.perf_counter()
+        if self._phase == "measuring":
+            # The calibration's errors and codec times are taken on the gradient as this rank
+            # sends it: after the exchange the buffer holds the reduced result, which under a
+            # lossy plan in force has been through its codec already (a bucket on fp16 then
+            # measured an fp16 error of 0 at a re-plan). Hook work: the pace subtracts it.
+            kept = self._inputs.get(i)
+            if kept is None or kept.shape != bucket.buffer.shape:
+                self._inputs[i] = bucket.buffer.clone()
+            else:
+                kept.copy_(bucket.buffer)
         if sub.route == Route.ALLREDUCE:
             if memory is not None:
                 _carry_residual(bucket, memory)
@@ -236,7 +248,8 @@ class AutoCommunicator(CommunicatorBase):
     def _measure_here(self, rank, n):
         """This rank's measurements, or {'error': why}: no collective in here."""
         try:
-            buffers = [b.buffer for b in self._buckets]
+            buffers = [self._inputs.get(i, b.buffer) for i, b in enumerate(self._buckets)]
+            self._inputs = {}
             return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
                     "labels": list(self._labels),           # the plan the pace was taken on
                     "pace": calibration.pace_summary(self._samples),

@@ -164,6 +164,15 @@ def run(hvd):
                  and check["now"], f"{replans} {check}")
     stats = train(hvd, model, opt, WARMUP, first=300)
     checks.check("replan.planned_again", "planned" in events(stats), str(events(stats)))
+    # measured under the mixed plan, each bucket's error for its own scheme is the gradient's
+    # as sent, not the reduced result's (which has been through that codec: fp16 measured 0)
+    report = opt.plan_report()
+    errs, names = report["measurements"]["errors"], [b["name"] for b in report["buckets"]]
+    own = {f"{name} {label.split(':')[0]}": errs.get(f"{name} {label.split(':')[0]}")
+           for name, label in zip(names, mixed)}
+    checks.check("replan.errors_of_the_gradient_as_sent",
+                 all(e is not None and 1e-6 < e <= planner.ERROR_BOUND for e in own.values()),
+                 str(own))
     checks.check("replan.identical_weights", checks.same_everywhere(list(model.parameters())))
 
     # 3b. error feedback: a lossy bucket keeps a residual; moved to float32 it carries it once
