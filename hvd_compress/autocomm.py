@@ -252,6 +252,7 @@ class AutoCommunicator(CommunicatorBase):
             self._inputs = {}
             return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
                     "labels": list(self._labels),           # the plan the pace was taken on
+                    "host": calibration.host(),
                     "pace": calibration.pace_summary(self._samples),
                     "codecs": calibration.time_codecs(buffers, self.settings.candidates, n,
                                                       self.scale_block),

@@ -19,6 +19,7 @@ Pure:
 """
 import dataclasses
 import math
+import os
 import statistics
 import time
 
@@ -32,7 +33,7 @@ __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REP
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
            "measure_errors", "link_sizes", "link_grow_caps", "next_link_size",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "busy_links",
-           "BUSY_FACTOR_MAX", "summary"]
+           "BUSY_FACTOR_MAX", "summary", "host", "cpu_share", "without_steal"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -219,9 +220,10 @@ def next_link_size(size, small_s, large_s, cap):
 
 
 def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None):
-    """[(collective, n, bytes, seconds)] for each collective and size, `reps` timed repetitions
-    after one untimed, every rank in the same order (a collective: call it on every rank).
-    bytes as costmodel.fit defines them: allreduce a float32 vector of that many bytes,
+    """[(collective, n, bytes, seconds, cpu seconds)] for each collective and size, `reps`
+    timed repetitions after one untimed, every rank in the same order (a collective: call it on
+    every rank); cpu: what this process's other threads spent meanwhile. bytes as
+    costmodel.fit defines them: allreduce a float32 vector of that many bytes,
     allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send buffer
     (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective whose two
     sizes did not resolve a byte's cost is timed at larger ones (next_link_size), decided on
@@ -249,16 +251,19 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             else:
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
-            times = []
+            times, cpus = [], []
             for rep in range(reps + 1):
-                began = time.perf_counter()
+                began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
                 handle = launch(tensor, name)
                 while not hvd.poll(handle):
                     time.sleep(_POLL_S)
                 hvd.synchronize(handle)
                 if rep:
                     times.append(time.perf_counter() - began)
-            rows += [(collective, n, size, t) for t in times]
+                    # the CPU of every thread but this one (which polls): Horovod's, the
+                    # transport's -- what the collective takes from backward's cores
+                    cpus.append(max(0.0, (time.process_time() - cpu) - (time.thread_time() - mine)))
+            rows += [(collective, n, size, t, c) for t, c in zip(times, cpus)]
             medians.append(statistics.median(times))
             if sizes_here or caps is None or collective not in caps or len(medians) < 2:
                 continue
@@ -329,7 +334,7 @@ def combine(ranks, link_rows, n):
     fastest = {}
     for rows in link_rows:
         seen = {}
-        for collective, size_n, nbytes, seconds in rows:
+        for collective, size_n, nbytes, seconds, *_ in rows:
             key = (collective, size_n, nbytes, seen.setdefault((collective, nbytes), 0))
             seen[(collective, nbytes)] += 1
             seconds = _finite(seconds, f"a timed {collective}")
@@ -357,7 +362,70 @@ def combine(ranks, link_rows, n):
                 old = errors.get(key, -math.inf)
                 errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
-                                fixed_s=pace["fixed_s"])
+                                fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
+                                cpu_share=cpu_share([r.get("host") for r in ranks]))
+
+
+def host():
+    """This rank's machine as cpu_share counts it: the kernel's boot id (ranks in network
+    namespaces of one machine, each a host of its own to Horovod, share it), the cores it may
+    run on, its compute threads."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            machine = f.read().strip()
+    except OSError:
+        machine = os.uname().nodename
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"machine": machine, "cores": int(cores or 1), "threads": torch.get_num_threads()}
+
+
+def cpu_share(hosts):
+    """The backward seconds a collective's CPU second costs while backward computes: on a
+    machine whose ranks' compute threads fill its cores (threads >= cores), every thread gets
+    cores/threads of a core, so work added to one rank's process delays its backward by
+    threads/cores of itself (4 ranks of one thread on 2 cores: 2); where a core is left free,
+    Horovod's thread runs there (0). The most crowded machine's; 0 where a rank did not say."""
+    if not hosts or any(not isinstance(h, dict) for h in hosts):
+        return 0.0
+    machines = {}
+    for h in hosts:
+        threads, cores = machines.get(h["machine"], (0, h["cores"]))
+        machines[h["machine"]] = (threads + h["threads"], min(cores, h["cores"]))
+    return max((t / c if t >= c else 0.0) for t, c in machines.values())
+
+
+def _links_cpu(link_rows):
+    """{collective: Affine} the CPU seconds per call, on each size the median of each rank's
+    repetitions, then of the ranks; {} where no row has a CPU time."""
+    per = {}
+    for rows in link_rows:
+        mine = {}
+        for row in rows:
+            if len(row) > 4:
+                mine.setdefault((row[0], row[2]), []).append(_finite(row[4], f"a {row[0]}'s CPU"))
+        for key, values in mine.items():
+            per.setdefault(key, []).append(statistics.median(values))
+    out = {}
+    for collective in sorted({c for c, _ in per}):
+        points = sorted((b, statistics.median(v)) for (c, b), v in per.items() if c == collective)
+        out[collective] = planner.fit_affine(points)
+    return out
+
+
+def without_steal(m: planner.Measurements, labels):
+    """The pace as backward would run with no collective beside it. The warm-up steps ran the
+    plan in force (`labels`), whose collectives' CPU backward's pace already holds; the
+    timeline adds each plan's own (planner, "The collectives' CPU"), so the plan in force's,
+    as the timeline reckons it, is taken out of the ready times and backward's end."""
+    t = planner.predict(m, labels)
+    if not t.stolen_s or not t.stolen_s[-1]:
+        return m
+    ready, last = [], 0.0
+    for b, took in zip(m.buckets, t.stolen_s):
+        last = max(last, b.ready_s - took)
+        ready.append(dataclasses.replace(b, ready_s=last))
+    return dataclasses.replace(m, buckets=tuple(ready),
+                               backward_s=max(m.backward_s - t.stolen_s[-1], last))
 
 
 def busy_links(m: planner.Measurements, labels, measured_step_s):
@@ -366,8 +434,9 @@ def busy_links(m: planner.Measurements, labels, measured_step_s):
     the cores (2 here), and a bucket waits for the poll. So every link is slowed by the one
     factor k >= 1 (alpha and beta alike) that makes the plan in force (`labels`, float32 at
     first) predict the step it was measured at; k = 1 where the timed links already predict it
-    or more; at most BUSY_FACTOR_MAX. Returns (measurements, k); the links timed alone are in
-    `summary`."""
+    or more; at most BUSY_FACTOR_MAX. The pace is first cleared of the plan in force's CPU
+    (without_steal). Returns (measurements, k); the links timed alone are in `summary`."""
+    m = without_steal(m, labels)
     idle = {c: (f.link() if callable(getattr(f, "link", None)) else f) for c, f in m.links.items()}
 
     def with_factor(k):
@@ -401,4 +470,5 @@ def summary(m: planner.Measurements):
         "codecs": {t: {"encode": affine(c.encode), "reduce": affine(c.reduce),
                        "decode": affine(c.decode)} for t, c in m.codecs.items()},
         "errors": {f"{b} {s}": e for (b, s), e in sorted(m.errors.items())},
+        "links_cpu": {c: affine(x) for c, x in m.links_cpu.items()}, "cpu_share": m.cpu_share,
     }

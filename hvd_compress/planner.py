@@ -37,6 +37,13 @@ later phase breaks that monotonicity (a later bucket may go first), so `search` 
 plan where there are at most EXHAUSTIVE_PLANS, and beyond lets the timeline re-rank and improve
 the DP's plans (`_improve`).
 
+The collectives' CPU: Horovod's thread sums what it receives (a float16 sum on a CPU is a
+software conversion each way: 17 ms a rank for fp16's 2.4 MB at 4 ranks, against fp32's 5 ms
+for twice the bytes, results/collective-cpu). Where the compute threads fill the cores, that CPU
+is taken from backward: a collective's `cpu` (its measured CPU seconds x Measurements.cpu_share)
+is added to backward's end and to every later hook, in the share of its run that overlaps
+backward. The fold leaves it out; the timeline, which chooses, has it.
+
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
 idle link's, where one was measured; a collective across that moment does the rest at idle pace
@@ -159,7 +166,11 @@ class Measurements:
     timed while backward runs, `links_idle` as timed after it (optional); collectives:
     allreduce, allreduce_fp16 (Horovod's float16 sum; falls back to allreduce), allgather,
     alltoall. `codecs`: {'bit8:allgather': CodecCost, ...} ('none:allreduce' defaults to free).
-    `errors`: {(bucket name, scheme name): measured relative error}."""
+    `errors`: {(bucket name, scheme name): measured relative error}. `links_cpu`:
+    {collective: Affine} the CPU a collective's threads spend per call (bytes as for `links`),
+    and `cpu_share`: the backward seconds one such CPU second costs where backward computes
+    meanwhile (the cores' threads per core, 0 where a core is free; module docstring, "The
+    collectives' CPU")."""
 
     n: int
     buckets: tuple
@@ -169,6 +180,8 @@ class Measurements:
     errors: dict = field(default_factory=dict)
     links_idle: dict | None = None
     fixed_s: float = 0.0
+    links_cpu: dict = field(default_factory=dict)
+    cpu_share: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
@@ -180,7 +193,8 @@ class Measurements:
         if len(set(names)) != len(names):
             raise ValueError(f"bucket names must be unique, got {names}")
         last = max(b.ready_s for b in self.buckets)
-        for what, v in (("backward_s", self.backward_s), ("fixed_s", self.fixed_s)):
+        for what, v in (("backward_s", self.backward_s), ("fixed_s", self.fixed_s),
+                        ("cpu_share", self.cpu_share)):
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{what} must be finite and >= 0 s, got {v!r}")
         if self.backward_s < last:
@@ -214,6 +228,14 @@ def _unit_seconds(unit, n, links):
     return sum(methods.COLLECTIVE_COSTS[c](n, b).seconds(_link(links, c)) for c, b in unit)
 
 
+def _unit_cpu(m, collective, nbytes):
+    """Backward seconds the collective's CPU costs where it runs during backward."""
+    cost = m.links_cpu.get(collective)
+    if cost is None and collective == "allreduce_fp16":
+        cost = m.links_cpu.get("allreduce")
+    return 0.0 if cost is None or not m.cpu_share else m.cpu_share * cost.seconds(nbytes)
+
+
 @dataclass(frozen=True)
 class _Option:
     """One candidate for one bucket, with its costs worked out."""
@@ -223,6 +245,7 @@ class _Option:
     mid: float
     dec: float
     phases: tuple        # ((busy s, idle s), ...): the bucket's collectives
+    cpu: tuple           # per phase: backward seconds its CPU costs, run during backward
     loss: float          # bytes * measured error: what the tie-break minimises
 
 
@@ -236,14 +259,15 @@ def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
         raise ValueError(f"no codec cost measured for {text}")
     count = bucket.nbytes // 4
     idle = m.links_idle or m.links
-    phases = []
+    phases, cpu = [], []
     for c, b in wire_units(scheme, route, count, m.n):
         busy = _unit_seconds([(c, b)], m.n, m.links)
         phases.append((busy, min(busy, _unit_seconds([(c, b)], m.n, idle))))
+        cpu.append(_unit_cpu(m, c, b))
     err = 0.0 if scheme == "none" else m.errors.get((bucket.name, scheme), math.nan)
     return _Option(text, index, cost.encode.seconds(bucket.nbytes),
                    cost.reduce.seconds(bucket.nbytes), cost.decode.seconds(bucket.nbytes),
-                   tuple(phases), bucket.nbytes * err)
+                   tuple(phases), tuple(cpu), bucket.nbytes * err)
 
 
 def candidates_for(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND):
@@ -282,6 +306,16 @@ def _run(start, phase, busy_until):
     return busy_until + (1 - (busy_until - start) / busy) * idle
 
 
+def _stolen(start, end, cpu, busy_until):
+    """What a collective running from `start` to `end` takes from backward (which runs until
+    `busy_until`): its CPU cost, in the share of its run that overlaps backward."""
+    if cpu <= 0 or start >= busy_until:
+        return 0.0
+    if end <= busy_until or end <= start:
+        return cpu
+    return cpu * (busy_until - start) / (end - start)
+
+
 def _advance(state, bucket, opt, backward_s):
     """One bucket through the fold: (E, Q, P, D) -> the next (see the module docstring)."""
     E, Q, P, D = state
@@ -311,6 +345,8 @@ class Timeline:
     leaves_s: tuple
     done_s: tuple
     loss: float = 0.0
+    stolen_s: tuple = ()     # backward's time the collectives' CPU took before each bucket's
+                             # hook, then in all
 
 
 def _options(m, plan, candidates=None):
@@ -334,20 +370,27 @@ def _timeline(m, opts):
     first hook after the phase before it ended (after that hook's own bucket), its middle
     reduce in that hook, on backward's thread; from backward's end on, as soon as the phase
     before it ends; Horovod's thread runs the queue in order; step() decodes bucket by bucket."""
-    E = Q = 0.0
+    E = Q = stolen = 0.0
     leaves, done, pending = [], [0.0] * len(opts), []      # pending: (bucket, phase, ended)
+    before = []
     for j, (bucket, opt) in enumerate(zip(m.buckets, opts)):
+        before.append(stolen)
         E += opt.enc
         hook = bucket.ready_s + E
         leaves.append(max(Q, hook))
         Q = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+        took = _stolen(leaves[-1], Q, opt.cpu[0], m.backward_s + E)
+        E, stolen = E + took, stolen + took
         mine, still = (j, 1, Q), []
         for i, k, ended in pending:
             if ended > hook:
                 still.append((i, k, ended))
                 continue
             E += opts[i].mid
-            Q = _run(max(Q, bucket.ready_s + E), opts[i].phases[k], m.backward_s + E)
+            began = max(Q, bucket.ready_s + E)
+            Q = _run(began, opts[i].phases[k], m.backward_s + E)
+            took = _stolen(began, Q, opts[i].cpu[k], m.backward_s + E)
+            E, stolen = E + took, stolen + took
             still.append((i, k + 1, Q))
         pending = [p for p in still + [mine] if p[1] < len(opts[p[0]].phases)]
         for i, k, ended in still + [mine]:
@@ -367,7 +410,7 @@ def _timeline(m, opts):
     for opt, d in zip(opts, done):
         t = max(t, d) + opt.dec
     return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
-                    sum(o.loss for o in opts))
+                    sum(o.loss for o in opts), tuple(before) + (stolen,))
 
 
 def fixed_plan(m: Measurements, text: str):
@@ -435,7 +478,8 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
     fastest = min([f[0] for f in finals] + [upper])
     finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
-    phased = any(len(o.phases) > 1 for per in opts for o in per)
+    # the fold times neither a waiting later phase nor the collectives' CPU
+    phased = any(len(o.phases) > 1 or any(o.cpu) for per in opts for o in per)
     by_label = [{o.label: o for o in per} for per in opts]
     shortlist = {tuple(f[2]) for f in finals + finals2} | {tuple(o.index for o in f)
                                                            for f in fixed}

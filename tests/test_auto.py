@@ -341,7 +341,8 @@ def test_auto_across_ranks(controller, np, request):
     names = passed_checks(request)
     for what in ("trains.same_plan_on_every_rank", "trains.identical_weights",
                  "trains.plan_labels_legal", "trains.calibration_cost_recorded",
-                 "trains.links_fitted", "links.grow_to_the_cap",
+                 "trains.links_fitted", "trains.links_cpu_fitted_and_the_share_counted",
+                 "links.grow_to_the_cap",
                  "links.grown_by_the_rule_alike_everywhere", "mixed.identical_weights",
                  "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
@@ -400,6 +401,52 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
     assert busy.links["allreduce"].beta == pytest.approx(k * m.links["allreduce"].beta)
     same, k = calibration.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
     assert k == 1.0 and planner.predict(same, labels).step_s == pytest.approx(idle_step)
+
+
+@pytest.mark.unit
+def test_cpu_share_counts_the_compute_threads_per_core_of_the_most_crowded_machine():
+    def h(machine, cores=2, threads=1):
+        return {"machine": machine, "cores": cores, "threads": threads}
+    assert calibration.cpu_share([h("a")] * 4) == 2.0           # 4 ranks on 2 cores
+    assert calibration.cpu_share([h("a")] * 2) == 1.0
+    assert calibration.cpu_share([h("a"), h("b")]) == 0.0       # a core left free on each
+    assert calibration.cpu_share([h("a", 16, 4)] * 2 + [h("b")] * 3) == 1.5
+    assert calibration.cpu_share([h("a"), None]) == 0.0         # a rank that did not say
+    here = calibration.host()
+    assert here["cores"] >= 1 and here["threads"] >= 1 and here["machine"]
+
+
+@pytest.mark.unit
+def test_combine_fits_each_collectives_cpu_from_the_ranks_medians():
+    def with_cpu(rows, per_byte):
+        return [(c, n, b, t, 1e-4 + per_byte * b) for c, n, b, t in rows]
+    ranks = [dict(rank_measurements(), host=calibration.host()) for _ in range(2)]
+    m = calibration.combine(ranks, [with_cpu(link_rows(1e9), 2e-9),
+                                    with_cpu(link_rows(1e9), 4e-9)], 2)
+    assert set(m.links_cpu) == set(calibration.LINK_COLLECTIVES)
+    fit = m.links_cpu["allreduce"]                   # the median of the two ranks: 3e-9
+    assert fit.a == pytest.approx(1e-4, rel=1e-6) and fit.b == pytest.approx(3e-9, rel=1e-6)
+    assert calibration.combine([rank_measurements()], [link_rows(1e9)], 2).links_cpu == {}
+
+
+@pytest.mark.unit
+def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_fitted():
+    rows = [(c, n, b, t, 5e-9 * b) for c, n, b, t in link_rows(1e9)]
+    host = {"machine": "m", "cores": 2, "threads": 1}
+    m = calibration.combine([dict(rank_measurements(ready=(0.01, 0.3)), host=host)] * 4,
+                            [rows] * 4, 2)
+    assert m.cpu_share == 2.0
+    labels = [FLOAT32, FLOAT32]
+    took = planner.predict(m, labels).stolen_s
+    assert took[0] == 0 and took[1] > 0.01                 # fc.bias's allreduce, inside backward
+    clean = calibration.without_steal(m, labels)
+    assert clean.backward_s == pytest.approx(m.backward_s - took[-1])
+    assert clean.buckets[1].ready_s == pytest.approx(0.3 - took[1])
+    # the plan in force, predicted on the cleared pace, steps as it was measured
+    measured = planner.predict(m, labels).step_s - took[-1]
+    assert planner.predict(clean, labels).step_s == pytest.approx(measured, rel=1e-6)
+    busy, k = calibration.busy_links(m, labels, measured)
+    assert k == pytest.approx(1.0) and busy.backward_s == clean.backward_s
 
 
 # ---------------------------------------------------------------- the trial (hvd_compress/trial.py)

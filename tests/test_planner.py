@@ -161,6 +161,52 @@ def test_a_later_phase_without_a_later_hook_waits_for_backwards_end():
 
 # ---------------------------------------------------------------- the search
 
+def test_a_collectives_cpu_during_backward_delays_backward_in_its_overlap_only():
+    # an early bucket's exchange hidden behind backward still takes its CPU from backward
+    b = [pl.Bucket("early", 4 * MiB, 0.010), pl.Bucket("last", 1024, 0.100)]
+    l = link(1e9, 0.0)
+    cpu = {"allreduce": pl.Affine(0.001, 2e-9)}
+    plain = measurements(b, 0.100, l, codecs={})
+    t0 = pl.predict(plain, ["none", "none"])
+    took = 2 * (0.001 + 2e-9 * 4 * MiB)                     # share 2: 4 threads on 2 cores
+    t = pl.predict(measurements(b, 0.100, l, codecs={}, links_cpu=cpu, cpu_share=2.0),
+                   ["none", "none"])
+    assert t.backward_end_s == pytest.approx(0.100 + took)
+    assert t.stolen_s == pytest.approx((0.0, took, took))
+    assert t.leaves_s[1] == pytest.approx(0.100 + took)
+    assert t.step_s == pytest.approx(t0.step_s + took)
+    # no share (a core is free), or the collective after backward: nothing taken
+    free = measurements(b, 0.100, l, codecs={}, links_cpu=cpu, cpu_share=0.0)
+    assert pl.predict(free, ["none", "none"]) == t0
+    late = [pl.Bucket("last", 4 * MiB, 0.100)]
+    after = measurements(late, 0.100, l, codecs={}, links_cpu=cpu, cpu_share=2.0)
+    assert pl.predict(after, ["none"]).step_s == pytest.approx(
+        pl.predict(measurements(late, 0.100, l, codecs={}), ["none"]).step_s)
+    # half of its run inside backward: half of its CPU
+    wire = methods.COLLECTIVE_COSTS["allreduce"](2, 4 * MiB).seconds(l)
+    half = [pl.Bucket("half", 4 * MiB, 0.100 - wire / 2), pl.Bucket("last", 1024, 0.100)]
+    t = pl.predict(measurements(half, 0.100, l, codecs={}, links_cpu=cpu, cpu_share=2.0),
+                   ["none", "none"])
+    assert t.stolen_s[-1] == pytest.approx(took / 2, rel=1e-6)
+
+
+def test_a_scheme_whose_sum_costs_the_cores_loses_the_hidden_bucket_to_a_cheaper_one():
+    # fp16's exchange hides behind backward, but Horovod's float16 sum takes the cores
+    # (results/collective-cpu: 17 ms a rank at 4 ranks); bit8 by allgather sums in the decode
+    b = [pl.Bucket("fc1", 4 * MiB, 0.010), pl.Bucket("tail", 64 * 1024, 0.100)]
+    l = link(1e9, 0.0)
+    fast = codecs(enc_b=1e-10, dec_b=1e-10, a=1e-5)
+    cheap_wire = measurements(b, 0.100, l, n=4, codecs=fast)
+    assert pl.search(cheap_wire).schemes[0] == "none:allreduce"
+    cpu = {"allreduce": pl.Affine(0.0, 1e-9), "allreduce_fp16": pl.Affine(0.0, 7e-9),
+           "allgather": pl.Affine(0.0, 0.5e-9), "alltoall": pl.Affine(0.0, 0.5e-9)}
+    costly = measurements(b, 0.100, l, n=4, codecs=fast, links_cpu=cpu, cpu_share=2.0)
+    plan = pl.search(costly)
+    assert plan.schemes[0].startswith(("bit8", "bit16")), plan.schemes
+    fp16 = pl.predict(costly, ["fp16", plan.schemes[1]]).step_s
+    assert plan.predicted_s < fp16
+
+
 def test_slow_wire_compresses_the_exposed_tail_and_leaves_the_hidden_bucket_alone():
     # bucket 0 is ready at once and done long before backward's end; the last is ready at the end
     b = [pl.Bucket("early", 256 * 1024, 0.0), pl.Bucket("tail", 4 * MiB, 0.200)]

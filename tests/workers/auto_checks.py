@@ -93,6 +93,12 @@ def run(hvd):
     links = report["measurements"]["links"]
     checks.check("trains.links_fitted", set(links) == set(calibration.LINK_COLLECTIVES) and
                  all(v["alpha"] >= 0 and v["beta"] >= 0 for v in links.values()), str(links))
+    cpu, hosts = report["measurements"]["links_cpu"], hvd.allgather_object(calibration.host())
+    checks.check("trains.links_cpu_fitted_and_the_share_counted",
+                 set(cpu) == set(calibration.LINK_COLLECTIVES)
+                 and all(v["a"] >= 0 and v["b"] >= 0 and v["a"] + v["b"] > 0 for v in cpu.values())
+                 and report["measurements"]["cpu_share"] == calibration.cpu_share(hosts),
+                 f"{cpu} share {report['measurements']['cpu_share']} hosts {hosts}")
     hvd.allgather_object(cost, name="auto.cost")      # the cost, logged below by the test
     if hvd.rank() == 0:
         print(f"auto calibration cost: {cost:.4f} s, plan {report['plan']}", flush=True)
@@ -107,21 +113,21 @@ def run(hvd):
         calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO = saved
     n = hvd.size()
     want = [calibration._whole(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
-    sizes = {c: [b for c2, _, b, _ in rows if c2 == c] for c in calibration.LINK_COLLECTIVES}
+    sizes = {c: [b for c2, _, b, *_ in rows if c2 == c] for c in calibration.LINK_COLLECTIVES}
     checks.check("links.grow_to_the_cap", all(v == want for v in sizes.values()), str(sizes))
     rows = calibration.time_collectives(hvd, (4096, 65536), caps=caps)
     every = hvd.allgather_object(rows, name="auto.link_rows")
-    agree, _ = same_on_every_rank(hvd, [(c, b) for c, _, b, _ in rows])
+    agree, _ = same_on_every_rank(hvd, [(c, b) for c, _, b, *_ in rows])
     ruled = True
     for c in calibration.LINK_COLLECTIVES:
-        sizes = sorted({b for c2, _, b, _ in rows if c2 == c})
-        fastest = {b: min(statistics.median(t for c2, _, b2, t in r if (c2, b2) == (c, b))
+        sizes = sorted({b for c2, _, b, *_ in rows if c2 == c})
+        fastest = {b: min(statistics.median(t for c2, _, b2, t, *_ in r if (c2, b2) == (c, b))
                           for r in every) for b in sizes}
         for i, size in enumerate(sizes[1:], 1):
             grown = calibration.next_link_size(size, fastest[sizes[0]], fastest[size], caps[c])
             ruled &= (grown is not None) == (i < len(sizes) - 1)
     checks.check("links.grown_by_the_rule_alike_everywhere", agree and ruled,
-                 str(sorted({(c, b) for c, _, b, _ in rows})))
+                 str(sorted({(c, b) for c, _, b, *_ in rows})))
 
     # 2. a given mixed plan (restored from a state): the step equals float32's within bounds
     mixed = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"]
