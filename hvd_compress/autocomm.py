@@ -447,8 +447,8 @@ def _decide(settings, ranks, links, problems, n):
                     "measurements": {}, "refused": {}, "note": "one rank: nothing travels"}
         timed = calibration.combine(ranks, links, n)
         step = calibration.job_step_s(r["pace"]["step_s"] for r in ranks)
-        m, busy = calibration.busy_links(timed, ranks[0].get("labels", [FLOAT32] * len(layout)),
-                                         step)
+        in_force = ranks[0].get("labels", [FLOAT32] * len(layout))
+        m, busy = calibration.busy_links(timed, in_force, step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         tried, why = _rivals(settings, m, plan.schemes)
         return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
@@ -456,7 +456,7 @@ def _decide(settings, ranks, links, problems, n):
                    {"no_trial": why}),
                 "fastest_s": plan.fastest_s, "exact": plan.exact,
                 "measurements": dict(calibration.summary(timed), busy_factor=busy,
-                                     measured_step_s=step),
+                                     measured_step_s=step, measured_on=list(in_force)),
                 "refused": {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
                 "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}
     except Exception as err:

@@ -143,6 +143,7 @@ def test_the_busy_factor_is_fitted_to_the_jobs_step_not_the_slowest_ranks():
     d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
     assert d["ok"] and d["measurements"]["busy_factor"] > 1
     assert d["fixed_plans_s"][FLOAT32] == pytest.approx(0.6, rel=1e-6)
+    assert d["measurements"]["measured_on"] == [FLOAT32] * 2     # the plan the pace ran on
 
 
 @pytest.mark.unit
