@@ -196,7 +196,7 @@ class Measurements:
         for what, v in (("backward_s", self.backward_s), ("fixed_s", self.fixed_s),
                         ("cpu_share", self.cpu_share)):
             if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"{what} must be finite and >= 0 s, got {v!r}")
+                raise ValueError(f"{what} must be finite and >= 0, got {v!r}")
         if self.backward_s < last:
             raise ValueError(f"backward ends at {self.backward_s!r} s, before its last bucket "
                              f"is ready ({last!r} s)")

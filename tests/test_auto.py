@@ -428,6 +428,10 @@ def test_combine_fits_each_collectives_cpu_from_the_ranks_medians():
     fit = m.links_cpu["allreduce"]                   # the median of the two ranks: 3e-9
     assert fit.a == pytest.approx(1e-4, rel=1e-6) and fit.b == pytest.approx(3e-9, rel=1e-6)
     assert calibration.combine([rank_measurements()], [link_rows(1e9)], 2).links_cpu == {}
+    bad = with_cpu(link_rows(1e9), 2e-9)
+    bad[0] = bad[0][:4] + (math.nan,)
+    with pytest.raises(ValueError, match="CPU"):
+        calibration.combine(ranks, [bad, bad], 2)
 
 
 @pytest.mark.unit

@@ -394,6 +394,7 @@ def test_exact_ties_go_to_the_first_candidate():
     dict(n=0), dict(buckets=()), dict(backward_s=math.nan), dict(backward_s=0.001),
     dict(buckets=(pl.Bucket("a", 4, 0.0), pl.Bucket("a", 4, 0.0))),
     dict(buckets=(pl.Bucket("a", 4, 0.01), pl.Bucket("b", 4, 0.0))),
+    dict(cpu_share=-1.0), dict(cpu_share=math.inf),
 ])
 def test_bad_measurements_are_refused_with_a_clear_error(bad):
     kw = dict(n=2, buckets=(pl.Bucket("a", 4, 0.002),), backward_s=0.002,
