@@ -130,11 +130,12 @@ class AutoCommunicator(CommunicatorBase):
         i = self._index[id(bucket)]
         sub = self._subs[self._labels[i]]
         began = time.perf_counter()
-        if self._phase == "measuring":
+        if self._phase == "measuring" and len(self._samples) + 1 >= self.settings.warmup_steps:
             # The calibration's errors and codec times are taken on the gradient as this rank
             # sends it: after the exchange the buffer holds the reduced result, which under a
             # lossy plan in force has been through its codec already (a bucket on fp16 then
-            # measured an fp16 error of 0 at a re-plan). Hook work: the pace subtracts it.
+            # measured an fp16 error of 0 at a re-plan). Only in a step that may end the
+            # warm-up (the calibration follows it). Hook work: the pace subtracts it.
             kept = self._inputs.get(i)
             if kept is None or kept.shape != bucket.buffer.shape:
                 self._inputs[i] = bucket.buffer.clone()

@@ -418,7 +418,7 @@ def without_steal(m: planner.Measurements, labels):
     timeline adds each plan's own (planner, "The collectives' CPU"), so the plan in force's,
     as the timeline reckons it, is taken out of the ready times and backward's end."""
     t = planner.predict(m, labels)
-    if not t.stolen_s or not t.stolen_s[-1]:
+    if not t.stolen_s[-1]:
         return m
     ready, last = [], 0.0
     for b, took in zip(m.buckets, t.stolen_s):

@@ -214,9 +214,13 @@ def wire_units(scheme: str, route, count: int, n: int):
     return methods.exchange_units(scheme, [(count,)], n, route=route)[0]
 
 
+def _measured_as(table, collective):
+    """The key `collective` was measured under: Horovod's fp16 sum falls back to allreduce's."""
+    return "allreduce" if collective == "allreduce_fp16" and collective not in table else collective
+
+
 def _link(links, collective):
-    if collective not in links and collective == "allreduce_fp16":
-        collective = "allreduce"
+    collective = _measured_as(links, collective)
     if collective not in links:
         raise ValueError(f"no link measured for collective {collective!r}; have "
                          f"{', '.join(sorted(links))}")
@@ -230,9 +234,7 @@ def _unit_seconds(unit, n, links):
 
 def _unit_cpu(m, collective, nbytes):
     """Backward seconds the collective's CPU costs where it runs during backward."""
-    cost = m.links_cpu.get(collective)
-    if cost is None and collective == "allreduce_fp16":
-        cost = m.links_cpu.get("allreduce")
+    cost = m.links_cpu.get(_measured_as(m.links_cpu, collective))
     return 0.0 if cost is None or not m.cpu_share else m.cpu_share * cost.seconds(nbytes)
 
 

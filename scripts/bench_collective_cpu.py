@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""CPU seconds a rank spends per collective, beside its wall time (issue 25's next model term).
+"""CPU seconds a rank spends per collective, beside its wall time (what Compression.auto's
+calibration now measures in the job as `links_cpu`, docs/planner.md "The timeline").
 
 The planner's links are timed by wall clock on otherwise idle cores. Where ranks share cores
 with backward, what a collective costs the step is also its CPU: Horovod's and Gloo's threads,
