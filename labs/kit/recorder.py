@@ -39,6 +39,11 @@ from .progress import Progress
 from .ranks import agree
 from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
 
+# A peer killed a moment ago: the kernel closes its sockets (and our collective fails) before
+# its process shows as exited in /proc, so a diagnosis that names nobody is asked again, for at
+# most this long (test_dead_or_wedged_rank_ends_the_job[gloo-kill] once recorded no cause).
+DEAD_PEER_WAIT_S = 1.0
+
 NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
             "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
 
@@ -191,6 +196,10 @@ class RunRecorder:
             if self.watchdog.link_probe is not None:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's teardown waits
             diagnosis = self._diagnosis(wait_s=2 * PERIOD_S)
+            deadline = time.monotonic() + DEAD_PEER_WAIT_S
+            while not diagnosis and time.monotonic() < deadline:
+                time.sleep(0.05)
+                diagnosis = self._diagnosis(deadlock=False)
             if diagnosis:
                 reason += f" ({diagnosis})"
                 print(f"rank {self.rank}: {diagnosis}", file=sys.stderr, flush=True)
