@@ -20,7 +20,8 @@ The life of a plan, at step boundaries (end_step, which every rank reaches at th
               next step (none to try: the plan applies at once)
   planned     every `replan_every` steps the ranks' last steps are gathered (each step the
               ranks' mean) and planner.should_replan decides, identically everywhere; a drift
-              -> measuring again
+              -> measuring again. The first plan since the start (a restore, a membership
+              change) is also judged once after planner.REPLAN_FIRST of its steps
 """
 import math
 import statistics
@@ -86,6 +87,8 @@ class AutoCommunicator(CommunicatorBase):
         self._plan = None                    # the decision applied: labels, predicted_s, ...
         self._good = None                    # the last plan that was not a fallback
         self._measured, self._since_plan = [], 0
+        self._first_plan = True              # the next plan is judged early (REPLAN_FIRST)
+        self._early_check = None
         self._start_measuring()
         self._event(event)
 
@@ -197,7 +200,9 @@ class AutoCommunicator(CommunicatorBase):
             del self._measured[:-1000]
             self._since_plan += 1
             predicted = self._plan["predicted_s"] if self._plan else math.nan
-            if self._since_plan % self.settings.replan_every == 0 and math.isfinite(predicted):
+            due = (self._since_plan % self.settings.replan_every == 0
+                   or self._since_plan == self._early_check)
+            if due and math.isfinite(predicted):
                 self._check_drift(predicted)
         self._launches = [None] * len(self._buckets)
         self._last_end = time.perf_counter()
@@ -211,8 +216,8 @@ class AutoCommunicator(CommunicatorBase):
         every = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
                               name="hvdc.auto.replan")
         steps = [calibration.job_step_s(column) for column in every.t().tolist()]
-        decision = planner.should_replan(predicted, steps, self._since_plan,
-                                         every=self.settings.replan_every)
+        every = min(self.settings.replan_every, self._early_check or math.inf)
+        decision = planner.should_replan(predicted, steps, self._since_plan, every=every)
         self._last_replan = {"step": self._total, "now": decision.now, "reason": decision.reason,
                              "drift": decision.drift}
         if decision:
@@ -415,6 +420,8 @@ class AutoCommunicator(CommunicatorBase):
                         else [FLOAT32] * len(self._buckets))
         self._phase = "planned"
         self._measured, self._since_plan = [], 0
+        self._early_check = planner.REPLAN_FIRST if self._first_plan and decision else None
+        self._first_plan = False
         self._event(event, calibration_s)
 
     def reset_state(self):

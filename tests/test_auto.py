@@ -349,6 +349,7 @@ def test_auto_across_ranks(controller, np, request):
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "replan.errors_of_the_gradient_as_sent",
                  "resume.plan_restored", "reset.measures_again",
+                 "reset.first_plan_judged_early",
                  "bad.reason_recorded", "ef.lossy_buckets_keep_residuals",
                  "ef.float32_carries_them_once", "ef.identical_weights", "trial.ran",
                  "trial.events", "trial.plan_shown_once_kept", "trial.steps_ran_the_contenders",

@@ -221,6 +221,15 @@ def run(hvd):
     stats = train(hvd, model, other, WARMUP)
     checks.check("reset.measures_again", stats[0]["plan"] == "" and
                  stats[-1]["plan_event"] == "planned", str(events(stats)))
+    # the first plan after it is judged once after REPLAN_FIRST of its steps, not REPLAN_EVERY
+    train(hvd, model, other, planner.REPLAN_FIRST - 1, first=450)
+    before = other.plan_report()["last_replan_check"]
+    train(hvd, model, other, 1, first=450 + planner.REPLAN_FIRST)
+    check = other.plan_report()["last_replan_check"]
+    agree, every = same_on_every_rank(hvd, check)
+    checks.check("reset.first_plan_judged_early",
+                 planner.REPLAN_FIRST < other.communicator.settings.replan_every
+                 and before is None and check is not None and agree, f"{before} {every}")
 
     # 6. bad measurements on one rank: every rank falls back, warns once, trains on
     for tag, spoil in (("raises", _raising), ("non_finite", _non_finite),
