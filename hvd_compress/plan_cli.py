@@ -21,7 +21,11 @@ Where each input comes from (docs/planner.md):
 - errors: results/planner/bucket_errors.csv (scripts/bucket_errors.py), the largest per
   bucket and scheme;
 - the link: --bandwidth and --latency for every collective, or per collective from a fit
-  (--link-fit, the JSON the network benchmark and the lab's calibration write).
+  (--link-fit, the JSON the network benchmark and the lab's calibration write);
+- the collectives' CPU, taken from backward where ranks share cores (--cpu-share, 0 by
+  default: a core to spare): per collective a + b * bytes fitted to the per-rank medians of
+  scripts/bench_collective_cpu.py (results/collective-cpu/cpu-np<N>.csv, the nearest N), one
+  size per collective but allgather's two, so b alone where only one was measured.
 """
 from __future__ import annotations
 
@@ -41,6 +45,11 @@ from .registry import parse_label
 ROOT = Path(__file__).resolve().parents[1]
 STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
 ERRORS = ROOT / "results" / "planner" / "bucket_errors.csv"
+COLLECTIVE_CPU = ROOT / "results" / "collective-cpu"
+# bench_collective_cpu.py's cases, by the collective the planner's links name.
+CPU_CASES = {"allreduce float32": "allreduce", "allreduce fp16": "allreduce_fp16",
+             "allgather bit8": "allgather", "allgather bit8 chunk": "allgather",
+             "alltoall bit8": "alltoall"}
 # Parameter names of both lab nets, in parameter order (labs/mnist.py: Net, BasicNet).
 NAMES = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
          "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
@@ -157,6 +166,37 @@ def bucket_errors(path, model):
     return out
 
 
+def collective_cpu(path, n):
+    """{collective: Affine} from bench_collective_cpu.py's CSV (`path`, or the file of the
+    nearest rank count in results/collective-cpu): per (collective, bytes) the median over
+    ranks of each rank's median CPU; a + b * bytes through those points (b alone from one)."""
+    if path is None:
+        have = {int(f.stem.removeprefix("cpu-np")): f for f in COLLECTIVE_CPU.glob("cpu-np*.csv")
+                if f.stem.removeprefix("cpu-np").isdigit()}
+        if not have:
+            raise SystemExit(f"error: --cpu-share: no {COLLECTIVE_CPU}/cpu-np<N>.csv; "
+                             "give --collective-cpu CPU.csv")
+        path = have[min(have, key=lambda k: (abs(k - n), k))]
+    points = {}
+    try:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                key = CPU_CASES.get(r["collective"])
+                cpu, nbytes = _num(r["cpu_ms"]) / 1e3, _num(r["input_bytes"])
+                if key and math.isfinite(cpu) and cpu >= 0 and nbytes > 0:
+                    points.setdefault(key, {}).setdefault(nbytes, []).append(cpu)
+    except (OSError, KeyError) as e:
+        raise SystemExit(f"error: --collective-cpu {path}: {e!r}") from None
+    if not points:
+        raise SystemExit(f"error: --collective-cpu {path}: no collective's CPU in it")
+    out = {}
+    for key, by_size in points.items():
+        sizes = [(b, statistics.median(v)) for b, v in sorted(by_size.items())]
+        out[key] = (pl.fit_affine(sizes) if len(sizes) > 1
+                    else pl.Affine(0.0, sizes[0][1] / sizes[0][0]))
+    return out, path
+
+
 def links_from_fit(path, n):
     """{collective: Link} from a fit JSON ({"fits": [{collective, n, alpha_s, beta_s_per_byte}]}):
     the fit at n ranks where there is one, else the one pooled over n."""
@@ -191,8 +231,14 @@ def build(args):
         link_text = (f"{units.format_rate(args.bandwidth)}, alpha {units.format_time(args.latency)}"
                      " per message, every collective")
     errors = bucket_errors(args.errors, args.model)
+    cpu, cpu_text = {}, "collectives' CPU: not counted (--cpu-share 0)"
+    if args.cpu_share:
+        cpu, where = collective_cpu(args.collective_cpu, args.nodes)
+        cpu_text = (f"collectives' CPU: {args.cpu_share:g} x a + b*bytes per collective from "
+                    f"{where}, where a collective runs during backward")
     m = pl.Measurements(args.nodes, buckets, backward, links, codecs, errors,
-                        fixed_s=fwd_bwd - backward + other)
+                        fixed_s=fwd_bwd - backward + other, links_cpu=cpu,
+                        cpu_share=args.cpu_share)
     notes = [f"link: {link_text}",
              f"compute: forward+backward {units.format_time(fwd_bwd)}"
              + (" (--compute)" if args.compute is not None else
@@ -200,6 +246,7 @@ def build(args):
              + f", backward {BACKWARD_SHARE:.2f} of it; update and the rest "
                f"{units.format_time(other)}",
              f"codec costs: {args.step_results} ({ranks} ranks), a + b*bytes per scheme",
+             cpu_text,
              f"errors: {args.errors}" if errors else
              f"errors: none measured ({args.errors} missing): every lossy scheme refused"]
     return m, notes
@@ -221,6 +268,13 @@ def build_parser():
                    help="forward+backward per step (default: from --step-results)")
     p.add_argument("--step-results", default=str(STEP_RESULTS), metavar="SUMMARY.csv")
     p.add_argument("--errors", default=str(ERRORS), metavar="ERRORS.csv")
+    p.add_argument("--cpu-share", type=float, default=0.0, metavar="S",
+                   help="backward seconds one second of a collective's CPU costs: the ranks' "
+                        "compute threads per core where they fill every core (4 ranks of one "
+                        "thread on 2 cores: 2); default 0, a core to spare")
+    p.add_argument("--collective-cpu", metavar="CPU.csv",
+                   help="each collective's CPU per call (scripts/bench_collective_cpu.py; "
+                        "default: results/collective-cpu/cpu-np<N>.csv, the nearest N)")
     p.add_argument("--margin", type=float, default=pl.TIE_MARGIN,
                    help=f"tie margin (default {pl.TIE_MARGIN})")
     p.add_argument("--format", choices=("table", "json"), default="table")
@@ -233,6 +287,8 @@ def main(argv=None):
     args.model = "horovod" if args.model == "lab" else args.model
     if args.nodes < 1:
         parser.error("--nodes must be >= 1")
+    if not (math.isfinite(args.cpu_share) and args.cpu_share >= 0):
+        parser.error(f"--cpu-share must be finite and >= 0, got {args.cpu_share!r}")
     if not args.link_fit and (args.bandwidth is None or args.latency is None):
         parser.error("give --bandwidth and --latency, or --link-fit FIT.json")
     try:

@@ -506,6 +506,29 @@ def test_cli_reads_a_fitted_link(capsys):
     assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
 
 
+def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(capsys,
+                                                                             tmp_path):
+    from hvd_compress import plan_cli
+    args = ("--model", "basic", "--nodes", "4", "--bandwidth", "1Gbit/s", "--latency", "500us")
+    free = run_cli(capsys, *args)["fixed"]
+    shared = run_cli(capsys, *args, "--cpu-share", "2")
+    # Horovod's fp16 sum costs 2.6-3.7x float32's CPU (results/collective-cpu): with the
+    # cores shared it loses more against float32 than the wire alone says
+    gap = lambda fixed: fixed["fp16:allreduce"] - fixed["none:allreduce"]
+    assert gap(shared["fixed"]) > gap(free) + 0.005
+    assert "cpu-np4.csv" in " ".join(shared["notes"])
+    cpu, _ = plan_cli.collective_cpu(None, 4)
+    assert set(cpu) == {"allreduce", "allreduce_fp16", "allgather", "alltoall"}
+    assert cpu["allreduce_fp16"].seconds(2359296) > 2 * cpu["allreduce"].seconds(2359296)
+    bad = tmp_path / "cpu.csv"
+    bad.write_text("ranks,rank,collective,input_bytes,wall_ms,cpu_ms\n")
+    with pytest.raises(SystemExit, match="no collective's CPU"):
+        plan_cli.main(list(args) + ["--cpu-share", "1", "--collective-cpu", str(bad)])
+    with pytest.raises(SystemExit):
+        plan_cli.main(list(args) + ["--cpu-share", "nan"])
+    capsys.readouterr()
+
+
 def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
     import subprocess
     import sys
