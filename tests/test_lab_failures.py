@@ -147,7 +147,21 @@ class Case:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            if not self.output:                  # a launcher that outlived the bound: what
+                self.output = said_so_far(proc)   # it said, for the failure's message
             proc.stdout.close()
+
+
+def said_so_far(proc):
+    """What a killed launcher wrote to its pipe, without waiting on a writer that outlived it."""
+    fd, chunks = proc.stdout.fileno(), []
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks).decode(errors="replace")
 
 
 class DiskFull:
@@ -216,7 +230,8 @@ def test_dead_or_wedged_rank_ends_the_job(cases, controller, how):
         raise case.error
     code, seconds, output = case.code, case.seconds, case.output
     print(f"\n{controller} {how}: launcher exit {code} after {seconds:.1f} s")
-    assert code is not None, f"launcher still running {BOUND_S} s after SIG{how.upper()}"
+    assert code is not None, (f"launcher still running {BOUND_S} s after SIG{how.upper()}; "
+                              f"its output:\n{output[-3000:]}")
     assert code != 0
     # a clear error that names the cause: the launcher saying rank 1 was killed, or the
     # lab's watchdog naming the wedged rank
