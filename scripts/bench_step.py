@@ -36,7 +36,10 @@ timed steps include whatever re-planning the optimizer does (plan_event in steps
 Writes OUT/steps.csv (one row per timed step of rank 0, with the plan it ran under for auto),
 OUT/calibration.csv, OUT/plans/, OUT/summary.csv (per row: median step and its split, p10/p90,
 the spreads, the plan and its predicted step, ratios to stock float32 and fp16 and to the
-cell's fastest fixed row, stock or ours: vs_fastest, fastest_row) and OUT/summary.png; then
+cell's fastest fixed row, stock or ours: vs_fastest, fastest_row; and the ratios to the
+fastest row and to stock float32 taken round by round, vs_fastest_paired and
+vs_stock_none_paired with their 95% intervals _lo and _hi: see paired_ratio) and
+OUT/summary.png; then
 `python scripts/wins_losses.py OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
 example network of the lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M).
 
@@ -85,10 +88,7 @@ def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
 
 
 def _round_medians(step_ms, rounds):
-    medians = {}
-    for value, rnd in zip(step_ms, rounds):
-        medians.setdefault(rnd, []).append(value)
-    return sorted(_median(v) for v in medians.values())
+    return sorted(_medians_by_round(step_ms, rounds).values())
 
 
 def round_spread_pct(step_ms, rounds):
@@ -110,15 +110,44 @@ def median_ci_pct(step_ms, rounds, level=0.95):
     the machine falls on every row alike). NaN where k rounds are too few for the level (5 at
     95%)."""
     per_round = _round_medians(step_ms, rounds)
-    k, tail, below, j = len(per_round), (1 - level) / 2, 0.0, 0
+    lo, hi = _median_interval(per_round, level)
+    return 100 * (hi - lo) / _median(list(step_ms))
+
+
+def _median_interval(values, level=0.95):
+    """The distribution-free interval of the median of `values` (median_ci_pct's order
+    statistics): (lo, hi), NaNs where they are too few for the level."""
+    ordered, k, tail, below, j = sorted(values), len(values), (1 - level) / 2, 0.0, 0
     while True:
         below += math.comb(k, j) / 2 ** k          # P(Binomial(k, 1/2) <= j)
         if below > tail:
             break
         j += 1
     if j == 0:
-        return math.nan
-    return 100 * (per_round[k - j] - per_round[j - 1]) / _median(list(step_ms))
+        return math.nan, math.nan
+    return ordered[j - 1], ordered[k - j]
+
+
+def paired_ratio(step_ms, rounds, base_ms, base_rounds, level=0.95):
+    """A row against another, round by round: (median, lo, hi) of the ratios of its round
+    medians to the other's in the rounds both ran, with median_ci_pct's interval.
+
+    Rows take turns within a round, so a machine that slows for a while slows both sides of a
+    round's ratio: the ratio is known far better than either median (in results/step-auto-grid
+    a row's median to 2-20%, see median_ci_pct). An interval above 1 says the row is slower; one
+    that holds 1 says the data cannot tell them apart."""
+    mine, theirs = _medians_by_round(step_ms, rounds), _medians_by_round(base_ms, base_rounds)
+    ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
+    if not ratios:
+        return math.nan, math.nan, math.nan
+    return (_median(ratios), *_median_interval(ratios, level))
+
+
+def _medians_by_round(step_ms, rounds):
+    by_round = {}
+    for value, rnd in zip(step_ms, rounds):
+        by_round.setdefault(rnd, []).append(value)
+    return {rnd: _median(v) for rnd, v in by_round.items()}
 
 
 def _median(values):
@@ -317,6 +346,14 @@ def summarise(steps, calibration=None):
     summary["fastest_row"] = [fastest.row.get(k, "") for k in cells]
     summary["vs_fastest"] = [s / fastest.step_ms.get(k, math.nan)
                              for s, k in zip(summary.step_ms, cells)]
+    # the same two ratios round by round (paired_ratio), with their 95% intervals
+    by_row = {key: (g.step_ms.tolist(), g["round"].tolist()) for key, g in groups}
+    for name, base_of in (("vs_fastest_paired", lambda k: fastest.row.get(k, "")),
+                          ("vs_stock_none_paired", lambda k: "stock:none")):
+        paired = [paired_ratio(*by_row[(*k, row)], *by_row.get((*k, base_of(k)), ([], [])))
+                  for k, row in zip(cells, summary.row)]
+        summary[name], summary[f"{name}_lo"], summary[f"{name}_hi"] = (
+            [p[i] for p in paired] for i in range(3))
     if calibration is not None and len(calibration):
         summary = summary.merge(calibration[keys + ["auto_warmup_steps", "auto_warmup_s",
                                                     "calibration_s", "auto_outcome"]],

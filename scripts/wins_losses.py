@@ -18,7 +18,9 @@ its median step (step_ms). Writes, beside the summary (or in --out-dir):
                          (or its fallback), its ratios to both, how well the fastest row's
                          and auto's medians are known (median_ci_pct: a ratio inside them is
                          a tie; round_spread_pct for a summary from before it), and auto's
-                         predicted step and its error against the measured median
+                         predicted step and its error against the measured median; auto
+                         against the fastest row round by round (vs_fastest_paired, its 95%
+                         interval, and whether that interval says slower, tie or faster)
   wins_losses.md         both, as tables
 Pure pandas on the CSV: nothing is run or measured here.
 """
@@ -74,8 +76,22 @@ def per_cell(frame, tie_pct=0.0):
                           auto_spread_pct=_number(auto, spread),
                           auto_predicted_ms=_number(auto, "plan_predicted_ms"),
                           auto_prediction_error_pct=100 * (
-                              _number(auto, "plan_predicted_ms") / auto_ms - 1)))
+                              _number(auto, "plan_predicted_ms") / auto_ms - 1),
+                          **paired(auto)))
     return pd.DataFrame(lines)
+
+
+PAIRED = ["vs_fastest_paired", "vs_fastest_paired_lo", "vs_fastest_paired_hi"]
+
+
+def paired(auto):
+    """Auto against the fastest fixed row round by round (bench_step.paired_ratio): the median
+    ratio, its 95% interval, and what the interval says: "slower" (all of it above 1),
+    "faster" (all below), "tie" (it holds 1); NaN and "" for a summary from before it."""
+    lo, hi = _number(auto, PAIRED[1]), _number(auto, PAIRED[2])
+    verdict = ("slower" if lo > 1 else "faster" if hi < 1 else "tie"
+               if math.isfinite(lo) and math.isfinite(hi) else "")
+    return {f"auto_{c}": _number(auto, c) for c in PAIRED} | {"auto_paired_verdict": verdict}
 
 
 def _text(rows, column):
@@ -94,7 +110,8 @@ def counts(frame, cells):
     """One line per row of the benchmark: in how many cells it is (one of) the fastest fixed
     row(s), in how many it beats stock float32, of how many cells it ran in; for auto, how
     many cells it is at least as fast as the fastest fixed row, within 5% of it and of stock
-    float32, with its median and largest ratio to the fastest."""
+    float32, with its median and largest ratio to the fastest, and in how many cells the
+    round-by-round ratio's interval says it is slower than the fastest row, tied, or faster."""
     winners = [set(w.split()) for w in cells.fastest_row]
     stock = cells.set_index(CELL).stock_none_ms
     lines = []
@@ -109,12 +126,16 @@ def counts(frame, cells):
                         within_5pct_of_stock_none_in=int(
                             (judged.auto_vs_stock_none <= TARGET).sum()),
                         median_vs_fastest=judged.auto_vs_fastest.median(),
-                        worst_vs_fastest=judged.auto_vs_fastest.max())
+                        worst_vs_fastest=judged.auto_vs_fastest.max(),
+                        paired_slower_in=int((judged.auto_paired_verdict == "slower").sum()),
+                        paired_tie_in=int((judged.auto_paired_verdict == "tie").sum()),
+                        paired_faster_in=int((judged.auto_paired_verdict == "faster").sum()))
         else:
             line["fastest_in"] = sum(row in w for w in winners)
         lines.append(line)
     columns = ["row", "cells", "fastest_in", "beats_stock_none_in", "within_5pct_of_fastest_in",
-               "within_5pct_of_stock_none_in", "median_vs_fastest", "worst_vs_fastest"]
+               "within_5pct_of_stock_none_in", "median_vs_fastest", "worst_vs_fastest",
+               "paired_slower_in", "paired_tie_in", "paired_faster_in"]
     return pd.DataFrame(lines).reindex(columns=columns)
 
 

@@ -124,6 +124,25 @@ def test_median_confidence_interval_by_hand():
     assert bench.median_ci_pct(steps, [i // 3 for i in range(18)]) == 0.0
 
 
+def test_paired_ratio_by_hand():
+    """Round by round: a row 2% slower than its base in every round, while the machine
+    drifts by 40% between rounds, is known to be 2% slower exactly; its medians alone are
+    not. Only rounds both rows ran count; five ratios are too few for an interval at 95%."""
+    base = [100, 140, 90, 120, 110, 130]
+    row = [1.02 * b for b in base]
+    assert bench.paired_ratio(row, range(6), base, range(6)) == pytest.approx((1.02, 1.02, 1.02))
+    assert bench.median_ci_pct(row, range(6)) > 40
+    ratios = [0.9, 0.95, 1.0, 1.05, 1.1, 1.2]          # k=6: j=1, the whole range
+    assert bench.paired_ratio([100 * r for r in ratios], range(6), [100] * 6,
+                              range(6)) == pytest.approx((1.025, 0.9, 1.2))
+    median, lo, hi = bench.paired_ratio([1, 2, 3, 4, 5, 6], range(6), [1] * 5, range(5))
+    assert median == 3 and math.isnan(lo) and math.isnan(hi)
+    # each round's median first: steps 1, 1, 9 in a round against 2, 2, 2 is a ratio of 1/2
+    assert bench.paired_ratio([1, 1, 9] * 6, [i // 3 for i in range(18)], [2] * 6,
+                              range(6)) == pytest.approx((0.5, 0.5, 0.5))
+    assert all(math.isnan(v) for v in bench.paired_ratio([1.0], [1], [1.0], [2]))
+
+
 def steps_frame():
     """Two cells, each row four steps in two rounds; auto's plan columns filled."""
     rows = []
@@ -162,6 +181,15 @@ def test_summary_ratios_spread_plan_and_calibration():
     assert summary.loc[("10mbit", "ours:auto"), "fastest_row"] == "stock:fp16"
     assert summary.loc[("10mbit", "ours:auto"), "vs_fastest"] == pytest.approx(1050 / 2000)
     assert summary.loc[("10mbit", "ours:auto"), "vs_stock_none"] == pytest.approx(1050 / 4050)
+    # round by round: auto 9.5 against bit8's 9 and 9.9, ratios 1.056 and 0.960; two rounds
+    # are too few for an interval
+    auto = summary.loc[("loopback", "ours:auto")]
+    assert auto.vs_fastest_paired == pytest.approx((9.5 / 9 + 9.5 / 9.9) / 2)
+    assert math.isnan(auto.vs_fastest_paired_lo) and math.isnan(auto.vs_fastest_paired_hi)
+    assert auto.vs_stock_none_paired == pytest.approx(0.95)
+    assert summary.loc[("10mbit", "ours:auto"), "vs_stock_none_paired"] == pytest.approx(
+        (1000 / 4050 + 1100 / 4050) / 2)
+    assert summary.loc[("10mbit", "stock:fp16"), "vs_fastest_paired"] == 1.0
     # round to round: bit8 9 then 9.9 around a median of 9.45; stock 4050 in both rounds
     assert summary.loc[("loopback", "ours:bit8:allgather"), "round_spread_pct"] == pytest.approx(
         100 * 0.9 / 9.45)
@@ -282,3 +310,28 @@ def test_wins_losses_refuses_what_it_cannot_count(tmp_path, capsys):
     assert wins.main([str(tmp_path / "c.csv")]) == 1
     assert "no fixed row" in capsys.readouterr().err
     assert not (tmp_path / "wins_losses.csv").exists()
+
+
+def test_the_paired_interval_says_slower_tie_or_faster(tmp_path):
+    """Auto's round-by-round ratio to the fastest row: an interval above 1 is a loss the data
+    can tell (cell A), one holding 1 a tie (B), one below 1 a win (C); without the columns
+    (a summary from before them) no verdict."""
+    frame = hand_made_summary()
+    auto = frame.row == "ours:auto"
+    for column, values in (("vs_fastest_paired", [1.03, 0.99, 0.95]),
+                           ("vs_fastest_paired_lo", [1.01, 0.97, 0.93]),
+                           ("vs_fastest_paired_hi", [1.05, 1.02, 0.98])):
+        frame[column] = math.nan
+        frame.loc[auto, column] = values
+    frame.to_csv(tmp_path / "summary.csv", index=False)
+    assert wins.main([str(tmp_path / "summary.csv")]) == 0
+    cells = pd.read_csv(tmp_path / "wins_losses_cells.csv")
+    assert cells.auto_paired_verdict.tolist() == ["slower", "tie", "faster"]
+    assert cells.auto_vs_fastest_paired_hi.tolist() == [1.05, 1.02, 0.98]
+    table = pd.read_csv(tmp_path / "wins_losses.csv").set_index("row")
+    assert table.loc["ours:auto", ["paired_slower_in", "paired_tie_in",
+                                   "paired_faster_in"]].tolist() == [1, 1, 1]
+    hand_made_summary().to_csv(tmp_path / "old.csv", index=False)
+    assert wins.main([str(tmp_path / "old.csv"), "--out-dir", str(tmp_path / "old")]) == 0
+    old = pd.read_csv(tmp_path / "old" / "wins_losses_cells.csv", keep_default_na=False)
+    assert (old.auto_paired_verdict == "").all()
