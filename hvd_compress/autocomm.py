@@ -213,9 +213,9 @@ class AutoCommunicator(CommunicatorBase):
         window = planner.REPLAN_WINDOW
         recent = [t if math.isfinite(t) else 0.0 for t in self._measured[-window:]]
         recent = [0.0] * (window - len(recent)) + recent
-        every = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
-                              name="hvdc.auto.replan")
-        steps = [calibration.job_step_s(column) for column in every.t().tolist()]
+        gathered = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
+                                 name="hvdc.auto.replan")
+        steps = [calibration.job_step_s(column) for column in gathered.t().tolist()]
         every = min(self.settings.replan_every, self._early_check or math.inf)
         decision = planner.should_replan(predicted, steps, self._since_plan, every=every)
         self._last_replan = {"step": self._total, "now": decision.now, "reason": decision.reason,
