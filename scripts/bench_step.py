@@ -133,9 +133,10 @@ def paired_ratio(step_ms, rounds, base_ms, base_rounds, level=0.95):
     medians to the other's in the rounds both ran, with median_ci_pct's interval.
 
     Rows take turns within a round, so a machine that slows for a while slows both sides of a
-    round's ratio: the ratio is known far better than either median (in results/step-auto-grid
-    a row's median to 2-20%, see median_ci_pct). An interval above 1 says the row is slower; one
-    that holds 1 says the data cannot tell them apart."""
+    round's ratio, and drops out of it; noise faster than a round does not (in
+    results/step-auto-grid at 4bbbd06 auto's ratio to the fastest row was known to 2.7-16%,
+    the rows' own medians, median_ci_pct, to 1.3-58%). An interval above 1 says the row is
+    slower; one that holds 1 says the data cannot tell them apart."""
     mine, theirs = _medians_by_round(step_ms, rounds), _medians_by_round(base_ms, base_rounds)
     ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
     if not ratios:

@@ -5,7 +5,7 @@ while Horovod moves a large allgather and then a large alltoall, and reports, fo
 fraction of the samples in which it was sending, among those in which its link moved data
 either way. Two ranks sending at once give ~1 each; ranks taking turns (Gloo 0.28.1 without
 patches/gloo-post-receives-first.patch) give ~0.5: while one sends, the other only receives.
-A sample in which nothing moved (every rank off the cores: 4 ranks share 2) is evidence of
+A sample in which nothing moved (the ranks off the cores the suite shares) is evidence of
 neither, and is not counted; the ranks wait on the collective by sleeping
 (hvd_compress.exchange.wait_for), not in Horovod's spinning synchronize(), so that the cores
 go to Gloo's threads. In the suite, before both, 4 spinning ranks read 48% and 74%.
