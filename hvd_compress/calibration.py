@@ -9,9 +9,9 @@ the other ranks are in):
   time_codecs     each candidate's encode / two-phase reduce / decode on the real buckets
   measure_errors  each lossy scheme's ||decode(encode(g)) - g|| / ||g|| on the buckets
 Collective, every rank in the same order:
-  time_collectives  each candidate collective on two sizes, a few repetitions, and larger
-                    ones (agreed from every rank's times) where those two cannot tell the cost
-                    of a byte from the cost of a message
+  time_collectives  each candidate collective on two sizes, a few repetitions (more where
+                    they are cheap), and larger ones (agreed from every rank's times) where
+                    those two cannot tell the cost of a byte from the cost of a message
 Pure:
   combine         every rank's measurements -> planner.Measurements (the slowest rank's pace
                   and codec costs; each collective's fastest rank, see below), or a ValueError
@@ -32,6 +32,8 @@ from .registry import Route, parse_label
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
            "measure_errors", "link_sizes", "link_grow_caps", "next_link_size",
+           "LINK_REPS_MAX", "LINK_REP_BUDGET_S", "more_link_reps", "carried_units",
+           "fastest_repetitions",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "busy_links",
            "BUSY_FACTOR_MAX", "summary", "host", "cpu_share", "without_steal"]
 
@@ -54,6 +56,18 @@ LINK_GROW_FACTOR = 4
 # Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
 # it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
+# Where a size's repetitions are cheap, more: up to LINK_REPS_MAX in all, as many as
+# LINK_REP_BUDGET_S holds at the slowest rank's median of the first ones (all six more up to
+# 10 ms a repetition; a 10 Mbit/s link's 256 KiB, ~0.2 s, none). On 4 ranks sharing 2 cores
+# over the emulated 1 Gbit/s link (results/calibration-spread), the fitted alpha of allgather
+# less allreduce's (what decides between a bit8 allgather and float32 on the lab net) was over
+# 1 ms in 17 of 110 calibrations with 3 repetitions and 2 of 110 with this rule (standard
+# deviation 0.48-0.85 ms against 0.31-0.43), for 0.3 s more a calibration. The step grid's lab
+# net once fitted 2.3 ms there with 3 and sent its bucket as float32, 1.13x the fastest row.
+# A 30 ms budget did no better than 3 (14 of 100 against 9): our reading, a calibration whose
+# first repetitions ran slow, the one that needs more, got fewer.
+LINK_REPS_MAX = 9
+LINK_REP_BUDGET_S = 0.06
 CODEC_REPS = 3
 # In synchronous training every rank's step lasts as long as the slowest's: ranks whose median
 # steps differ by more than this factor measured something else (a clock, a stalled rank).
@@ -219,15 +233,27 @@ def next_link_size(size, small_s, large_s, cap):
     return min(size * LINK_GROW_FACTOR, int(cap))
 
 
-def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None):
+def more_link_reps(reps, slowest_median_s, budget_s=LINK_REP_BUDGET_S):
+    """How many repetitions to add to a size's `reps`: as many as `budget_s` holds at the
+    slowest rank's median time, within LINK_REPS_MAX in all. Pure: every rank that passes the
+    same agreed time gets the same answer."""
+    if not (budget_s > 0 and slowest_median_s > 0 and math.isfinite(slowest_median_s)):
+        return 0
+    return max(0, min(LINK_REPS_MAX - reps, int(budget_s / slowest_median_s)))
+
+
+def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None,
+                     budget_s=LINK_REP_BUDGET_S):
     """[(collective, n, bytes, seconds, cpu seconds)] for each collective and size, `reps`
-    timed repetitions after one untimed, every rank in the same order (a collective: call it on
-    every rank); cpu: what this process's other threads spent meanwhile. bytes as
-    costmodel.fit defines them: allreduce a float32 vector of that many bytes,
-    allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send buffer
-    (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective whose two
-    sizes did not resolve a byte's cost is timed at larger ones (next_link_size), decided on
-    the fastest rank's medians, gathered: the same sizes on every rank."""
+    timed repetitions after one untimed, and at the sizes given, with `reps` >= 2, as many more
+    as `budget_s` holds (more_link_reps) at the slowest rank's median of the first ones, every
+    rank in the same
+    order (a collective: call it on every rank); cpu: what this process's other threads spent
+    meanwhile. bytes as costmodel.fit defines them: allreduce a float32 vector of that many
+    bytes, allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send
+    buffer (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective
+    whose two sizes did not resolve a byte's cost is timed at larger ones (next_link_size),
+    decided on the fastest rank's medians, gathered: the same sizes on every rank."""
     n = hvd.size()
     rows = []
     for collective in collectives:
@@ -251,18 +277,30 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             else:
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
-            times, cpus = [], []
-            for rep in range(reps + 1):
+            times, cpus, total, rep = [], [], reps, 0
+            # each call carries this rank's median so far to every rank (_carry): after the
+            # last of the first `reps`, every rank reads the same times and adds as many
+            # repetitions, with no collective of its own between them
+            # (the two sizes asked for only: a grown one is large, its bytes' cost far above
+            # the message's, and costs the most to repeat)
+            carries = budget_s > 0 and reps >= 2 and size >= 4 * n and len(medians) < len(sizes)
+            while rep <= total:
+                if carries:
+                    _carry(collective, tensor, hvd.rank(), n,
+                           statistics.median(times) if times else 0.0)
                 began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
                 handle = launch(tensor, name)
                 while not hvd.poll(handle):
                     time.sleep(_POLL_S)
-                hvd.synchronize(handle)
+                output = hvd.synchronize(handle)
                 if rep:
                     times.append(time.perf_counter() - began)
                     # the CPU of every thread but this one (which polls): Horovod's, the
                     # transport's -- what the collective takes from backward's cores
                     cpus.append(max(0.0, (time.process_time() - cpu) - (time.thread_time() - mine)))
+                if carries and rep == reps:
+                    total += more_link_reps(reps, max(_carried(collective, output, n)), budget_s)
+                rep += 1
             rows += [(collective, n, size, t, c) for t, c in zip(times, cpus)]
             medians.append(statistics.median(times))
             if sizes_here or caps is None or collective not in caps or len(medians) < 2:
@@ -274,6 +312,42 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             if grown is not None and _whole(grown, n) > size:
                 sizes_here.append(grown)
     return rows
+
+
+# A rank's median so far, as each collective carries it exactly to every rank: whole units
+# of CARRY_UNIT_S below CARRY_MOST, as int32 bytes in an allgather's part and in every alltoall
+# chunk, in a float32 or float16 allreduce's slot per rank (the others 0: the sum is exact;
+# Horovod averages, so n times the slot is read back). float16 holds integers exactly only
+# below 2048: 50 us units there, 102 ms, past any budget.
+CARRY_UNIT_S = {"allreduce": 1e-6, "allreduce_fp16": 50e-6, "allgather": 1e-6, "alltoall": 1e-6}
+CARRY_MOST = {"allreduce": 1 << 24, "allreduce_fp16": 2047, "allgather": (1 << 31) - 1,
+              "alltoall": (1 << 31) - 1}
+
+
+def carried_units(collective, seconds):
+    """`seconds` in the whole units `collective` carries (what every rank reads back)."""
+    return min(round(seconds / CARRY_UNIT_S[collective]), CARRY_MOST[collective])
+
+
+def _carry(collective, tensor, rank, n, seconds):
+    """Write `seconds` where `collective` takes it to every rank (read by _carried)."""
+    units = carried_units(collective, seconds)
+    if collective in ("allreduce", "allreduce_fp16"):
+        tensor[rank] = float(units)
+    else:                       # allgather: this rank's part; alltoall: each rank's chunk of it
+        chunk = tensor.numel() // (1 if collective == "allgather" else n)
+        tensor.view(-1, chunk)[:, :4] = torch.tensor([units], dtype=torch.int32).view(torch.uint8)
+
+
+def _carried(collective, output, n):
+    """Every rank's seconds as `collective`'s output brought them (the same on every rank)."""
+    if collective in ("allreduce", "allreduce_fp16"):
+        units = [round(float(v) * n) for v in output[:n]]
+    else:
+        if collective == "alltoall":
+            output = output[0]                       # (received, the splits received)
+        units = output.view(n, -1)[:, :4].contiguous().view(torch.int32).flatten().tolist()
+    return [u * CARRY_UNIT_S[collective] for u in units]
 
 
 def _whole(size, n):
@@ -331,15 +405,7 @@ def combine(ranks, link_rows, n):
     buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
     backward = max(pace["backward_s"], ready[-1] if ready else 0.0)
 
-    fastest = {}
-    for rows in link_rows:
-        seen = {}
-        for collective, size_n, nbytes, seconds, *_ in rows:
-            key = (collective, size_n, nbytes, seen.setdefault((collective, nbytes), 0))
-            seen[(collective, nbytes)] += 1
-            seconds = _finite(seconds, f"a timed {collective}")
-            fastest[key] = min(fastest.get(key, math.inf), seconds)
-    links = planner.fit_links([(c, size_n, b, s) for (c, size_n, b, _), s in sorted(fastest.items())])
+    links = planner.fit_links(fastest_repetitions(link_rows))
 
     codecs = {}
     for text in sorted({t for r in ranks for t in r["codecs"]}):
@@ -364,6 +430,22 @@ def combine(ranks, link_rows, n):
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
                                 fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
                                 cpu_share=cpu_share([r.get("host") for r in ranks]))
+
+
+def fastest_repetitions(link_rows):
+    """[(collective, n, bytes, seconds)], each repetition's fastest rank's time, from every
+    rank's time_collectives rows (`link_rows`: per rank, its rows): every rank times the same
+    collective, and those that arrived earlier add their wait for the last one to it. Raises
+    ValueError on a time that is not finite."""
+    fastest = {}
+    for rows in link_rows:
+        seen = {}
+        for collective, size_n, nbytes, seconds, *_ in rows:
+            key = (collective, size_n, nbytes, seen.setdefault((collective, nbytes), 0))
+            seen[(collective, nbytes)] += 1
+            seconds = _finite(seconds, f"a timed {collective}")
+            fastest[key] = min(fastest.get(key, math.inf), seconds)
+    return [(c, size_n, b, s) for (c, size_n, b, _), s in sorted(fastest.items())]
 
 
 def host():

@@ -344,7 +344,8 @@ def test_auto_across_ranks(controller, np, request):
                  "trains.plan_labels_legal", "trains.calibration_cost_recorded",
                  "trains.links_fitted", "trains.links_cpu_fitted_and_the_share_counted",
                  "links.grow_to_the_cap",
-                 "links.grown_by_the_rule_alike_everywhere", "mixed.identical_weights",
+                 "links.grown_by_the_rule_alike_everywhere", "links.more_repetitions_where_cheap",
+                 "mixed.identical_weights",
                  "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "replan.errors_of_the_gradient_as_sent",
@@ -377,6 +378,49 @@ def test_auto_across_ranks(controller, np, request):
 def test_a_link_is_timed_larger_only_where_two_sizes_hide_the_bytes_cost(size, small_s, large_s,
                                                                            cap, grown):
     assert calibration.next_link_size(size, small_s, large_s, cap) == grown
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("reps, slowest_median_s, budget_s, more", [
+    (3, 1e-3, 0.03, 6),          # 1 Gbit/s, 4 ranks, 4 KiB: up to LINK_REPS_MAX (9) in all
+    (3, 6e-3, 0.03, 5),          # as many as the budget holds
+    (3, 0.2, 0.03, 0),           # 10 Mbit/s, 256 KiB: none
+    (3, 1e-3, 0, 0),             # no budget, none
+    (9, 1e-6, 0.03, 0),          # already at the most
+    (3, 0.0, 0.03, 0),           # a time that is not one: none (never unbounded)
+    (3, float("nan"), 0.03, 0),
+])
+def test_cheap_link_sizes_get_more_repetitions_within_a_budget(reps, slowest_median_s,
+                                                                budget_s, more):
+    assert calibration.more_link_reps(reps, slowest_median_s, budget_s) == more
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("collective", calibration.LINK_COLLECTIVES)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_rank_reads_the_same_times_from_what_a_timed_collective_carried(collective, n):
+    """The collective's own payload, done by hand (Horovod's average, its allgather and its
+    alltoall of equal splits): every rank's median, in whole units, back on every rank."""
+    size = calibration._whole(4096, n)
+    seconds = [0.0, 1.2345e-3, 0.0299, 7.0][:n] + [3e-3] * max(0, n - 4)
+    dtype = {"allreduce": torch.float32, "allreduce_fp16": torch.float16}.get(collective,
+                                                                              torch.uint8)
+    width = {"allreduce": 4, "allreduce_fp16": 2}.get(collective, 1)
+    sent = []
+    for rank, s in enumerate(seconds):
+        t = torch.zeros(size // width, dtype=dtype)
+        calibration._carry(collective, t, rank, n, s)
+        sent.append(t)
+    if collective.startswith("allreduce"):
+        output = (torch.stack(sent).float().sum(0) / n).to(dtype)
+    elif collective == "allgather":
+        output = torch.cat(sent)
+    else:                                            # rank 0's receipt: chunk 0 of each sender
+        output = (torch.cat([t.view(n, -1)[0] for t in sent]), torch.full((n,), size // n))
+    unit = calibration.CARRY_UNIT_S[collective]
+    assert calibration._carried(collective, output, n) == [
+        calibration.carried_units(collective, s) * unit for s in seconds]
+    assert calibration.carried_units("allreduce_fp16", 7.0) == 2047      # held below 2048
 
 
 @pytest.mark.unit

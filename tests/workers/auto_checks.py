@@ -108,7 +108,7 @@ def run(hvd):
     saved = calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO
     calibration.LINK_GROW_MAX_S = calibration.LINK_RESOLVED_RATIO = math.inf   # always grow
     try:
-        rows = calibration.time_collectives(hvd, (4096, 65536), reps=1, caps=caps)
+        rows = calibration.time_collectives(hvd, (4096, 65536), reps=1, caps=caps, budget_s=0)
     finally:
         calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO = saved
     n = hvd.size()
@@ -128,6 +128,25 @@ def run(hvd):
             ruled &= (grown is not None) == (i < len(sizes) - 1)
     checks.check("links.grown_by_the_rule_alike_everywhere", agree and ruled,
                  str(sorted({(c, b) for c, _, b, *_ in rows})))
+    # each size's repetitions: LINK_REPS, and at the two sizes asked for as many more as the
+    # budget holds at the slowest rank's median of the first LINK_REPS - 1 (what the last of
+    # them carried to every rank); a grown size LINK_REPS
+    counts, want_counts = {}, {}
+    for c, _, b, *_ in rows:
+        counts[(c, b)] = counts.get((c, b), 0) + 1
+    asked = {calibration._whole(b, n) for b in (4096, 65536)}
+    for (c, b) in counts:
+        if b not in asked:
+            want_counts[(c, b)] = calibration.LINK_REPS
+            continue
+        carried = [calibration.carried_units(c, statistics.median(
+            [t for c2, _, b2, t, *_ in r if (c2, b2) == (c, b)][:calibration.LINK_REPS - 1]))
+            for r in every]
+        want_counts[(c, b)] = calibration.LINK_REPS + calibration.more_link_reps(
+            calibration.LINK_REPS, max(carried) * calibration.CARRY_UNIT_S[c])
+    checks.check("links.more_repetitions_where_cheap", counts == want_counts
+                 and any(v > calibration.LINK_REPS for v in counts.values()),
+                 f"{counts} want {want_counts}")
 
     # 2. a given mixed plan (restored from a state): the step equals float32's within bounds
     mixed = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"]
