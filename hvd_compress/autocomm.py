@@ -198,12 +198,13 @@ class AutoCommunicator(CommunicatorBase):
         else:
             self._measured.append(step_s)
             del self._measured[:-1000]
-            self._since_plan += 1
-            predicted = self._plan["predicted_s"] if self._plan else math.nan
-            due = (self._since_plan % self.settings.replan_every == 0
-                   or self._since_plan == self._early_check)
-            if due and math.isfinite(predicted):
-                self._check_drift(predicted)
+            if math.isfinite(step_s):             # not after pause_step_clock (every rank alike)
+                self._since_plan += 1
+                predicted = self._plan["predicted_s"] if self._plan else math.nan
+                due = (self._since_plan % self.settings.replan_every == 0
+                       or self._since_plan == self._early_check)
+                if due and math.isfinite(predicted):
+                    self._check_drift(predicted)
         self._launches = [None] * len(self._buckets)
         self._last_end = time.perf_counter()
 
@@ -211,7 +212,7 @@ class AutoCommunicator(CommunicatorBase):
         """Every rank: gather the ranks' last steps (each step the job's: the ranks' mean,
         calibration.job_step_s), decide."""
         window = planner.REPLAN_WINDOW
-        recent = [t if math.isfinite(t) else 0.0 for t in self._measured[-window:]]
+        recent = [t for t in self._measured if math.isfinite(t)][-window:]
         recent = [0.0] * (window - len(recent)) + recent
         gathered = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
                                  name="hvdc.auto.replan")
@@ -223,6 +224,13 @@ class AutoCommunicator(CommunicatorBase):
         if decision:
             self._event(f"replanned: {decision.reason}")
             self._start_measuring()
+
+    def pause_step_clock(self):
+        """The job did other work since its last step (an evaluation, a checkpoint, another
+        model's steps in a benchmark's round): the next step's time, measured from the last
+        one's end, is not a training step's. It is left out of the pace, of the drift check and
+        of the steps counted since the plan. Call it on every rank at the same step."""
+        self._last_end = None
 
     def _calibrate(self):
         """Measure, gather, decide on rank 0, broadcast, apply: the same collectives on every

@@ -270,6 +270,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         report = getattr(self._communicator, "plan_report", None)
         return report() if report is not None else None
 
+    def pause_step_clock(self):
+        """Compression.auto: the job did other work since its last step (an evaluation, a
+        checkpoint): the next step's time is left out of what the plan is judged on. Call it on
+        every rank alike; nothing for a fixed scheme."""
+        pause = getattr(self._communicator, "pause_step_clock", None)
+        if pause is not None:
+            pause()
+
     @property
     def communicator(self):
         return self._communicator

@@ -253,6 +253,10 @@ def worker(args):
                 if rank == 0:
                     write_calibration(args, n, count, seconds, outcome, report)
                 continue
+            # the other rows ran since this one's last step: not a step of its own (auto
+            # would read the whole round into its next step and re-plan on drift not there)
+            if hasattr(opt, "pause_step_clock"):     # ours (stock Horovod's has none)
+                opt.pause_step_clock()
             for i in range(args.per_round if rnd else args.warmup):
                 t0, t1, t2, stats = step(model, opt, i)
                 if rnd and writer:

@@ -308,6 +308,24 @@ def test_the_empty_step_before_training_is_no_warm_up_step():
 
 
 @pytest.mark.unit
+def test_a_paused_step_clock_leaves_the_next_step_out_of_what_the_plan_is_judged_on():
+    """After pause_step_clock (an evaluation, a benchmark's other rows) the next step's time is
+    not a step's: out of the drift window and of the steps counted to the first check."""
+    comm = communicator()
+    comm._apply({"ok": True, "labels": [FLOAT32] * 4, "predicted_s": 0.2}, 0.1)
+    comm.end_step(None, None)                  # the clock's first end: no step before it
+    comm._measured, comm._since_plan = [], 0
+    for pause in (False, False, True, False, True, False):
+        if pause:
+            comm.pause_step_clock()
+            time.sleep(0.02)                   # other work: it must not read as a step
+        comm.end_step(None, None)
+    assert len(comm._measured) == 6 and comm._since_plan == 4
+    assert [math.isnan(t) for t in comm._measured] == [False, False, True, False, True, False]
+    assert all(t < 0.02 for t in comm._measured if not math.isnan(t))
+
+
+@pytest.mark.unit
 def test_a_fallback_runs_on_the_kept_plan_as_adopting_it_does():
     """Falling back and adopting share one path (_run_on): after a failed re-calibration the
     kept plan is in force exactly as if adopted again (labels, plan, phase, no trial, its
