@@ -247,13 +247,13 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
     """[(collective, n, bytes, seconds, cpu seconds)] for each collective and size, `reps`
     timed repetitions after one untimed, and at the sizes given, with `reps` >= 2, as many more
     as `budget_s` holds (more_link_reps) at the slowest rank's median of the first ones, every
-    rank in the same
-    order (a collective: call it on every rank); cpu: what this process's other threads spent
-    meanwhile. bytes as costmodel.fit defines them: allreduce a float32 vector of that many
-    bytes, allreduce_fp16 a float16 one, allgather each rank's part, alltoall each rank's send
-    buffer (equal splits). With `caps` ({collective: bytes}, link_grow_caps), a collective
-    whose two sizes did not resolve a byte's cost is timed at larger ones (next_link_size),
-    decided on the fastest rank's medians, gathered: the same sizes on every rank."""
+    rank in the same order (a collective: call it on every rank); cpu: what this process's
+    other threads spent meanwhile. bytes as costmodel.fit defines them: allreduce a float32
+    vector of that many bytes, allreduce_fp16 a float16 one, allgather each rank's part,
+    alltoall each rank's send buffer (equal splits). With `caps` ({collective: bytes},
+    link_grow_caps), a collective whose two sizes did not resolve a byte's cost is timed at
+    larger ones (next_link_size), decided on the fastest rank's medians, gathered: the same
+    sizes on every rank."""
     n = hvd.size()
     rows = []
     for collective in collectives:
@@ -285,7 +285,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             # the message's, and costs the most to repeat)
             carries = budget_s > 0 and reps >= 2 and size >= 4 * n and len(medians) < len(sizes)
             while rep <= total:
-                if carries:
+                if carries and rep <= reps:        # read once, after call `reps`
                     _carry(collective, tensor, hvd.rank(), n,
                            statistics.median(times) if times else 0.0)
                 began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()

@@ -34,9 +34,11 @@ def plot(rows, path):
     collectives = list(dict.fromkeys(r["collective"] for r in rows))
     reps = list(dict.fromkeys(kind(r) for r in rows))
     runs = {k: sorted({key[:3] for key in alpha if key[1] == k}) for k in reps}
-    panels = [(c, lambda run, c=c: alpha.get(run + (c,))) for c in collectives]
-    panels += [(f"{c} - allreduce", lambda run, c=c: alpha[run + (c,)] - alpha[run + ("allreduce",)])
-               for c in ("allgather", "alltoall") if c in collectives and "allreduce" in collectives]
+    panels = [(c, lambda run, c=c: alpha[run + (c,)]) for c in collectives]
+    if "allreduce" in collectives:
+        panels += [(f"{c} - allreduce",
+                    lambda run, c=c: alpha[run + (c,)] - alpha[run + ("allreduce",)])
+                   for c in ("allgather", "alltoall") if c in collectives]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.9 * len(panels), 3.4))
     for ax, (title, value) in zip(axes, panels):
         ax.boxplot([[value(run) for run in runs[k]] for k in reps], whis=(0, 100))
