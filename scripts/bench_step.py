@@ -370,9 +370,11 @@ def summarise(steps, calibration=None):
 
 
 def plan_summary(steps, keys):
-    """Per row: the plan of its last timed step, the median predicted step over its timed steps,
-    the optimizer's last measured median, and the re-plans and fallbacks among its events
-    (empty and NaN for fixed rows, and for a steps.csv from before the plan columns)."""
+    """Per row: the plan of its last timed step, the median predicted step over its timed steps
+    (a re-planned row's mixes its plans, as its median step does), the last plan's own
+    prediction and the optimizer's measured median since that plan was applied, and the
+    re-plans and fallbacks among its events (empty and NaN for fixed rows, and for a steps.csv
+    from before the plan columns)."""
     import pandas as pd
     rows = []
     for key, g in steps.groupby(keys, sort=False):
@@ -382,6 +384,8 @@ def plan_summary(steps, keys):
         planned = plan != ""
         rows.append(dict(zip(keys, key), plan=plan[planned].iloc[-1] if planned.any() else "",
                          plan_predicted_ms=g["plan_predicted_ms"][planned.values].median()
+                         if planned.any() else math.nan,
+                         plan_last_predicted_ms=g["plan_predicted_ms"][planned.values].iloc[-1]
                          if planned.any() else math.nan,
                          plan_measured_ms=g["plan_measured_ms"][planned.values].iloc[-1]
                          if planned.any() else math.nan,

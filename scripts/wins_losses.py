@@ -18,7 +18,9 @@ its median step (step_ms). Writes, beside the summary (or in --out-dir):
                          (or its fallback), its ratios to both, how well the fastest row's
                          and auto's medians are known (median_ci_pct: a ratio inside them is
                          a tie; round_spread_pct for a summary from before it), and auto's
-                         predicted step and its error against the measured median; auto
+                         predicted step and its error against the measured median (the
+                         median predicted over the timed steps: a re-planned row's mixes its
+                         plans), the last plan's own error against its measured median; auto
                          against the fastest row round by round (vs_fastest_paired, its 95%
                          interval, and whether that interval says slower, tie or faster)
   wins_losses.md         both, as tables
@@ -77,6 +79,9 @@ def per_cell(frame, tie_pct=0.0):
                           auto_predicted_ms=_number(auto, "plan_predicted_ms"),
                           auto_prediction_error_pct=100 * (
                               _number(auto, "plan_predicted_ms") / auto_ms - 1),
+                          auto_last_plan_error_pct=100 * (
+                              _number(auto, "plan_last_predicted_ms")
+                              / _number(auto, "plan_measured_ms") - 1),
                           **paired(auto)))
     return pd.DataFrame(lines)
 

@@ -209,6 +209,17 @@ def test_summary_ratios_spread_plan_and_calibration():
     assert math.isnan(summary.loc[("loopback", "ours:auto"), "calibration_s"])
 
 
+def test_summary_keeps_a_replanned_rows_last_prediction_apart():
+    """A row re-planned in its timed steps: plan_predicted_ms is the median over them (900,
+    990 and the new plan's 1200), plan_last_predicted_ms the last plan's own."""
+    steps = steps_frame()
+    auto = steps.index[(steps.link == "10mbit") & (steps.row == "ours:auto")]
+    steps.loc[auto[-1], "plan_predicted_ms"] = 1200.0
+    row = bench.summarise(steps).set_index(["link", "row"]).loc[("10mbit", "ours:auto")]
+    assert row.plan_predicted_ms == pytest.approx(990) and row.plan_last_predicted_ms == 1200
+    assert math.isnan(bench.summarise(steps).plan_last_predicted_ms.iloc[0])   # a fixed row
+
+
 def test_summary_of_a_benchmark_from_before_the_plan_columns():
     """results/step/steps.csv as committed (no plan columns, no auto row) still summarises."""
     old = pd.read_csv(ROOT / "results" / "step" / "steps.csv")
@@ -275,6 +286,12 @@ def test_cells_say_how_well_medians_are_known_and_the_prediction_error(tmp_path)
     assert (cells.fastest_spread_pct == 2.5).all() and (cells.auto_spread_pct == 2.5).all()
     assert cells.auto_predicted_ms.iloc[0] == pytest.approx(10.23, rel=1e-3)
     assert cells.auto_prediction_error_pct.tolist() == pytest.approx([10.0] * 3, rel=1e-3)
+    assert cells.auto_last_plan_error_pct.isna().all()      # a summary without the columns
+    frame["plan_last_predicted_ms"], frame["plan_measured_ms"] = 12.0, 10.0
+    frame.to_csv(tmp_path / "summary.csv", index=False)
+    assert wins.main([str(tmp_path / "summary.csv")]) == 0
+    cells = pd.read_csv(tmp_path / "wins_losses_cells.csv")
+    assert cells.auto_last_plan_error_pct.tolist() == pytest.approx([20.0] * 3)
 
 
 def test_ties_within_a_margin_count_for_every_tied_row(tmp_path):

@@ -317,6 +317,11 @@ class RunRecorder:
                 runlog.update_manifest(self.run_dir, epochs_completed=epoch,
                                        **({"plan_report": self._plan_report()}
                                           if self.plans else {}))
+        # Compression.auto judges its plan on the time from one step's end to the next: the
+        # next epoch's first step would count this evaluation and checkpoint as training.
+        pause = getattr(optimizer, "pause_step_clock", None)   # stock Horovod's has none
+        if pause is not None:
+            pause()
         args = self.args
         if args.max_steps is not None and self.step >= args.max_steps and epoch < args.epochs:
             raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
