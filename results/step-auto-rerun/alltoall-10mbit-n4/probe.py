@@ -3,8 +3,13 @@ time and its network namespace's TCP retransmissions per call (README.md beside 
 
     python scripts/netem.py run -n 4 --rate 10mbit --launcher gloo -- python probe.py OUT.csv
 """
-import csv, sys, time, statistics
-import torch, horovod.torch as hvd
+import csv
+import sys
+import time
+
+import horovod.torch as hvd
+import torch
+
 from hvd_compress.exchange import wait_for
 
 def retrans():
