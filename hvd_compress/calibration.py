@@ -370,7 +370,8 @@ def job_step_s(steps):
     takes as much from the next. The slowest rank's time of each step (or the largest of the
     ranks' medians) keeps only the additions: on 4 ranks sharing 2 cores, where a rank waits
     for a core, it read the lab net's steps up to ~20% long and re-planned on drift that was
-    not there (docs/planner.md, "Measured: the step benchmark")."""
+    not there (results/step-auto-grid/np4-lab-job-step, docs/planner.md "Measured: the step
+    benchmark")."""
     steps = list(steps)
     return math.fsum(steps) / len(steps)
 
