@@ -79,6 +79,7 @@ class AutoCommunicator(CommunicatorBase):
         self._refused = {}
         self._last_replan = None
         self._trial = None
+        self._clock_pauses = 0               # pause_step_clock() calls, shown in plan_report()
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
@@ -231,6 +232,7 @@ class AutoCommunicator(CommunicatorBase):
         one's end, is not a training step's. It is left out of the pace, of the drift check and
         of the steps counted since the plan. Call it on every rank at the same step."""
         self._last_end = None
+        self._clock_pauses += 1
 
     def _calibrate(self):
         """Measure, gather, decide on rank 0, broadcast, apply: the same collectives on every
@@ -386,6 +388,7 @@ class AutoCommunicator(CommunicatorBase):
             "calibration_s": self._calibration_s,
             "calibrations": self._calibrations,
             "last_replan_check": self._last_replan,
+            "step_clock_pauses": self._clock_pauses,
             "events": list(self._history),
         }
 

@@ -323,6 +323,7 @@ def test_a_paused_step_clock_leaves_the_next_step_out_of_what_the_plan_is_judged
     assert len(comm._measured) == 6 and comm._since_plan == 4
     assert [math.isnan(t) for t in comm._measured] == [False, False, True, False, True, False]
     assert all(t < 0.05 for t in comm._measured if not math.isnan(t))
+    assert comm.plan_report()["step_clock_pauses"] == 2
 
 
 @pytest.mark.unit

@@ -292,6 +292,8 @@ def test_auto_trains_and_records_its_plan(shared_runs, batch):
     assert manifest["config"] == "np2-auto-small" and manifest["collective"] == "auto"
     labels = [bucket["label"] for bucket in manifest["plan_report"]["buckets"]]
     assert labels and all(parse_label(label) for label in labels)
+    # the recorder pauses auto's step clock after each epoch's evaluation and checkpoint
+    assert manifest["plan_report"]["step_clock_pauses"] == 1
     steps = pd.read_csv(folder / "steps.csv")
     assert list(steps.columns) == runlog.STEP_COLUMNS + runlog.PLAN_COLUMNS
     plans = steps.pivot(index="step", columns="rank", values="plan").astype("string").fillna("")
