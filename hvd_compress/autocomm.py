@@ -31,7 +31,7 @@ import warnings
 import torch
 import horovod.torch as hvd
 
-from . import calibration, planner, registry, trial
+from . import calibration, planner, planner_inputs, registry, trial
 from .bucketing import DEFAULT_FUSION_BYTES
 from .codecs import SCALE_BLOCK
 from .communicators import make_communicator
@@ -467,14 +467,14 @@ def _decide(settings, ranks, links, problems, n):
         timed = calibration.combine(ranks, links, n)
         step = calibration.job_step_s(r["pace"]["step_s"] for r in ranks)
         in_force = ranks[0].get("labels", [FLOAT32] * len(layout))
-        m, busy = calibration.busy_links(timed, in_force, step)
+        m, busy = planner_inputs.busy_links(timed, in_force, step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         tried, why = _rivals(settings, m, plan.schemes)
         return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
                 **({"trials": [c.as_dict() for c in tried]} if len(tried) > 1 else
                    {"no_trial": why}),
                 "fastest_s": plan.fastest_s, "exact": plan.exact,
-                "measurements": dict(calibration.summary(timed), busy_factor=busy,
+                "measurements": dict(planner_inputs.summary(timed), busy_factor=busy,
                                      measured_step_s=step, measured_on=list(in_force)),
                 "refused": {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
                 "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}

@@ -17,7 +17,6 @@ Pure:
                   and codec costs; each collective's fastest rank, see below), or a ValueError
                   saying why they cannot be planned from
 """
-import dataclasses
 import math
 import os
 import statistics
@@ -34,8 +33,8 @@ __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REP
            "measure_errors", "link_sizes", "link_grow_caps", "next_link_size",
            "LINK_REPS_MAX", "LINK_REP_BUDGET_S", "more_link_reps", "carried_units",
            "fastest_repetitions",
-           "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "busy_links",
-           "BUSY_FACTOR_MAX", "summary", "host", "cpu_share", "without_steal"]
+           "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "host",
+           "cpu_share"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -72,8 +71,6 @@ CODEC_REPS = 3
 # In synchronous training every rank's step lasts as long as the slowest's: ranks whose median
 # steps differ by more than this factor measured something else (a clock, a stalled rank).
 DISAGREE_FACTOR = 3.0
-# The most the busy link (while backward computes) is taken slower than the idle one.
-BUSY_FACTOR_MAX = 20.0
 # Calibration polls a collective every 50 us (not wait_for's up to 1 ms), so the poll adds
 # little to what is timed.
 _POLL_S = 50e-6
@@ -493,65 +490,3 @@ def _links_cpu(link_rows):
         points = sorted((b, statistics.median(v)) for (c, b), v in per.items() if c == collective)
         out[collective] = planner.fit_affine(points)
     return out
-
-
-def without_steal(m: planner.Measurements, labels):
-    """The pace as backward would run with no collective beside it. The warm-up steps ran the
-    plan in force (`labels`), whose collectives' CPU backward's pace already holds; the
-    timeline adds each plan's own (planner, "The collectives' CPU"), so the plan in force's,
-    as the timeline reckons it, is taken out of the ready times and backward's end."""
-    t = planner.predict(m, labels)
-    if not t.stolen_s[-1]:
-        return m
-    ready, last = [], 0.0
-    for b, took in zip(m.buckets, t.stolen_s):
-        last = max(last, b.ready_s - took)
-        ready.append(dataclasses.replace(b, ready_s=last))
-    return dataclasses.replace(m, buckets=tuple(ready),
-                               backward_s=max(m.backward_s - t.stolen_s[-1], last))
-
-
-def busy_links(m: planner.Measurements, labels, measured_step_s):
-    """The links as the job's own steps run them. The collectives were timed alone, between
-    steps, on idle cores; in the step, Horovod's thread competes with backward's compute for
-    the cores (2 here), and a bucket waits for the poll. So every link is slowed by the one
-    factor k >= 1 (alpha and beta alike) that makes the plan in force (`labels`, float32 at
-    first) predict the step it was measured at; k = 1 where the timed links already predict it
-    or more; at most BUSY_FACTOR_MAX. The pace is first cleared of the plan in force's CPU
-    (without_steal). Returns (measurements, k); the links timed alone are in `summary`."""
-    m = without_steal(m, labels)
-    idle = {c: (f.link() if callable(getattr(f, "link", None)) else f) for c, f in m.links.items()}
-
-    def with_factor(k):
-        busy = {c: dataclasses.replace(x, alpha=x.alpha * k, beta=x.beta * k)
-                for c, x in idle.items()}
-        return dataclasses.replace(m, links=busy, links_idle=None)
-
-    def step(k):
-        return planner.predict(with_factor(k), labels).step_s
-
-    if not (math.isfinite(measured_step_s) and step(1.0) < measured_step_s):
-        return with_factor(1.0), 1.0
-    if step(BUSY_FACTOR_MAX) <= measured_step_s:
-        return with_factor(BUSY_FACTOR_MAX), BUSY_FACTOR_MAX
-    low, high = 1.0, BUSY_FACTOR_MAX
-    for _ in range(40):                      # the step grows with k (the fold is monotone)
-        mid = (low + high) / 2
-        low, high = (mid, high) if step(mid) < measured_step_s else (low, mid)
-    return with_factor(high), high
-
-
-def summary(m: planner.Measurements):
-    """The measurements as JSON-able numbers, for plan_report() and the lab's manifest."""
-    def affine(x):
-        return {"a": x.a, "b": x.b}
-    return {
-        "n": m.n, "backward_s": m.backward_s, "fixed_s": m.fixed_s,
-        "ready_s": {b.name: b.ready_s for b in m.buckets},
-        "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": getattr(f, "r2", math.nan)}
-                  for c, f in m.links.items()},
-        "codecs": {t: {"encode": affine(c.encode), "reduce": affine(c.reduce),
-                       "decode": affine(c.decode)} for t, c in m.codecs.items()},
-        "errors": {f"{b} {s}": e for (b, s), e in sorted(m.errors.items())},
-        "links_cpu": {c: affine(x) for c, x in m.links_cpu.items()}, "cpu_share": m.cpu_share,
-    }

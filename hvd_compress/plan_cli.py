@@ -1,8 +1,11 @@
 """Ask before training: the predicted step of every fixed scheme and of the planner's plan.
+Or ask after: why a job took its plan, re-decided from the measurements its record keeps.
 
     python -m hvd_compress.plan_cli --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
     python -m hvd_compress.plan_cli --model lab --nodes 2 \\
         --link-fit results/lab/matrix-netem-100mbit/calibration/link_fit.json
+    python -m hvd_compress.plan_cli --report results/step-auto-rerun/plans/basic-100mbit-n4.json
+    python -m hvd_compress.plan_cli --report runs/matrix/np2-auto/manifest.json
 
 The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
 sibling of it rather than a flag of it because the planner imports the cost model, and the
@@ -26,6 +29,9 @@ Where each input comes from (docs/planner.md):
   default: a core to spare): per collective a + b * bytes fitted to the per-rank medians of
   scripts/bench_collective_cpu.py (results/collective-cpu/cpu-np<N>.csv, the nearest N), one
   size per collective but allgather's two, so b alone where only one was measured.
+With --report, every input is the job's own: its plan_report() (scripts/bench_step.py's
+plans/<cell>.json, or the lab's manifest.json, which holds it), read back by
+planner_inputs.replay.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ import sys
 from pathlib import Path
 
 from . import planner as pl
+from . import planner_inputs
 from .costmodel import methods, units
 from .costmodel.model import Link
 from .registry import parse_label
@@ -256,9 +263,12 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m hvd_compress.plan_cli",
                                 description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, choices=["lab", "horovod", "basic"],
+    p.add_argument("--report", metavar="PLAN.json",
+                   help="re-decide a job's plan from its plan_report() (plans/<cell>.json, or a "
+                        "lab run's manifest.json) instead of asking before training")
+    p.add_argument("--model", choices=["lab", "horovod", "basic"],
                    help="a lab network: lab (= horovod, 21,840 parameters) or basic (1.2 M)")
-    p.add_argument("--nodes", type=int, required=True, metavar="N", help="ranks n (>= 1)")
+    p.add_argument("--nodes", type=int, metavar="N", help="ranks n (>= 1)")
     p.add_argument("--bandwidth", type=units.parse_rate, help="link rate, e.g. 100Mbit/s")
     p.add_argument("--latency", type=units.parse_time, help="alpha per message, e.g. 1ms")
     p.add_argument("--link-fit", metavar="FIT.json",
@@ -275,8 +285,8 @@ def build_parser():
     p.add_argument("--collective-cpu", metavar="CPU.csv",
                    help="each collective's CPU per call (scripts/bench_collective_cpu.py; "
                         "default: results/collective-cpu/cpu-np<N>.csv, the nearest N)")
-    p.add_argument("--margin", type=float, default=pl.TIE_MARGIN,
-                   help=f"tie margin (default {pl.TIE_MARGIN})")
+    p.add_argument("--margin", type=float,
+                   help=f"tie margin (default {pl.TIE_MARGIN}; with --report, the job's)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     return p
 
@@ -284,7 +294,17 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.report:
+        given = [f for f in ("model", "nodes", "bandwidth", "latency", "link_fit", "compute")
+                 if getattr(args, f) is not None] + (["cpu_share"] if args.cpu_share else [])
+        if given:
+            parser.error("--report re-decides from the job's own measurements; it takes no "
+                         + ", ".join("--" + f.replace("_", "-") for f in given))
+        return explain(args.report, args.format, args.margin)
+    if args.model is None or args.nodes is None:
+        parser.error("give --model and --nodes (or --report PLAN.json)")
     args.model = "horovod" if args.model == "lab" else args.model
+    args.margin = pl.TIE_MARGIN if args.margin is None else args.margin
     if args.nodes < 1:
         parser.error("--nodes must be >= 1")
     if not (math.isfinite(args.cpu_share) and args.cpu_share >= 0):
@@ -298,7 +318,6 @@ def main(argv=None):
         raise SystemExit(f"error: {e}") from None
     fixed = [t for t in pl.DEFAULT_CANDIDATES if t == "none:allreduce" or t in m.codecs]
     rows = [(t, pl.predict(m, pl.fixed_plan(m, t)).step_s) for t in fixed]
-    base = rows[0][1]
     timeline = pl.predict(m, plan.schemes)
     if args.format == "json":
         print(json.dumps({"model": args.model, "n": args.nodes, "notes": notes,
@@ -312,10 +331,17 @@ def main(argv=None):
     print(f"{args.model} net, n = {args.nodes}")
     for note in notes:
         print("  " + note)
+    print_tables(m, plan, timeline, rows, args.margin)
+    return 0
+
+
+def print_tables(m, plan, timeline, fixed, margin):
+    """Every fixed plan's predicted step beside the plan's, and the plan's timeline per bucket."""
+    base = dict(fixed).get("none:allreduce", math.nan)
     print()
     print("| scheme | predicted step | vs none |")
     print("|---|---:|---:|")
-    for t, s in rows:
+    for t, s in fixed:
         print(f"| {t} | {s * 1e3:.2f} ms | {s / base:.3f}x |")
     print(f"| **plan** | {plan.predicted_s * 1e3:.2f} ms | {plan.predicted_s / base:.3f}x |")
     print()
@@ -325,10 +351,85 @@ def main(argv=None):
         print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
               f"| {d * 1e3:.2f} ms |")
     print(f"\nbackward ends {timeline.backward_end_s * 1e3:.2f} ms (encodes included); "
-          f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {args.margin * 100:g}%; "
+          f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {margin * 100:g}%; "
           f"search {'exact' if plan.exact else 'not proven optimal (docs/planner.md, The search)'}")
     for (b, t), why in sorted(plan.refused.items()):
         print(f"refused: {b} {t}: {why}")
+
+
+def read_report(path):
+    """A plan_report() dict from PLAN.json: the report itself, or a lab manifest holding it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --report {path}: {e}") from None
+    report = data.get("plan_report", data) if isinstance(data, dict) else None
+    if not isinstance(report, dict) or "buckets" not in report or "measurements" not in report:
+        raise SystemExit(f"error: --report {path}: no plan report in it (a plan_report() dict, "
+                         "or a manifest with one: a run with --auto-allreduce)")
+    return report
+
+
+def explain(path, fmt="table", margin=None):
+    """--report: the job's plan beside the plan re-decided from its record (with `margin`, what
+    another tie margin would have taken), every fixed plan's predicted step on the same inputs,
+    and the plan's timeline."""
+    report = read_report(path)
+    try:
+        m, busy, plan = planner_inputs.replay(report, margin)
+    except ValueError as e:
+        raise SystemExit(f"error: --report {path}: {e}") from None
+    labels = [b.get("label") for b in report["buckets"]]
+    candidates = (report.get("settings") or {}).get("candidates", pl.DEFAULT_CANDIDATES)
+    fixed = []
+    for t in candidates:
+        try:
+            fixed.append((t, pl.predict(m, pl.fixed_plan(m, t)).step_s))
+        except ValueError:
+            continue
+    timeline = pl.predict(m, plan.schemes)
+    trial = report.get("trial") or {}
+    job_margin = (report.get("settings") or {}).get("margin", pl.TIE_MARGIN)
+    same = list(plan.schemes) == labels
+    rival = trial.get("chosen") not in (None, "plan")       # trial.Contender("plan", ...)
+    measured = report.get("measurements") or {}
+    out = {"report": str(path), "n": m.n, "busy_factor": busy,
+           "measured_on": measured.get("measured_on"),
+           "measured_step_s": measured.get("measured_step_s"),
+           "job": {"plan": labels, "predicted_s": report.get("predicted_s"),
+                   "measured_s": report.get("measured_s"),
+                   "chosen_by": f"trial: {trial.get('reason')}" if rival else "the search"},
+           "replayed": dict(plan.as_dict(), same_as_job=same),
+           "fixed": {t: v for t, v in fixed},
+           "links": {c: {"alpha_s": f.alpha, "beta_s_per_byte": f.beta}
+                     for c, f in sorted(m.links.items())},
+           "buckets": [dict(name=b.name, bytes=b.nbytes, ready_s=b.ready_s, scheme=s,
+                            leaves_s=lv, done_s=d)
+                       for b, s, lv, d in zip(m.buckets, plan.schemes, timeline.leaves_s,
+                                              timeline.done_s)]}
+    if fmt == "json":
+        print(json.dumps(out, indent=2))
+        return 0
+    ms = 1e3
+    print(f"{path}: n = {m.n}, {len(m.buckets)} buckets")
+    print(f"  pace: backward {m.backward_s * ms:.2f} ms, the rest of the step "
+          f"{m.fixed_s * ms:.2f} ms (measured on {' '.join(measured.get('measured_on') or [])}, "
+          f"step {measured.get('measured_step_s', math.nan) * ms:.2f} ms)")
+    print(f"  links as the step runs them: timed alone, x {busy:.3f} (the busy factor that "
+          "predicts that step); bytes as costmodel.fit counts them")
+    for c, f in sorted(m.links.items()):
+        print(f"    {c}: alpha {f.alpha * ms:.3f} ms, {1 / f.beta / 1e6:.2f} MB/s")
+    predicted, measured_s = (report.get(k, math.nan) for k in ("predicted_s", "measured_s"))
+    shift = trial.get("fixed_shift_s") or 0.0
+    print(f"  the job's plan: {' '.join(labels)}, predicted {predicted * ms:.2f} ms"
+          + (f" (the trial's shift of the fixed time, {shift * ms:+.2f} ms, included)"
+             if shift else "") + f", measured {measured_s * ms:.2f} ms")
+    print(f"  re-decided:     {' '.join(plan.schemes)}, predicted {plan.predicted_s * ms:.2f} ms"
+          + ("" if same else "  (not the job's: "
+             + (f"--margin {margin:g}, the job's {job_margin:g})" if margin is not None
+                else f"its trial adopted a rival: {trial.get('reason')})" if rival
+                else "decided by another version of the planner?)")))
+    print_tables(m, plan, timeline, fixed, job_margin if margin is None else margin)
     return 0
 
 

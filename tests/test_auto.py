@@ -2,6 +2,7 @@
 step's pace, every rank's measurements combined into one, the decision on rank 0 (a plan, or a
 fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
 (tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
+import json
 import math
 import statistics
 import time
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from hvd_compress import calibration, planner, trial
+from hvd_compress import calibration, planner, planner_inputs, trial
 from hvd_compress.auto import Auto, WARMUP_STEPS
 from hvd_compress.autocomm import FLOAT32, AutoCommunicator, _decide
 from hvd_compress.communicators import make_communicator
@@ -79,8 +80,8 @@ def test_pace_summary_discards_the_first_step_and_takes_medians():
 
 # ---------------------------------------------------------------- every rank's -> one
 
-def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03):
-    sizes = [("fc.bias", 4 * MiB), ("conv.weight", 64 * 1024)]
+def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03,
+                      sizes=(("fc.bias", 4 * MiB), ("conv.weight", 64 * 1024))):
     codec = {"encode": [[b, 1e-4 + enc * b] for _, b in sizes],
              "decode": [[b, 1e-4 + enc * b] for _, b in sizes]}
     codecs = {t: dict(codec, reduce=[[b, 1e-4] for _, b in sizes]) if t.endswith("alltoall")
@@ -209,6 +210,61 @@ def test_the_same_measurements_give_the_same_decision():
     a = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
     b = _decide(Auto(), [dict(r) for r in ranks[::-1]], [link_rows(100e6)] * 2, [], 2)
     assert a == b
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rate", [100e6, 100e9])
+def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
+    """plan_report() (what the lab's manifest and bench_step's plans/ keep) holds every input of
+    the decision: written to JSON and read back, planner_inputs.replay and plan_cli --report
+    re-decide the job's plan with the same predicted step, to the bit, and the busy factor."""
+    from hvd_compress import plan_cli
+    comm = AutoCommunicator(hc.Compression.auto())
+    comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
+    sizes = [(b.name, 4 * b.numel) for b in comm._buckets]
+    ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02)[-len(sizes):], sizes=sizes)] * 2
+    d = _decide(comm.settings, ranks, [link_rows(rate)] * 2, [], 2)
+    assert d["ok"]
+    comm._apply(d, 0.1)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(comm.plan_report()))
+    m, busy, plan = planner_inputs.replay(json.loads(path.read_text()))
+    assert list(plan.schemes) == d["labels"] and plan.predicted_s == d["predicted_s"]
+    assert busy == d["measurements"]["busy_factor"]
+    assert plan_cli.main(["--report", str(path), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["replayed"]["same_as_job"] and out["replayed"]["predicted_s"] == d["predicted_s"]
+    assert out["job"]["plan"] == d["labels"]
+    assert out["fixed"][FLOAT32] == d["fixed_plans_s"][FLOAT32]
+    assert out["job"]["chosen_by"] == "the search"
+    if rate < 1e9:                            # the slow link compresses the 4 MiB bucket
+        assert d["labels"][0].startswith("bit8"), d["labels"]
+    # a trial that adopted a rival: the record says so, the search's plan is not the job's
+    report = json.loads(path.read_text())
+    report["trial"] = {"chosen": "fp16:allreduce everywhere", "reason": "fp16 adopted"}
+    for bucket in report["buckets"]:
+        bucket["label"] = "fp16:allreduce"
+    path.write_text(json.dumps(report))
+    assert plan_cli.main(["--report", str(path), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["replayed"]["same_as_job"] and out["job"]["chosen_by"] == "trial: fp16 adopted"
+
+
+@pytest.mark.unit
+def test_a_record_without_measurements_is_refused_with_its_reason(tmp_path):
+    from hvd_compress import plan_cli
+    comm = communicator()
+    with pytest.warns(RuntimeWarning, match="boom"):
+        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.1)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"plan_report": comm.plan_report()}))
+    with pytest.raises(SystemExit, match="no measurements to plan from"):
+        plan_cli.main(["--report", str(path)])
+    path.write_text(json.dumps({"status": "complete"}))           # a run without auto
+    with pytest.raises(SystemExit, match="no plan report in it"):
+        plan_cli.main(["--report", str(path)])
+    with pytest.raises(ValueError, match="not a plan report's measurements"):
+        planner_inputs.from_summary({"n": 2}, [("a", 4)])
 
 
 # ---------------------------------------------------------------- on this rank, real tensors
@@ -462,10 +518,10 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
                             [link_rows(100e6)], 2)
     labels = [FLOAT32, FLOAT32]
     idle_step = planner.predict(m, labels).step_s
-    busy, k = calibration.busy_links(m, labels, idle_step * 1.3)
+    busy, k = planner_inputs.busy_links(m, labels, idle_step * 1.3)
     assert k > 1 and planner.predict(busy, labels).step_s == pytest.approx(idle_step * 1.3, rel=1e-6)
     assert busy.links["allreduce"].beta == pytest.approx(k * m.links["allreduce"].beta)
-    same, k = calibration.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
+    same, k = planner_inputs.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
     assert k == 1.0 and planner.predict(same, labels).step_s == pytest.approx(idle_step)
 
 
@@ -509,13 +565,13 @@ def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_f
     labels = [FLOAT32, FLOAT32]
     took = planner.predict(m, labels).stolen_s
     assert took[0] == 0 and took[1] > 0.01                 # fc.bias's allreduce, inside backward
-    clean = calibration.without_steal(m, labels)
+    clean = planner_inputs.without_steal(m, labels)
     assert clean.backward_s == pytest.approx(m.backward_s - took[-1])
     assert clean.buckets[1].ready_s == pytest.approx(0.3 - took[1])
     # the plan in force, predicted on the cleared pace, steps as it was measured
     measured = planner.predict(m, labels).step_s - took[-1]
     assert planner.predict(clean, labels).step_s == pytest.approx(measured, rel=1e-6)
-    busy, k = calibration.busy_links(m, labels, measured)
+    busy, k = planner_inputs.busy_links(m, labels, measured)
     assert k == pytest.approx(1.0) and busy.backward_s == clean.backward_s
 
 
