@@ -316,8 +316,7 @@ def main(argv=None):
         plan = pl.search(m, margin=args.margin)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
-    fixed = [t for t in pl.DEFAULT_CANDIDATES if t == "none:allreduce" or t in m.codecs]
-    rows = [(t, pl.predict(m, pl.fixed_plan(m, t)).step_s) for t in fixed]
+    rows = fixed_steps(m, pl.DEFAULT_CANDIDATES)
     timeline = pl.predict(m, plan.schemes)
     if args.format == "json":
         print(json.dumps({"model": args.model, "n": args.nodes, "notes": notes,
@@ -333,6 +332,13 @@ def main(argv=None):
         print("  " + note)
     print_tables(m, plan, timeline, rows, args.margin)
     return 0
+
+
+def fixed_steps(m, candidates):
+    """[(label, predicted step)] of each candidate on every bucket, float32 and the schemes
+    whose codec cost was measured (the others cannot be predicted)."""
+    return [(t, pl.predict(m, pl.fixed_plan(m, t)).step_s) for t in candidates
+            if t == "none:allreduce" or t in m.codecs]
 
 
 def print_tables(m, plan, timeline, fixed, margin):
@@ -380,13 +386,8 @@ def explain(path, fmt="table", margin=None):
     except ValueError as e:
         raise SystemExit(f"error: --report {path}: {e}") from None
     labels = [b.get("label") for b in report["buckets"]]
-    candidates = (report.get("settings") or {}).get("candidates", pl.DEFAULT_CANDIDATES)
-    fixed = []
-    for t in candidates:
-        try:
-            fixed.append((t, pl.predict(m, pl.fixed_plan(m, t)).step_s))
-        except ValueError:
-            continue
+    fixed = fixed_steps(m, (report.get("settings") or {}).get("candidates",
+                                                           pl.DEFAULT_CANDIDATES))
     timeline = pl.predict(m, plan.schemes)
     trial = report.get("trial") or {}
     job_margin = (report.get("settings") or {}).get("margin", pl.TIE_MARGIN)

@@ -13,7 +13,8 @@ import torch
 from hvd_compress.exchange import wait_for
 
 def retrans():
-    lines = open('/proc/net/snmp').read().splitlines()
+    with open("/proc/net/snmp") as f:
+        lines = f.read().splitlines()
     tcp = [l.split() for l in lines if l.startswith('Tcp:')]
     return int(dict(zip(tcp[0][1:], tcp[1][1:]))['RetransSegs'])
 
@@ -28,7 +29,8 @@ for size in sizes:
             before = retrans(); t0 = time.perf_counter()
             if coll == "alltoall":
                 t = torch.zeros(size, dtype=torch.uint8)
-                h = hvd.alltoall_async(t, splits=torch.full((n,), size // n, dtype=torch.int32), name=f"a2a.{size}.{rep}")
+                splits = torch.full((n,), size // n, dtype=torch.int32)
+                h = hvd.alltoall_async(t, splits=splits, name=f"a2a.{size}.{rep}")
             else:
                 t = torch.zeros(size // n, dtype=torch.uint8)   # each rank's part of the same bytes
                 h = hvd.allgather_async(t, name=f"ag.{size}.{rep}")
@@ -37,7 +39,10 @@ for size in sizes:
             rows.append([coll, size, rep, dt, retrans() - before])
 allrows = hvd.allgather_object(rows)
 if r == 0:
-    w = csv.writer(open(sys.argv[1], 'w')); w.writerow(['rank','collective','bytes','rep','seconds','retrans'])
-    for k, rr in enumerate(allrows):
-        for row in rr: w.writerow([k] + row)
+    with open(sys.argv[1], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["rank", "collective", "bytes", "rep", "seconds", "retrans"])
+        for k, rank_rows in enumerate(allrows):
+            for row in rank_rows:
+                w.writerow([k] + row)
 hvd.shutdown()
