@@ -8,8 +8,8 @@
                                   compression=hc.Compression.bit8)
 
 Layers, bottom to top: codecs (pure bit functions) -> compressors (Horovod's Compressor
-interface; blockcodec.py writes the bucket messages once) -> communicators (which collective
-carries them; exchange.py, the frame they share) -> optimizer; roles.py states the contract
+interface; compressors/blockcodec.py writes the bucket messages once) -> communicators (which collective
+carries them; exchange/base.py, the frame they share) -> optimizer; roles.py states the contract
 between them, registry.py each scheme's one entry (docs/extending.md adds one). Names are loaded
 lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source
 can import `hvd_compress.compressors` without a circular import.
@@ -20,9 +20,9 @@ __version__ = "0.1.0"
 __all__ = ["Compression", "Bit8Compressor", "Bit16Compressor", "DistributedOptimizer",
            "make_communicator", "Route", "SCHEMES"]
 
-_WHERE = {"Compression": "compressors", "Bit8Compressor": "compressors",
+_WHERE = {"Compression": "compression", "Bit8Compressor": "compressors",
           "Bit16Compressor": "compressors", "DistributedOptimizer": "optimizer",
-          "make_communicator": "communicators", "Route": "registry", "SCHEMES": "registry"}
+          "make_communicator": "exchange.routes", "Route": "registry", "SCHEMES": "registry"}
 
 
 def __getattr__(name):

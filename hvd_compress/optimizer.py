@@ -35,13 +35,14 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .auto import Auto
-from .autocomm import AutoCommunicator
+from .auto.communicator import AutoCommunicator
+from .auto.settings import Auto
 from .codecs import SCALE_BLOCK
-from .communicators import make_communicator
-from .compressors import Compression, compressor_name
-from .exchange import wait_for
-from .memory import ResidualMemory
+from .compression import Compression
+from .compressors import compressor_name
+from .exchange.base import wait_for
+from .exchange.memory import ResidualMemory
+from .exchange.routes import make_communicator
 
 __all__ = ["DistributedOptimizer"]
 

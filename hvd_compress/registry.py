@@ -128,7 +128,7 @@ class Scheme:
 
     def message_bytes(self, numel: int, block: int) -> int:
         """Bytes of one bucket message of `numel` values: float32 scale per `block` values,
-        codes, padded to a multiple of 4 (blockcodec.py's layout)."""
+        codes, padded to a multiple of 4 (compressors/blockcodec.py's layout)."""
         scales = 4 * -(-numel // block) if self.block_scales else 0
         return scales + (self.code_bytes(numel) + 3) // 4 * 4
 
@@ -175,22 +175,22 @@ for _entry in (
     # before block scales (int8, onebit) or per kept value (topk: int32 index + float32 value).
     Scheme("int8", 8, (Route.ALLGATHER, Route.ALLTOALL),
            "int8, amax/127 scale per block, stochastic rounding, reduced in float32",
-           "hvd_compress.quantizers:Int8Compressor", "--int8-allreduce", _one_byte),
+           "hvd_compress.compressors:Int8Compressor", "--int8-allreduce", _one_byte),
     Scheme("onebit", 1, (Route.ALLGATHER,),
            "sign bits, mean |x| per block, error feedback on by default",
-           "hvd_compress.quantizers:OneBitCompressor", "--onebit-allreduce", _sign_bits),
+           "hvd_compress.compressors:OneBitCompressor", "--onebit-allreduce", _sign_bits),
     # Horovod's allreduce has no bfloat16 (horovod#4047): decoded and summed in float32.
     Scheme("bf16", 16, (Route.ALLTOALL, Route.ALLGATHER),
            "bfloat16 codes (round to nearest even), no scales, reduced in float32",
-           "hvd_compress.bfloat16:BF16Compressor", "--bf16-allreduce", _two_bytes,
+           "hvd_compress.compressors.bf16:BF16Compressor", "--bf16-allreduce", _two_bytes,
            block_scales=False),
     Scheme("topk", 64, (Route.ALLGATHER,),
            "the ratio x numel largest |g| as index + value pairs, error feedback",
-           "hvd_compress.topk:TopK", "--topk-allreduce", parameter=0.01,
+           "hvd_compress.methods.topk:TopK", "--topk-allreduce", parameter=0.01,
            step_bytes=topk_step_bytes),
     Scheme("powersgd", 32, (Route.ALLREDUCE,),
            "rank-r factors P, Q of each matrix by float32 allreduce, error feedback",
-           "hvd_compress.powersgd:PowerSGD", "--powersgd-allreduce", parameter=2,
+           "hvd_compress.methods.powersgd:PowerSGD", "--powersgd-allreduce", parameter=2,
            step_bytes=powersgd_step_bytes),
 ):
     register(_entry)

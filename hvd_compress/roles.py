@@ -144,7 +144,7 @@ def pad4(nbytes: int) -> int:
 
 
 class Memory:
-    """Error feedback's state (memory.py): what compression dropped, per bucket name."""
+    """Error feedback's state (exchange/memory.py): what compression dropped, per bucket name."""
 
     def compensate(self, name, x, inplace=False):
         """x plus what the previous step dropped (x itself when there is nothing);

@@ -22,7 +22,7 @@ import horovod.torch as hvd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hvd_compress.exchange import wait_for  # noqa: E402
+from hvd_compress.exchange.base import wait_for  # noqa: E402
 
 
 def main():

@@ -59,7 +59,7 @@ def waits(hvd, shipped):
             os.sched_yield()
         return hvd.synchronize(handle)
 
-    from hvd_compress.exchange import POLL_SLEEP_S, longest_sleep
+    from hvd_compress.exchange.base import POLL_SLEEP_S, longest_sleep
     first = POLL_SLEEP_S[0]
     longest = longest_sleep(hvd.local_size(), len(os.sched_getaffinity(0)))
 
@@ -82,7 +82,8 @@ def waits(hvd, shipped):
 
 def use_wait(wait):
     """Every module of hvd_compress that calls wait_for by name."""
-    from hvd_compress import communicators, exchange, optimizer
+    from hvd_compress.exchange import base as exchange, routes as communicators
+    from hvd_compress import optimizer
     exchange.wait_for = communicators.wait_for = optimizer.wait_for = wait
 
 
@@ -91,7 +92,7 @@ def worker(args):
     import torch.nn.functional as F
     import horovod.torch as hvd
     import hvd_compress as hc
-    from hvd_compress import exchange
+    from hvd_compress.exchange import base as exchange
     from labs.mnist import MODELS
     hvd.init()
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ import time
 
 import horovod.torch as hvd
 
-from hvd_compress import calibration, planner
+from hvd_compress.auto import calibration, planner
 
 FIELDS = ["job", "calibration", "reps", "budget_s", "ranks", "collective", "alpha_ms",
           "beta_s_per_byte", "calibration_s"]

@@ -1,4 +1,4 @@
-"""Compression.auto (hvd_compress/auto.py, calibration.py, autocomm.py): the settings, one
+"""Compression.auto (hvd_compress/auto/settings.py, calibration.py, autocomm.py): the settings, one
 step's pace, every rank's measurements combined into one, the decision on rank 0 (a plan, or a
 fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
 (tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from hvd_compress import calibration, planner, planner_inputs, trial
-from hvd_compress.auto import Auto, WARMUP_STEPS
-from hvd_compress.autocomm import FLOAT32, AutoCommunicator, _decide
-from hvd_compress.communicators import make_communicator
+from hvd_compress.auto import calibration, planner, inputs as planner_inputs, trial
+from hvd_compress.auto.settings import Auto, WARMUP_STEPS
+from hvd_compress.auto.communicator import FLOAT32, AutoCommunicator, _decide
+from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel.model import Link
 from hvdrun import across_ranks, passed_checks
 
@@ -218,7 +218,7 @@ def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
     """plan_report() (what the lab's manifest and bench_step's plans/ keep) holds every input of
     the decision: written to JSON and read back, planner_inputs.replay and plan_cli --report
     re-decide the job's plan with the same predicted step, to the bit, and the busy factor."""
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     comm = AutoCommunicator(hc.Compression.auto())
     comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
     sizes = [(b.name, 4 * b.numel) for b in comm._buckets]
@@ -252,7 +252,7 @@ def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
 
 @pytest.mark.unit
 def test_a_record_without_measurements_is_refused_with_its_reason(tmp_path):
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     comm = communicator()
     with pytest.warns(RuntimeWarning, match="boom"):
         comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.1)
@@ -575,7 +575,7 @@ def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_f
     assert k == pytest.approx(1.0) and busy.backward_s == clean.backward_s
 
 
-# ---------------------------------------------------------------- the trial (hvd_compress/trial.py)
+# ---------------------------------------------------------------- the trial (hvd_compress/auto/trial.py)
 
 def tried(*rows):
     """Contenders from (name, predicted s, loss) rows; labels one per row, distinct."""
@@ -748,7 +748,7 @@ def test_trial_steps_switch_plans_at_step_boundaries_with_no_plan_shown_meanwhil
 
 @pytest.mark.unit
 def test_rank_0s_verdict_takes_the_slowest_rank_each_step_and_never_raises():
-    from hvd_compress.autocomm import _judge
+    from hvd_compress.auto.communicator import _judge
     c = tried(("plan", 0.2, 1.0), ("b", 0.3, 0.0))
     fast = times_for([0.10, 0.20], 2)
     slow = times_for([0.30, 0.20], 2)                     # rank 1 is slower on the plan's steps

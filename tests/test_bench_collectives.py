@@ -136,7 +136,7 @@ def _check_outputs(out, n_values):
     assert (schemes["communicate_s"] > 0).all() and (schemes["bytes_sent"] > 0).all()
     # the communicators' own byte counts: bit8 allgather sends (n-1) bucket messages of g/4
     # codes and their block scales (compressors.message_bytes)
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     bit8 = schemes[schemes["scheme"] == "bit8_allgather"]
     for n, g, sent in zip(bit8["n"], bit8["bytes"], bit8["bytes_sent"]):
         assert sent == (n - 1) * Compression.bit8.message_bytes(g // 4), (n, g, sent)

@@ -1,4 +1,4 @@
-"""BF16Compressor (hvd_compress/bfloat16.py): the codec bit for bit against ml_dtypes.bfloat16
+"""BF16Compressor (hvd_compress/compressors/bf16.py): the codec bit for bit against ml_dtypes.bfloat16
 (round to nearest even), its messages, the float32 sum, and the routes it may take."""
 import ml_dtypes
 import numpy as np
@@ -7,8 +7,9 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress import registry
-from hvd_compress.bfloat16 import BF16Compressor, decode_accumulate, encode
-from hvd_compress.communicators import make_communicator
+from hvd_compress.codecs.bfloat16 import decode_accumulate, encode
+from hvd_compress.compressors import BF16Compressor
+from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel import methods
 
 pytestmark = pytest.mark.unit

@@ -285,7 +285,7 @@ def reference_messages(comp, rows, block, divisor):
                                          (777, 5), (4097, 4097)])
 @pytest.mark.parametrize("scheme", ["bit8", "bit16"])
 def test_native_messages_equal_the_torch_path(scheme, numel, block, ranks, divisor):
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     comp = getattr(Compression, scheme)
     rows = torch.stack([mixed(numel, seed=numel + 31 * r) for r in range(ranks)])
     expected_messages, expected = reference_messages(comp, rows, block, divisor)
@@ -301,7 +301,7 @@ def test_native_messages_equal_the_torch_path(scheme, numel, block, ranks, divis
 @pytest.mark.parametrize("scheme", ["bit8", "bit16"])
 def test_native_messages_large_enough_to_stream(scheme):
     """Past kernels_x86.h's kStreamBytes the kernel writes with non-temporal stores."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     comp = getattr(Compression, scheme)
     numel = (8 << 20) // comp.fmt.code_bytes + 1001          # codes and values both past 8 MiB
     rows = torch.stack([mixed(numel, seed=r) for r in range(2)])
@@ -340,7 +340,7 @@ def test_portable_kernel_equals_the_torch_path():
 def test_corrupt_bucket_scale_raises(scheme, native_on, bad, monkeypatch):
     """A scale that no encoder writes (not a finite power of two) raises, naming the message as
     corrupt, instead of decoding into garbage gradients (issue 15: packets checked)."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     comp = getattr(Compression, scheme)
     if not native_on:
         monkeypatch.setattr(blocks, "_use_native", lambda t, f: False)
@@ -359,7 +359,7 @@ def test_corrupt_bucket_scale_raises(scheme, native_on, bad, monkeypatch):
 def test_chunk_ops_native_equal_torch_path(scheme, block, monkeypatch):
     """encode_chunks / decode_chunks / reduce_encode (the two-phase route's calls): the native
     kernel and the torch composition of encode_message / decode_messages give the same bits."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     comp = getattr(Compression, scheme)
     numel = 3000
     x = mixed(numel, seed=9)

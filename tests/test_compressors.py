@@ -6,11 +6,11 @@ import torch
 import hvd_compress as hc
 from hvd_compress.codecs import E4M3, fp8_torch
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.communicators import make_communicator
-from hvd_compress.compressors import HEADER_BYTES, read_header
+from hvd_compress.exchange.routes import make_communicator
+from hvd_compress.compressors.scaled_float import HEADER_BYTES, read_header
 from labs.kit.data import read_idx
-from hvd_compress.fusion import buckets_by_size
-from hvd_compress.memory import ResidualMemory
+from hvd_compress.exchange.fusion import buckets_by_size
+from hvd_compress.exchange.memory import ResidualMemory
 
 pytestmark = pytest.mark.unit
 

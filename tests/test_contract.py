@@ -13,12 +13,13 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from hvd_compress import bucketing, registry
-from hvd_compress.blockcodec import BlockCodec
+from hvd_compress.exchange import bucketing
+from hvd_compress import registry
+from hvd_compress.compressors.blockcodec import BlockCodec
 from hvd_compress.codecs import E4M3, blocks, native
-from hvd_compress.communicators import make_communicator
+from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel import methods, model
-from hvd_compress.fusion import Bucket
+from hvd_compress.exchange.fusion import Bucket
 from hvd_compress.roles import PacketCompressor
 from labs.kit import flags, table
 
@@ -187,8 +188,8 @@ def test_methods_refuse_a_device_they_do_not_run_on(method):
 
 
 def test_topk_keeps_its_work_on_the_values_device():
-    from hvd_compress.topk import scatter_sum, select
-    from hvd_compress.powersgd import initial_q
+    from hvd_compress.methods.topk import scatter_sum, select
+    from hvd_compress.methods.powersgd import initial_q
     x = torch.randn(100)
     assert select(x, 0).device == x.device and select(x, 5).device == x.device
     assert scatter_sum(torch.tensor([[1, 2]]), torch.tensor([[1.0, 2.0]]), 4).tolist() == [0, 1, 2, 0]

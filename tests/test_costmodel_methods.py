@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.communicators import DEFAULT_FUSION_BYTES
+from hvd_compress.exchange.routes import DEFAULT_FUSION_BYTES
 from hvd_compress.costmodel import methods
-from hvd_compress.fusion import buckets_by_size
+from hvd_compress.exchange.fusion import buckets_by_size
 from labs.mnist import MODELS
 
 pytestmark = pytest.mark.unit

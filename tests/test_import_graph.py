@@ -1,6 +1,7 @@
-"""The plugin's modules import each other in one direction only (docs/extending.md, DESIGN):
-no circle, lazy imports inside functions included, and the runtime never imports the cost
-model (the cost model reads the runtime's bucketing, not the other way round)."""
+"""The plugin's modules import each other in one direction only (docs/architecture.md): no
+circle, lazy imports inside functions included; every arrow runs down the layers, stated by
+package; the runtime never imports the cost model (the cost model reads the runtime's
+bucketing, not the other way round)."""
 import ast
 from pathlib import Path
 
@@ -78,43 +79,98 @@ def test_the_checker_finds_a_circle():
 
 def test_no_import_circle_among_the_plugins_modules():
     edges = graph()
-    assert "hvd_compress.communicators" in edges and edges["hvd_compress.topk"], edges
+    assert "hvd_compress.exchange.routes" in edges and edges["hvd_compress.methods.topk"], edges
     cycle = find_cycle(edges)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-PLANNING = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.plan_cli")
+# The layers, bottom to top (docs/architecture.md). A module may import its own layer and the
+# layers below it, never one above: an arrow that runs back up fails here. The pure layers
+# (codecs, registry, costmodel, the bucketing it reads) need neither torch's runtime nor Horovod.
+LAYERS = [
+    ("codecs",),                       # pure functions of bits
+    ("registry",),                     # one entry per scheme; no torch
+    ("roles",),                        # the contract: compressor, memory, communicator
+    ("compressors",),                  # one file per scheme, on the codecs
+    ("exchange",),                     # buckets, routes, error feedback
+    ("costmodel",),                    # alpha-beta model; reads exchange.bucketing only
+    ("methods",),                      # top-k, PowerSGD: communicators of their own
+    ("auto",),                         # Compression.auto: measure, plan, exchange by the plan
+    ("compression",),                  # the Compression namespace a user names
+    ("optimizer",),                    # the front: DistributedOptimizer
+]
 
 
-def test_the_runtime_reaches_the_cost_model_only_through_the_planner():
+def layer_of(module):
+    """The index in LAYERS of `hvd_compress.<package>...` (the package's own __init__ = top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS)
+    for i, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS and the "
+                         "architecture page")
+
+
+def test_every_arrow_runs_down_the_layers():
     edges = graph()
-    # The planner predicts steps on the cost model's timeline (docs/planner.md): it stands on the
-    # cost model, and the runtime (Compression.auto's communicator) stands on the planner, as
-    # DESIGN layers them (optimizer, planner, communicators, ...). No runtime module imports
-    # the cost model itself (optimizer, communicators, fusion, codecs, autocomm, calibration).
-    runtime = [m for m in edges if not m.startswith(PLANNING)]
-    assert "hvd_compress.fusion" in runtime and "hvd_compress.communicators" in runtime
-    assert "hvd_compress.planner" in edges["hvd_compress.calibration"]
+    assert layer_of("hvd_compress.auto.planner") > layer_of("hvd_compress.costmodel.model")
+    wrong = [f"{a} -> {b}" for a, targets in sorted(edges.items()) for b in sorted(targets)
+             if layer_of(b) > layer_of(a)]
+    assert not wrong, "imports that run up the layers:\n" + "\n".join(wrong)
+
+
+def test_the_checker_sees_an_arrow_that_runs_up():
+    assert layer_of("hvd_compress.exchange.routes") > layer_of("hvd_compress.compressors.bit8")
+    assert layer_of("hvd_compress.compressors.bit8") < layer_of("hvd_compress.optimizer")
+
+
+def test_the_cost_model_reads_only_the_pure_layers():
+    """The cost model reads the plugin's bucketing, the registry and the codecs' formats, never
+    the runtime (torch, Horovod), so its CLI runs on a machine without them."""
+    edges = graph()
+    allowed = ("hvd_compress.costmodel", "hvd_compress.registry",
+               "hvd_compress.exchange.bucketing", "hvd_compress.codecs.formats")
+    for name in [m for m in edges if m.startswith("hvd_compress.costmodel")]:
+        wrong = {m for m in edges[name] if not m.startswith(allowed)}
+        assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+PURE_AUTO = ("hvd_compress.auto.planner", "hvd_compress.auto.inputs", "hvd_compress.auto.cli",
+             "hvd_compress.auto.settings", "hvd_compress.auto.trial")
+
+
+def test_the_planner_and_its_cli_stand_on_nothing_of_the_runtime():
+    """The planner, its inputs, the trial's decisions and the CLI import only each other, the cost
+    model and the pure layers, so `python -m hvd_compress.auto` runs without the runtime. Only
+    the auto communicator and calibration touch torch and Horovod."""
+    edges = graph()
+    allowed = PURE_AUTO + ("hvd_compress.auto", "hvd_compress.costmodel", "hvd_compress.registry",
+                           "hvd_compress.exchange.bucketing", "hvd_compress.codecs.formats")
+    for name in PURE_AUTO:
+        assert name in edges, name
+        wrong = {m for m in edges[name] if not m.startswith(allowed) or m in
+                 ("hvd_compress.auto.communicator", "hvd_compress.auto.calibration")}
+        assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_only_the_planner_reaches_the_cost_model_from_the_runtime():
+    """The runtime (communicators, optimizer, auto's communicator and calibration) predicts
+    through the planner; none of them imports the cost model itself."""
+    edges = graph()
+    runtime = [m for m in edges if not m.startswith(("hvd_compress.costmodel",) + PURE_AUTO)]
+    assert "hvd_compress.exchange.fusion" in runtime and "hvd_compress.auto.calibration" in runtime
+    assert "hvd_compress.auto.planner" in edges["hvd_compress.auto.calibration"]
     for name in runtime:
         wrong = {m for m in edges[name] if m.startswith("hvd_compress.costmodel")}
         assert not wrong, f"{name} imports {sorted(wrong)}"
 
 
-def test_the_planner_and_the_cost_model_stand_on_nothing_of_the_runtime():
-    """Pure (no torch, no Horovod): they import only each other, the registry, the bucketing and
-    the codecs' formats, so plan_cli and the cost model's CLI run without the runtime."""
-    edges = graph()
-    allowed = ("hvd_compress.costmodel", "hvd_compress.planner", "hvd_compress.registry",
-               "hvd_compress.bucketing", "hvd_compress.codecs.formats")
-    for name in [m for m in edges if m.startswith(PLANNING[:2])]:
-        wrong = {m for m in edges[name] if not m.startswith(allowed)}
-        assert not wrong, f"{name} imports {sorted(wrong)}"
-
-
 def test_tensorwise_builds_on_the_shared_exchange():
     """top-k and PowerSGD share Exchange and the communicator frame with the packet routes."""
-    from hvd_compress import exchange, tensorwise
-    assert tensorwise.Step is exchange.Exchange
-    assert issubclass(tensorwise.TensorwiseCommunicator, exchange.CommunicatorBase)
-    source = (PACKAGE / "tensorwise.py").read_text()
+    from hvd_compress.exchange import base
+    from hvd_compress.methods import tensorwise
+    assert issubclass(tensorwise.TensorwiseCommunicator, base.CommunicatorBase)
+    source = (PACKAGE / "methods" / "tensorwise.py").read_text()
     assert "class Step" not in source and "def reduce(" not in source

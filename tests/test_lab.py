@@ -702,7 +702,7 @@ def test_model_basic_trains_serial_and_on_two_ranks(batch, defaults_run):
     stopped by --max-steps) and on 2 ranks with bit8 (the defaults run: a whole epoch); the
     2-rank run counts each step's bytes as the formula says: one bit8 message of the 1.2 M
     gradients ((n-1) x (codes + 4 bytes per 256 values), bucket by bucket)."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     from labs.mnist import BasicNet
     steps = 40
     out = batch["np1-basic-stopped"]            # COMMON, --model basic --max-steps 40
@@ -715,7 +715,7 @@ def test_model_basic_trains_serial_and_on_two_ranks(batch, defaults_run):
     assert runlog.read_manifest(defaults_run)["config"] == "np2-bit8"      # basic: no suffix
     sizes = [p.numel() for p in BasicNet().parameters()]
     # buckets of <= 1 MiB of float32, last layer first (communicators.DEFAULT_FUSION_BYTES)
-    from hvd_compress.fusion import buckets_by_size
+    from hvd_compress.exchange.fusion import buckets_by_size
     order = [torch.empty(n) for n in sizes[::-1]]
     expected = sum(Compression.bit8.message_bytes(sum(order[i].numel() for i in group))
                    for group in buckets_by_size(order, 1 << 20))

@@ -34,11 +34,11 @@ def test_auto_refuses_flags_that_fix_what_the_plan_chooses(lab, capsys, argv, me
 
 def test_auto_without_the_runtime_is_a_clear_error(lab, capsys, monkeypatch):
     """An hvd_compress without Compression.auto: refused before Horovod starts (exit code 2)."""
-    from hvd_compress import compressors
+    from hvd_compress import compression
 
     class Fixed:                         # Compression as it was before the runtime
-        none = compressors.Compression.none
-    monkeypatch.setattr(compressors, "Compression", Fixed)
+        none = compression.Compression.none
+    monkeypatch.setattr(compression, "Compression", Fixed)
     with pytest.raises(SystemExit) as stop:
         lab.parse_args(["--auto-allreduce"])
     assert stop.value.code == 2
@@ -48,7 +48,7 @@ def test_auto_without_the_runtime_is_a_clear_error(lab, capsys, monkeypatch):
 def test_auto_is_one_flag_and_one_run_name(lab):
     """The trainer's --auto-allreduce gives hc.Compression.auto, named np2-auto as the matrix
     names its --auto rows."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     args = lab.parse_args(["--auto-allreduce"])
     assert args.compression == "auto" and flags.compression_of(args) is Compression.auto
     assert table.config_name(args, 2) == "np2-auto"

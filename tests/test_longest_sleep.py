@@ -3,7 +3,7 @@ A rank with a core of its own polls often (a finished exchange is noticed sooner
 share cores keep the long sleep, so waiting does not take the cores their partners compute on."""
 import pytest
 
-from hvd_compress.exchange import POLL_SLEEP_S, UNCROWDED_LONGEST_SLEEP_S, longest_sleep
+from hvd_compress.exchange.base import POLL_SLEEP_S, UNCROWDED_LONGEST_SLEEP_S, longest_sleep
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.compressors import HEADER_BYTES, Compression
+from hvd_compress.compressors.scaled_float import HEADER_BYTES
+from hvd_compress.compression import Compression
 
 pytestmark = pytest.mark.unit
 

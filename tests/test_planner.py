@@ -1,11 +1,11 @@
-"""The planner (hvd_compress/planner.py): its timeline, its search against brute force, the
+"""The planner (hvd_compress/auto/planner.py): its timeline, its search against brute force, the
 accuracy guard, determinism, the re-plan rule, the codec-cost fit. Pure: no torch, no Horovod."""
 import math
 import random
 
 import pytest
 
-from hvd_compress import planner as pl
+from hvd_compress.auto import planner as pl
 from hvd_compress.costmodel import methods
 from hvd_compress.costmodel.fit import Fit
 from hvd_compress.costmodel.model import Link
@@ -464,14 +464,14 @@ def test_fit_affine_recovers_a_line_and_holds_at_zero():
 # ---------------------------------------------------------------- the CLI (ask before training)
 
 def run_cli(capsys, *args):
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     assert plan_cli.main(list(args) + ["--format", "json"]) == 0
     import json
     return json.loads(capsys.readouterr().out)
 
 
 def test_cli_buckets_are_the_optimizers_and_ready_in_launch_order(capsys):
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     for model in ("horovod", "basic"):
         counts = [methods.numel(s) for s in methods.MODEL_SHAPES[model]]
         assert [c for _, c, _ in plan_cli.model_buckets(model)] == methods.buckets(counts)
@@ -500,7 +500,7 @@ def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path
 
 
 def test_cli_reads_a_fitted_link(capsys):
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     fit = str(plan_cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
     out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
     assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
@@ -508,7 +508,7 @@ def test_cli_reads_a_fitted_link(capsys):
 
 def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(capsys,
                                                                              tmp_path):
-    from hvd_compress import plan_cli
+    from hvd_compress.auto import cli as plan_cli
     args = ("--model", "basic", "--nodes", "4", "--bandwidth", "1Gbit/s", "--latency", "500us")
     free = run_cli(capsys, *args)["fixed"]
     shared = run_cli(capsys, *args, "--cpu-share", "2")
@@ -532,7 +532,7 @@ def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(ca
 def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
     import subprocess
     import sys
-    code = ("import sys, hvd_compress.planner, hvd_compress.plan_cli; "
+    code = ("import sys, hvd_compress.auto.planner, hvd_compress.auto.cli; "
             "bad = [m for m in ('torch', 'horovod') if m in sys.modules]; "
             "sys.exit(f'imported {bad}' if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,11 +1,12 @@
-"""PowerSGD (hvd_compress/powersgd.py): the one-process algorithm, and the communicator on real
+"""PowerSGD (hvd_compress/methods/powersgd.py): the one-process algorithm, and the communicator on real
 ranks under horovodrun (Gloo and MPI, 2 and 4 ranks; tests/workers/powersgd_checks.py, in the
 shared job of each configuration: tests/hvdrun.py)."""
 import pytest
 import torch
 
 from hvdrun import across_ranks, passed_checks
-from hvd_compress.powersgd import PowerSGD, approximate, initial_q, matrix_shape, powersgd_bytes
+from hvd_compress.methods.powersgd import (PowerSGD, approximate, initial_q, matrix_shape,
+                                           powersgd_bytes)
 
 
 @pytest.mark.unit

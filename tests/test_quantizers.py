@@ -1,4 +1,4 @@
-"""int8 and onebit (hvd_compress/quantizers.py, codecs/onebit.py): the sign codec bit by bit,
+"""int8 and onebit (hvd_compress/compressors/quantizers.py, codecs/onebit.py): the sign codec bit by bit,
 packets and messages, corrupt input, and both on real ranks under horovodrun, with the
 optimizer's default error feedback (tests/workers/quantizer_checks.py, in the shared job of each
 configuration: tests/hvdrun.py)."""
@@ -10,8 +10,8 @@ import hvd_compress as hc
 from hvdrun import across_ranks, passed_checks
 from hvd_compress.codecs import onebit
 from hvd_compress.costmodel import methods
-from hvd_compress.memory import ResidualMemory
-from hvd_compress.quantizers import Int8Compressor, OneBitCompressor
+from hvd_compress.exchange.memory import ResidualMemory
+from hvd_compress.compressors import Int8Compressor, OneBitCompressor
 
 
 @pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Top-K sparsification (hvd_compress/topk.py): selection, residual, sparse sum, and the
+"""Top-K sparsification (hvd_compress/methods/topk.py): selection, residual, sparse sum, and the
 communicator on real ranks under horovodrun (tests/workers/topk_checks.py, in the shared job of
 each configuration: tests/hvdrun.py)."""
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hvdrun import across_ranks, passed_checks
-from hvd_compress.memory import ResidualMemory
-from hvd_compress.topk import TopK, scatter_sum, select, topk_bytes
+from hvd_compress.exchange.memory import ResidualMemory
+from hvd_compress.methods.topk import TopK, scatter_sum, select, topk_bytes
 
 
 @pytest.mark.unit

@@ -56,7 +56,7 @@ def native_available() -> bool:
 
 def native_message_ok(message: torch.Tensor, fmt: FloatFormat) -> bool:
     """Can the native kernel take this bucket message (or 2-D batch of them) whole: built, on
-    the CPU, rows contiguous and 4-byte aligned (compressors.py pads messages to 4)?"""
+    the CPU, rows contiguous and 4-byte aligned (compressors/scaled_float.py pads messages to 4)?"""
     return (_use_native(message, fmt)
             and message.stride(-1) == 1 and message.data_ptr() % 4 == 0
             and (message.dim() == 1 or message.size(0) == 1 or message.stride(0) % 4 == 0))

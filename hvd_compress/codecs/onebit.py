@@ -3,7 +3,7 @@
 1-bit SGD (Seide et al., Interspeech 2014) sends signs only; scaling each block's signs by the
 block's mean |x| (as EF-signSGD does per tensor: Karimireddy et al., ICML 2019,
 https://arxiv.org/abs/1901.09847) keeps the decoded gradient's L1 norm per block, so the step
-size does not depend on the gradient's scale. Alone it is biased; error feedback (memory.py)
+size does not depend on the gradient's scale. Alone it is biased; error feedback (exchange/memory.py)
 carries what it drops to the next step, which is why `Compression.onebit` turns it on.
 
     signs   bit j of byte i is value 8i + j (least significant bit first, as

@@ -19,7 +19,7 @@ packet schemes, step_bytes for top-k and PowerSGD), so a scheme added there is c
 
 B is the scale block (256 values); pad4 rounds up to a multiple of 4 bytes; the two-phase
 route sends 2(n-1)/n of the bucket's messages on average over ranks. Buckets: the tensors in
-backward order (last layer first), fused up to 1 MiB of float32 (the runtime's bucketing.py).
+backward order (last layer first), fused up to 1 MiB of float32 (the runtime's exchange/bucketing.py).
 The time of a step's exchange is the alpha-beta model's (model.py): alpha per message of
 each collective, beta per byte sent.
 """
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 
-from ..bucketing import DEFAULT_FUSION_BYTES, backward_buckets, chunk_bounds, groups_by_size
 from ..codecs.formats import SCALE_BLOCK
+from ..exchange.bucketing import (DEFAULT_FUSION_BYTES, backward_buckets, chunk_bounds,
+                                  groups_by_size)
 from ..registry import Route, powersgd_values, scheme, schemes, topk_count
 from .model import Cost, allgather, alltoall, reduce_scatter, ring_allreduce
 
@@ -37,7 +38,7 @@ __all__ = ["METHOD_DEFAULTS", "MODEL_SHAPES", "numel", "groups_by_size", "bucket
            "powersgd_values", "bytes_per_step", "step_cost", "exchange_units", "unit_seconds",
            "exchange_seconds", "two_phase", "break_even_rate"]
 
-FUSION_BYTES = DEFAULT_FUSION_BYTES   # the runtime's (bucketing.py), read, not copied
+FUSION_BYTES = DEFAULT_FUSION_BYTES   # the runtime's (exchange/bucketing.py), read, not copied
 # The methods' default parameters (top-k's ratio, PowerSGD's rank), from the registry.
 METHOD_DEFAULTS = {s.name: s.parameter for s in schemes().values() if s.parameter is not None}
 # Each collective's alpha-beta coefficients for one call, bytes as fit.py defines them.

@@ -177,7 +177,7 @@ def check_auto(parser, args):
 
 def auto_compression():
     """hc.Compression.auto, or a RuntimeError saying that this hvd_compress has none."""
-    from hvd_compress.compressors import Compression
+    from hvd_compress.compression import Compression
     auto = getattr(Compression, AUTO, None)
     if auto is None:
         raise RuntimeError(f"{AUTO_FLAG}: this hvd_compress has no Compression.auto (the "

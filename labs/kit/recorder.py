@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import horovod.torch as hvd
 
-from hvd_compress.communicators import horovod_bytes_sent
+from hvd_compress.exchange.routes import horovod_bytes_sent
 from labs.netem.launch import link_probe, wire_counter
 
 from . import manifest, runlog

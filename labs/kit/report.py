@@ -410,7 +410,7 @@ PLAN_NOTES = ("- Plan: each gradient bucket's scheme and route, in the order bac
               "link, the codecs' cost; docs/planner.md); the run folder's manifest.json holds "
               "the whole `plan_report` (buckets, bytes, measurements, refused candidates, "
               "calibration time, events) and steps.csv the plan of every step; "
-              "`python -m hvd_compress.plan_cli --report <run>/manifest.json` decides again "
+              "`python -m hvd_compress.auto --report <run>/manifest.json` decides again "
               "from that record and shows why (every fixed scheme's predicted step, each "
               "bucket's timeline).\n"
               "- Predicted: the plan's step on the cost model's timeline; measured: the "

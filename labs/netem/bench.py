@@ -284,10 +284,10 @@ def scheme_cases(hvd, torch, schemes: list[tuple[str, str]], nbytes: int) -> lis
 
 def _make_communicator(hvd, compression: str, reduction: str):
     try:
-        from hvd_compress.communicators import make_communicator
-        from hvd_compress.compressors import Compression
+        from hvd_compress.exchange.routes import make_communicator
+        from hvd_compress.compression import Compression
     except ImportError as exc:
-        raise SystemExit(f"scheme {compression}:{reduction} needs hvd_compress.communicators "
+        raise SystemExit(f"scheme {compression}:{reduction} needs hvd_compress.exchange.routes "
                          f"({exc}); pass --schemes with nothing after it to time Horovod's "
                          "collectives only")
     return make_communicator(getattr(Compression, compression), route=reduction,

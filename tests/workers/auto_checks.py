@@ -1,5 +1,5 @@
 """Run under horovodrun (tests/workers/suite.py, or alone): Compression.auto on real ranks
-(hvd_compress/autocomm.py, calibration.py). A small model trains with auto: it measures,
+(hvd_compress/auto/communicator.py, calibration.py). A small model trains with auto: it measures,
 plans, and every rank ends with the same plan and the same bits; a given mixed plan's step
 equals the float32 allreduce within its schemes' error bound; a rank whose calibration raises,
 or yields non-finite numbers, or disagrees wildly, makes every rank fall back and train on;
@@ -13,7 +13,7 @@ import statistics
 import torch
 
 import hvd_compress as hc
-from hvd_compress import calibration, planner, trial
+from hvd_compress.auto import calibration, planner, trial
 import checks
 
 FLOAT32 = "none:allreduce"

@@ -10,7 +10,7 @@ import checks
 from checks import check
 
 import hvd_compress
-from hvd_compress.communicators import make_communicator
+from hvd_compress.exchange.routes import make_communicator
 
 
 def same_on_all_ranks(t, name):

@@ -7,7 +7,7 @@ either way. Two ranks sending at once give ~1 each; ranks taking turns (Gloo 0.2
 patches/gloo-post-receives-first.patch) give ~0.5: while one sends, the other only receives.
 A sample in which nothing moved (the ranks off the cores the suite shares) is evidence of
 neither, and is not counted; the ranks wait on the collective by sleeping
-(hvd_compress.exchange.wait_for), not in Horovod's spinning synchronize(), so that the cores
+(hvd_compress.exchange.base.wait_for), not in Horovod's spinning synchronize(), so that the cores
 go to Gloo's threads. In the suite, before both, 4 spinning ranks read 48% and 74%.
 Writes one JSON line per rank into $HVDC_DUPLEX_DIR/rank<k>.json; the sizes (MiB a rank) come
 from HVDC_DUPLEX_ALLGATHER_MIB and HVDC_DUPLEX_ALLTOALL_MIB (tests/test_gloo_patch.py).
@@ -21,7 +21,7 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-from hvd_compress.exchange import wait_for
+from hvd_compress.exchange.base import wait_for
 
 STATS = Path("/sys/class/net/eth0/statistics")
 MIB = 1 << 20

@@ -16,8 +16,8 @@ from checks import check
 
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.bucketing import chunk_bounds
-from hvd_compress.communicators import make_communicator
+from hvd_compress.exchange.bucketing import chunk_bounds
+from hvd_compress.exchange.routes import make_communicator
 
 N = RANK = None                   # this job's world size and rank, set by run()
 

@@ -1,5 +1,5 @@
 """Run under horovodrun (tests/workers/suite.py, or alone): PowerSGD on real ranks
-(hvd_compress/powersgd.py): every rank holds the same bits, equal (within float32 rounding:
+(hvd_compress/methods/powersgd.py): every rank holds the same bits, equal (within float32 rounding:
 Horovod's ring sums in its own order) to the one-process reference `powersgd.approximate` over
 all ranks' gradients, through several steps of warm start and error feedback; at full rank it is
 the exact mean; bytes counted equal the formula; the optimizer trains with it; its state
@@ -7,7 +7,8 @@ survives a save and load."""
 import torch
 
 import hvd_compress as hc
-from hvd_compress.powersgd import PowerSGD, PowerSGDCommunicator, approximate, initial_q, matrix_shape, powersgd_bytes
+from hvd_compress.methods.powersgd import (PowerSGD, PowerSGDCommunicator, approximate, initial_q,
+                                           matrix_shape, powersgd_bytes)
 import checks
 
 SHAPES = [(6, 4), (5,), (3, 2, 2, 2), (8, 1), (1, 7), (16, 9)]

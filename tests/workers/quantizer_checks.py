@@ -1,5 +1,5 @@
 """Run under horovodrun (tests/workers/suite.py, or alone): int8 and onebit on real ranks
-(hvd_compress/quantizers.py): through several steps, every rank holds the same bits, equal BIT
+(hvd_compress/compressors/quantizers.py): through several steps, every rank holds the same bits, equal BIT
 FOR BIT to a one-process reference that replays every rank's encoding (int8: with that rank's
 own rounding stream) and the route's reduction; bytes counted equal the cost model's formula;
 the optimizer trains with each, onebit with error feedback."""
@@ -9,11 +9,11 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
-from hvd_compress.bucketing import chunk_bounds
-from hvd_compress.communicators import make_communicator
+from hvd_compress.exchange.bucketing import chunk_bounds
+from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel.methods import bytes_per_step
-from hvd_compress.memory import ResidualMemory
-from hvd_compress.quantizers import Int8Compressor
+from hvd_compress.exchange.memory import ResidualMemory
+from hvd_compress.compressors import Int8Compressor
 import checks
 
 rank = world = None               # this job's rank and world size, set by run()

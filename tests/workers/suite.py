@@ -33,7 +33,7 @@ def wait_by_sleeping():
     returns them, and raises its errors.
     """
     from horovod.torch import functions, mpi_ops, optimizer
-    from hvd_compress.exchange import wait_for
+    from hvd_compress.exchange.base import wait_for
     for module in (mpi_ops, optimizer, functions):     # each bound the name when imported
         module.synchronize = wait_for
 

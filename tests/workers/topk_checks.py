@@ -1,11 +1,11 @@
 """Run under horovodrun (tests/workers/suite.py, or alone): Top-K on real ranks
-(hvd_compress/topk.py): through several steps with error feedback, every rank holds the same
+(hvd_compress/methods/topk.py): through several steps with error feedback, every rank holds the same
 bits, equal BIT FOR BIT to the one-process reference (select, scatter_sum in rank order, / n);
 bytes counted equal the formula; the optimizer trains with it."""
 import torch
 
 import hvd_compress as hc
-from hvd_compress.topk import TopK, TopKCommunicator, scatter_sum, select, topk_bytes
+from hvd_compress.methods.topk import TopK, TopKCommunicator, scatter_sum, select, topk_bytes
 import checks
 
 SHAPES = [(6, 4), (5,), (3, 2, 2, 2), (1000,), (1,)]

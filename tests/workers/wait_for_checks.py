@@ -12,7 +12,7 @@ import time
 import torch
 
 import checks
-from hvd_compress import communicators, exchange
+from hvd_compress.exchange import base as exchange, routes as communicators
 
 
 def run(hvd):

@@ -2,7 +2,7 @@
 
 Never handed out (labs.classroom.solution installs it into a kit to grade the grader): the
 codecs are hvd_compress's NumPy references, the compressors its Bit8/Bit16Compressor, the
-exchange its allgather route (hvd_compress.communicators.start_packet_exchange).
+exchange its allgather route (hvd_compress.exchange.routes.start_packet_exchange).
 """
 import numpy as np
 import torch
@@ -10,7 +10,7 @@ import torch
 import horovod.torch as hvd
 
 from hvd_compress.codecs import E4M3, fp16_numpy, fp8_numpy
-from hvd_compress.communicators import start_packet_exchange
+from hvd_compress.exchange.routes import start_packet_exchange
 from hvd_compress.compressors import Bit8Compressor, Bit16Compressor  # noqa: F401 (the kit's API)
 
 HEADER_BYTES = 8

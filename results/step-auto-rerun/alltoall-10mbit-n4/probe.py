@@ -10,7 +10,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-from hvd_compress.exchange import wait_for
+from hvd_compress.exchange.base import wait_for
 
 def retrans():
     with open("/proc/net/snmp") as f:

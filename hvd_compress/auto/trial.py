@@ -16,8 +16,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ..registry import label, parse_label
 from . import planner
-from .registry import label, parse_label
 
 __all__ = ["TRIAL_STEPS", "TRIAL_MARGIN", "TRIAL_RIVALS", "TRIAL_TIE", "Contender", "Verdict",
            "contenders", "schedule", "verdict", "low", "fixed_shift"]

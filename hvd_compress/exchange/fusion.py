@@ -18,7 +18,7 @@ def buckets_by_size(tensors, threshold_bytes):
 
     A tensor larger than the threshold gets a bucket of its own; a threshold of 0 puts every
     tensor in its own bucket (no fusion). The cost model plans from the same function
-    (bucketing.py).
+    (exchange/bucketing.py).
     """
     return groups_by_size([t.numel() for t in tensors], threshold_bytes)
 

@@ -24,9 +24,10 @@ import time
 
 import torch
 
-from . import planner, registry
-from .bucketing import chunk_bounds
-from .registry import Route, parse_label
+from .. import registry
+from ..exchange.bucketing import chunk_bounds
+from ..registry import Route, parse_label
+from . import planner
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",

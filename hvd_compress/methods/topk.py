@@ -21,8 +21,8 @@ import math
 import torch
 import horovod.torch as hvd
 
-from .exchange import Exchange, wait_for
-from .registry import Route, topk_count, topk_step_bytes
+from ..exchange.base import Exchange, wait_for
+from ..registry import Route, topk_count, topk_step_bytes
 from .tensorwise import TensorwiseCommunicator, check_device
 
 __all__ = ["TopK", "TopKCommunicator", "select", "topk_bytes", "scatter_sum"]

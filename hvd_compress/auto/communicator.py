@@ -31,12 +31,13 @@ import warnings
 import torch
 import horovod.torch as hvd
 
-from . import calibration, planner, planner_inputs, registry, trial
-from .bucketing import DEFAULT_FUSION_BYTES
-from .codecs import SCALE_BLOCK
-from .communicators import make_communicator
-from .exchange import CommunicatorBase, launch_next_phases
-from .registry import Route, parse_label
+from .. import registry
+from ..codecs import SCALE_BLOCK
+from ..exchange.base import CommunicatorBase, launch_next_phases
+from ..exchange.bucketing import DEFAULT_FUSION_BYTES
+from ..exchange.routes import make_communicator
+from ..registry import Route, parse_label
+from . import calibration, planner, inputs as planner_inputs, trial
 
 __all__ = ["AutoCommunicator", "FLOAT32"]
 

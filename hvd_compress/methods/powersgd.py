@@ -25,8 +25,8 @@ import zlib
 import torch
 import horovod.torch as hvd
 
-from .exchange import Exchange, launch_next_phases, wait_for
-from .registry import Route, powersgd_step_bytes
+from ..exchange.base import Exchange, launch_next_phases, wait_for
+from ..registry import Route, powersgd_step_bytes
 from .tensorwise import TensorwiseCommunicator, check_device
 
 __all__ = ["PowerSGD", "PowerSGDCommunicator", "powersgd_bytes", "approximate"]

@@ -1,16 +1,15 @@
 """The frame of the communicators that send each gradient on its own, by a method that is not a
-codec of values: top-k's sparse pairs (topk.py), PowerSGD's factors (powersgd.py). No fusion
+codec of values: top-k's sparse pairs (methods/topk.py), PowerSGD's factors (methods/powersgd.py). No fusion
 (what is sent depends on each tensor's size or shape), their own error feedback (on by default:
 both methods need it to converge), and state a checkpoint must keep."""
 import horovod.torch as hvd
 
-from .exchange import CommunicatorBase, Exchange
-from .fusion import Bucket
-from .memory import ResidualMemory
+from ..exchange.base import CommunicatorBase, Exchange
+from ..exchange.fusion import Bucket
+from ..exchange.memory import ResidualMemory
 
-__all__ = ["TensorwiseCommunicator", "Step", "check_device"]
+__all__ = ["TensorwiseCommunicator", "check_device"]
 
-Step = Exchange                  # its first name: one tensor's exchange in flight
 # Devices the per-tensor methods run on (their codecs are plain torch ops).
 DEVICES = ("cpu", "cuda")
 

@@ -11,8 +11,8 @@ would close an import circle through communicators).
 """
 import math
 
+from ..registry import label, parse_label
 from . import planner
-from .registry import label, parse_label
 
 __all__ = ["Auto", "WARMUP_STEPS"]
 
@@ -21,7 +21,7 @@ __all__ = ["Auto", "WARMUP_STEPS"]
 # a median that one slow step (a GC pause, a neighbour's burst) cannot move, at a cost of five
 # float32 steps, 0.3% of the lab's 2-epoch run at 2 ranks.
 WARMUP_STEPS = 6
-# The trial (hvd_compress/trial.py) is asked for, not the default: it fixed two of the three
+# The trial (hvd_compress/auto/trial.py) is asked for, not the default: it fixed two of the three
 # cells where the model's plan lost on slow links (results/step-auto-trial), but it changes
 # training by the schemes it runs and nothing else (replayed bit for bit), and those are lossy
 # rivals for 24 steps and, on a machine whose load swings, lossy verdicts: the lab's one-epoch

@@ -15,14 +15,14 @@ how a block of values becomes codes and back, with three classmethods:
     and its registry entry's code_bytes(numel)       how many code bytes numel values take
 
 Per tensor (Horovod's interface) the default packet is [int32 numel | int32 block | message],
-so a packet decodes on its own; bit8 and bit16 keep their own 8-byte header (compressors.py).
+so a packet decodes on its own; bit8 and bit16 keep their own 8-byte header (compressors/scaled_float.py).
 """
 import torch
 
-from . import registry
-from .codecs import SCALE_BLOCK
-from .registry import HEADER_BYTES
-from .roles import PacketCompressor, flat_float32
+from .. import registry
+from ..codecs import SCALE_BLOCK
+from ..registry import HEADER_BYTES
+from ..roles import PacketCompressor, flat_float32
 
 __all__ = ["BlockCodec"]
 
@@ -45,7 +45,7 @@ class BlockCodec(PacketCompressor):
 
     @classmethod
     def kernel(cls, *messages):
-        """A native kernel that takes these messages whole (compressors.py), else None."""
+        """A native kernel that takes these messages whole (compressors/scaled_float.py), else None."""
         return None
 
     @classmethod
@@ -188,3 +188,8 @@ class BlockCodec(PacketCompressor):
     @classmethod
     def packet_bytes(cls, numel):
         return HEADER_BYTES + cls.message_bytes(numel, SCALE_BLOCK)
+
+
+def check_scales(name, scales):
+    if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+        raise ValueError(f"corrupt bucket message: {name} block scales must be finite and >= 0")

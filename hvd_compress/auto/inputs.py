@@ -1,13 +1,13 @@
 """The planner's inputs as a job last saw them: the links as its own steps run them
 (busy_links, after without_steal), and the record of them that plan_report() keeps (summary)
-read back into planner.Measurements (from_summary), so that `python -m hvd_compress.plan_cli
+read back into planner.Measurements (from_summary), so that `python -m hvd_compress.auto
 --report` re-decides a job's plan from its record, exactly (docs/planner.md, "In the job" and
 "The command"). Pure: no torch, no Horovod."""
 import dataclasses
 import math
 
+from ..costmodel.model import Link
 from . import planner
-from .costmodel.model import Link
 
 __all__ = ["BUSY_FACTOR_MAX", "without_steal", "busy_links", "summary", "from_summary",
            "replay"]

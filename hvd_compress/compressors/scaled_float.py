@@ -1,10 +1,10 @@
-"""Bit8Compressor and Bit16Compressor on Horovod's `Compressor` interface.
+"""ScaledFloatCompressor: the shape bit8 and bit16 share, on Horovod's `Compressor` interface.
 
 Horovod's interface is two static methods: `compress(tensor) -> (compressed, ctx)` and
 `decompress(compressed, ctx) -> tensor`. Ours keep exactly that shape, so any code written
 for `hvd.Compression.fp16` accepts them. What does not fit in two methods (which collective
-carries the result, error feedback, bucketing) lives in communicators.py, memory.py and
-fusion.py, as in GRACE (roles.py states the three roles).
+carries the result, error feedback, bucketing) lives in exchange/routes.py, exchange/memory.py and
+exchange/fusion.py, as in GRACE (roles.py states the three roles).
 
 The compressed form is a *packet*: one flat uint8 tensor, self-contained so that a
 collective can carry it unchanged and any rank can decode it:
@@ -32,19 +32,13 @@ negative scale marks a block whose largest code means +-Inf, the same rule as th
 import math
 
 import torch
-from horovod.torch.compression import FP16Compressor, NoneCompressor
 
-from .auto import Auto
-from .bfloat16 import BF16Compressor
+from ..codecs import SCALE_BLOCK, blocks
+from ..registry import HEADER_BYTES
+from ..roles import flat_float32
 from .blockcodec import BlockCodec
-from .codecs import E4M3, FP16, SCALE_BLOCK, blocks
-from .quantizers import Int8Compressor, OneBitCompressor
-from .registry import HEADER_BYTES
-from .roles import flat_float32 as _flat_float32
 
-__all__ = ["Bit8Compressor", "Bit16Compressor", "Int8Compressor", "OneBitCompressor",
-           "BF16Compressor",
-           "Compression", "HEADER_BYTES", "packet_bytes", "compressor_name", "read_header"]
+__all__ = ["ScaledFloatCompressor", "FLAG_INF_AT_MAX", "read_header"]
 
 FLAG_INF_AT_MAX = 1
 
@@ -101,7 +95,7 @@ class ScaledFloatCompressor(BlockCodec):
     @classmethod
     def compress(cls, tensor):
         """Encode a floating-point tensor into a packet; ctx = (shape, dtype) to restore it."""
-        x = _flat_float32(tensor)
+        x = flat_float32(tensor)
         packet = torch.empty(HEADER_BYTES + cls.fmt.code_bytes * x.numel(), dtype=torch.uint8,
                              device=x.device)
         scale = packet[0:4].view(torch.float32)          # the header's scale, written in place
@@ -142,66 +136,3 @@ class ScaledFloatCompressor(BlockCodec):
         if raw.storage_offset() % cls.fmt.code_bytes:
             raw = raw.clone()
         return raw.view(blocks.code_dtype(cls.fmt))
-
-
-class Bit8Compressor(ScaledFloatCompressor):
-    """float32 -> scaled OCP E4M3 (torch.float8_e4m3fn bits), 1 byte per value + 8-byte header.
-
-    Relative error <= 2**-4 for values that land in E4M3's normal range after scaling;
-    NaN stays NaN and +-Inf stays +-Inf (see the module docstring).
-    """
-    bits = 8
-    name = "bit8"
-    fmt = E4M3
-
-
-class Bit16Compressor(ScaledFloatCompressor):
-    """float32 -> scaled IEEE float16 bits, 2 bytes per value + 8-byte header.
-
-    Unlike Horovod's `Compression.fp16` (a plain cast, summed in float16 by allreduce), the
-    values are scaled first, so gradients below float16's normal range (6.1e-5) keep their
-    11 significant bits, and ranks reduce in float32. Relative error <= 2**-11 for normal values.
-    """
-    bits = 16
-    name = "bit16"
-    fmt = FP16
-
-
-def packet_bytes(compressor, numel: int) -> int:
-    """Size of the packet `compressor` makes for `numel` values."""
-    return compressor.packet_bytes(numel)
-
-
-def compressor_name(compressor) -> str:
-    """A stable name for any Horovod compressor (ours, Horovod's, a user's)."""
-    known = {NoneCompressor: "none", FP16Compressor: "fp16"}
-    return known.get(compressor, getattr(compressor, "name", getattr(compressor, "__name__", str(compressor))))
-
-
-
-class Compression:
-    """Gradient compression choices, as `hvd.Compression` with more."""
-    none = NoneCompressor       # Horovod's: no compression, float32 allreduce
-    fp16 = FP16Compressor       # Horovod's: cast to float16, float16 allreduce
-    bit16 = Bit16Compressor     # scaled float16 codes, reduced in float32
-    bit8 = Bit8Compressor       # scaled E4M3 codes, reduced in float32
-    int8 = Int8Compressor       # int8 codes, a scale per block, stochastic rounding
-    onebit = OneBitCompressor   # sign bits and a mean magnitude per block, error feedback
-    bf16 = BF16Compressor       # bfloat16 codes, reduced in float32 (Horovod's allreduce has none)
-    # The optimizer chooses per bucket from what the job measures (docs/planner.md); bare or
-    # called with options: Compression.auto(warmup_steps=10, margin=0.0).
-    auto = Auto()
-
-    # Methods that are not a codec of values but a communicator of their own (imported when
-    # called: Horovod's patched source imports this module while horovod.torch loads).
-    @staticmethod
-    def topk(ratio=0.01, error_feedback=True):
-        """The k = ceil(ratio numel) largest |g| of each gradient, by allgather (topk.py)."""
-        from .topk import TopK
-        return TopK(ratio, error_feedback)
-
-    @staticmethod
-    def powersgd(rank=2, error_feedback=True):
-        """Rank-`rank` approximation of each matrix by two float32 allreduces (powersgd.py)."""
-        from .powersgd import PowerSGD
-        return PowerSGD(rank, error_feedback)

@@ -24,14 +24,14 @@ what they can count.
 """
 import torch
 import horovod.torch as hvd
+from horovod.torch.compression import FP16Compressor
 
+from ..codecs import SCALE_BLOCK
+from ..compressors import compressor_name
+from ..registry import SCHEMES, Route, load_plugins, resolve_route
+from ..roles import PacketCompressor
+from .base import POLL_SLEEP_S, CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
-from .codecs import SCALE_BLOCK
-from .compressors import Compression, compressor_name
-from .exchange import (POLL_SLEEP_S, CommunicatorBase, Exchange, Stats,  # noqa: F401 (re-exported)
-                       launch_next_phases, wait_for)
-from .registry import SCHEMES, Route, load_plugins, resolve_route
-from .roles import PacketCompressor
 
 __all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
@@ -235,7 +235,7 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
     if getattr(compression, "per_bucket", False):
         raise ValueError("Compression.auto chooses a scheme per bucket inside "
                          "hvd_compress.DistributedOptimizer, which builds its communicator "
-                         "(autocomm.AutoCommunicator); make_communicator takes one scheme")
+                         "(auto/communicator.py); make_communicator takes one scheme")
     own = getattr(compression, "communicator", None)
     if callable(own):                            # a method with a collective of its own
         comm = own(op=op)
@@ -296,5 +296,5 @@ def horovod_bytes_sent(compression, numels, n):
         return 0
     if isinstance(compression, type) and issubclass(compression, PacketCompressor):
         return sum((n - 1) * compression.packet_bytes(numel) for numel in numels)
-    item = 2 if compression is Compression.fp16 else 4
+    item = 2 if compression is FP16Compressor else 4
     return sum(2 * (n - 1) * numel * item // n for numel in numels)

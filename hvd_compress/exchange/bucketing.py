@@ -1,7 +1,7 @@
 """Which values travel together: bucket membership and the two-phase route's chunks.
 
 The runtime's plan, in pure Python (no torch), so that the cost model reads the very functions
-the optimizer and the communicators run instead of keeping copies: fusion.py builds its
+the optimizer and the communicators run instead of keeping copies: exchange/fusion.py builds its
 buckets from `groups_by_size`, the two-phase communicator cuts them with `chunk_bounds`, and
 costmodel/methods.py counts the bytes of the same buckets and chunks.
 """

@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import fit as link_fit
-from .costmodel import methods
-from .registry import label, parse_label, resolve_route
+from ..costmodel import fit as link_fit
+from ..costmodel import methods
+from ..registry import label, parse_label, resolve_route
 
 __all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
            "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",

@@ -6,7 +6,7 @@ update follows the true gradient (Seide et al. 2014; Karimireddy et al. 2019, "E
 """
 import torch
 
-from .roles import Memory
+from ..roles import Memory
 
 __all__ = ["ResidualMemory"]
 

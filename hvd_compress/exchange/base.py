@@ -1,7 +1,7 @@
 """What every communicator shares: an exchange in flight, the wait that does not spin, the
 counters it reports, and the frame of start/advance/finish (CommunicatorBase).
 
-The packet routes (communicators.py) and the per-tensor methods (tensorwise.py: top-k,
+The packet routes (exchange/routes.py) and the per-tensor methods (methods/tensorwise.py: top-k,
 PowerSGD) build on this one module, so neither imports the other.
 """
 import os
@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import horovod.torch as hvd
 
+from ..roles import Communicator
 from .fusion import Bucket
-from .roles import Communicator
 
 __all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
            "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep"]

@@ -1,11 +1,11 @@
 """Ask before training: the predicted step of every fixed scheme and of the planner's plan.
 Or ask after: why a job took its plan, re-decided from the measurements its record keeps.
 
-    python -m hvd_compress.plan_cli --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
-    python -m hvd_compress.plan_cli --model lab --nodes 2 \\
+    python -m hvd_compress.auto --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
+    python -m hvd_compress.auto --model lab --nodes 2 \\
         --link-fit results/lab/matrix-netem-100mbit/calibration/link_fit.json
-    python -m hvd_compress.plan_cli --report results/step-auto-rerun/plans/basic-100mbit-n4.json
-    python -m hvd_compress.plan_cli --report runs/matrix/np2-auto/manifest.json
+    python -m hvd_compress.auto --report results/step-auto-rerun/plans/basic-100mbit-n4.json
+    python -m hvd_compress.auto --report runs/matrix/np2-auto/manifest.json
 
 The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
 sibling of it rather than a flag of it because the planner imports the cost model, and the
@@ -13,7 +13,7 @@ cost model never imports what sits above it (DESIGN.md).
 
 Where each input comes from (docs/planner.md):
 - buckets: the lab net's parameter shapes (costmodel.methods.MODEL_SHAPES) fused in backward
-  order up to 1 MiB of float32 by methods.groups_by_size, the function fusion.py calls;
+  order up to 1 MiB of float32 by methods.groups_by_size, the function exchange/fusion.py calls;
 - backward's pace: forward+backward from a committed step benchmark (results/step/summary.csv,
   the median over its rows for this model and rank count), two thirds of it backward (a
   backward pass costs about two forwards); each bucket ready when backward has done the work
@@ -43,13 +43,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..costmodel import methods, units
+from ..costmodel.model import Link
+from ..registry import parse_label
 from . import planner as pl
-from . import planner_inputs
-from .costmodel import methods, units
-from .costmodel.model import Link
-from .registry import parse_label
+from . import inputs as planner_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
 ERRORS = ROOT / "results" / "planner" / "bucket_errors.csv"
 COLLECTIVE_CPU = ROOT / "results" / "collective-cpu"
@@ -260,7 +260,7 @@ def build(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m hvd_compress.plan_cli",
+    p = argparse.ArgumentParser(prog="python -m hvd_compress.auto",
                                 description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", metavar="PLAN.json",

@@ -1,0 +1,12 @@
+"""Compression.auto: the job measures itself and chooses each bucket's scheme and route.
+
+    settings.py      Auto, the method's settings (what Compression.auto(...) returns)
+    calibration.py   what the job measures in its first steps: links, backward's pace, codecs
+    inputs.py        the planner's inputs as the job saw them, and their record (plan_report)
+    planner.py       the plan with the smallest predicted step, on the cost model's timeline
+    trial.py         the plan timed against its strongest rivals in the job (off by default)
+    communicator.py  AutoCommunicator: measure, plan, exchange by the plan, re-plan on drift
+    cli.py           `python -m hvd_compress.auto`: ask before training, or why a job took its plan
+
+Nothing here is imported until asked: the planner and the CLI run without torch or Horovod.
+"""

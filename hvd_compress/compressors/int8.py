@@ -1,0 +1,55 @@
+"""Int8Compressor: int8 codes, a scale per block (amax / 127), stochastic rounding (QSGD-style).
+
+Codes that allreduce cannot sum, so they travel as bit8's do: every rank's bucket message by
+allgather (or the two-phase route), decoded and summed in float32 in rank order. The codec is
+codecs/int8.py (torch code, not a native kernel: int8 is here to compare accuracy and bytes).
+Unbiased: E[decoded] = x. 8 bits + 32/block per value.
+"""
+import torch
+
+from ..codecs import int8 as int8_codec
+from .blockcodec import BlockCodec, check_scales
+
+__all__ = ["Int8Compressor"]
+
+
+class Int8Compressor(BlockCodec):
+    """float32 -> int8 with a scale per block (amax / 127) and stochastic rounding (QSGD-style).
+
+    Each rank rounds with its own generator, seeded `seed * 1000003 + rank` on first use, so the
+    ranks' rounding errors are independent and a run is repeatable. (The generator's state is
+    not in a checkpoint: a resumed run rounds with other random numbers.)
+    """
+    name = "int8"
+    bits = 8
+    seed = 0
+    _generators = {}
+
+    @classmethod
+    def generator(cls, device):
+        key = str(device)
+        if key not in cls._generators:
+            rank = 0
+            try:
+                import horovod.torch as hvd
+                rank = hvd.rank() if hvd.is_initialized() else 0
+            except (ImportError, ValueError):
+                pass
+            cls._generators[key] = torch.Generator(device).manual_seed(cls.seed * 1_000_003 + rank)
+        return cls._generators[key]
+
+    @classmethod
+    def reseed(cls, seed=0):
+        """Start every rank's rounding stream again from `seed` (tests, repeatable runs)."""
+        cls.seed = int(seed)
+        cls._generators.clear()
+
+    @classmethod
+    def encode_blocks(cls, flat, codes, scales, block):
+        int8_codec.encode(flat, codes.view(torch.int8), scales, block, cls.generator(flat.device))
+
+    @classmethod
+    def decode_blocks(cls, codes, scales, out, block):
+        out.zero_()
+        check_scales(cls.name, scales)
+        int8_codec.decode_accumulate(codes.view(torch.int8), scales, out, block)
