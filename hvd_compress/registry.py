@@ -104,6 +104,9 @@ class Scheme:
     step_bytes   methods with a collective of their own: (shapes, n, parameter) -> bytes one
                  rank sends per step (the cost model's; the communicator's count must equal it)
     course       in the course's table of runs (none, fp16, bit16, bit8)
+    carries_values  a codec of a bucket of values that every rank decodes to float32 (or
+                 Horovod's allreduce of them): Compression.auto may choose it per bucket,
+                 where its measured error is under auto's bound
     """
     name: str
     bits: int
@@ -116,6 +119,7 @@ class Scheme:
     parameter: object = None
     step_bytes: Callable = None
     course: bool = False
+    carries_values: bool = False
 
     @property
     def default_route(self) -> Route:
@@ -159,31 +163,34 @@ def register(entry: Scheme) -> Scheme:
 
 for _entry in (
     Scheme("none", 32, (Route.ALLREDUCE,), "float32, Horovod's allreduce",
-           "horovod.torch.compression:NoneCompressor", course=True),
+           "horovod.torch.compression:NoneCompressor", course=True,
+           carries_values=True),
     Scheme("fp16", 16, (Route.ALLREDUCE,), "Horovod's float16 cast, summed in float16",
-           "horovod.torch.compression:FP16Compressor", "--fp16-allreduce", course=True),
+           "horovod.torch.compression:FP16Compressor", "--fp16-allreduce", course=True,
+           carries_values=True),
     # bit16's default is two-phase: measured faster than its allgather and than Horovod's fp16
     # allreduce at n = 2 and 4 (README), and half of fp32's bytes at every n.
     Scheme("bit16", 16, (Route.ALLTOALL, Route.ALLGATHER), "scaled float16, reduced in float32",
            "hvd_compress.compressors:Bit16Compressor", "--bit16-allreduce", _two_bytes,
-           course=True),
+           course=True, carries_values=True),
     # bit8's default is the course's design (allgather); the two-phase route scales with n.
     Scheme("bit8", 8, (Route.ALLGATHER, Route.ALLTOALL), "scaled OCP E4M3, reduced in float32",
            "hvd_compress.compressors:Bit8Compressor", "--bit8-allreduce", _one_byte,
-           course=True),
+           course=True, carries_values=True),
     # The other methods the course names (issue 13); bits: what one value costs on the wire,
     # before block scales (int8, onebit) or per kept value (topk: int32 index + float32 value).
     Scheme("int8", 8, (Route.ALLGATHER, Route.ALLTOALL),
            "int8, amax/127 scale per block, stochastic rounding, reduced in float32",
-           "hvd_compress.compressors:Int8Compressor", "--int8-allreduce", _one_byte),
+           "hvd_compress.compressors:Int8Compressor", "--int8-allreduce", _one_byte,
+           carries_values=True),
     Scheme("onebit", 1, (Route.ALLGATHER,),
            "sign bits, mean |x| per block, error feedback on by default",
            "hvd_compress.compressors:OneBitCompressor", "--onebit-allreduce", _sign_bits),
     # Horovod's allreduce has no bfloat16 (horovod#4047): decoded and summed in float32.
     Scheme("bf16", 16, (Route.ALLTOALL, Route.ALLGATHER),
            "bfloat16 codes (round to nearest even), no scales, reduced in float32",
-           "hvd_compress.compressors.bf16:BF16Compressor", "--bf16-allreduce", _two_bytes,
-           block_scales=False),
+           "hvd_compress.compressors:BF16Compressor", "--bf16-allreduce", _two_bytes,
+           block_scales=False, carries_values=True),
     Scheme("topk", 64, (Route.ALLGATHER,),
            "the ratio x numel largest |g| as index + value pairs, error feedback",
            "hvd_compress.methods.topk:TopK", "--topk-allreduce", parameter=0.01,
