@@ -6,7 +6,7 @@ The sources ship with the package, so a plain `pip install` has everything to bu
 library lives in CACHE_ROOT/<name>-<key>/, the key a hash of the sources, the flags, torch's
 version and Python's; another torch or an edited source gets a folder of its own. `module()`
 loads it, building it first where it is missing: under a file lock, so that of several ranks
-starting at once one compiles (with a one-line message on stderr; about a minute on 2 cores)
+starting at once one compiles (with a one-line message on stderr; 10-30 s on 2 cores)
 and the others wait and load its library. Never at import: a process builds when it first
 codes a bucket. Where no C++ compiler or ninja is found, or the build failed before (its log
 is the folder's FAILED file; `python -m hvd_compress.codecs.native` tries again), `module()`
@@ -142,7 +142,7 @@ def _build_on_first_use():
             if built(build_dir) or os.path.exists(os.path.join(build_dir, "FAILED")):
                 return built(build_dir)
             print(f"hvd_compress: compiling the native codec kernel once, into {build_dir} "
-                  "(about a minute; other processes wait for it)", file=sys.stderr, flush=True)
+                  "(10-30 s; other processes wait for it)", file=sys.stderr, flush=True)
             return _build_locked(build_dir, verbose=False)
     except Exception:               # a failed build (FAILED says why), an unwritable cache
         return None                 # the torch path runs, and blocks.py warns once
