@@ -149,8 +149,9 @@ def _build_on_first_use():
 
 
 class _locked:
-    """An exclusive flock on build_dir's `.lock` (made with its folders): the kernel freed at
-    the holder's exit, so a rank killed mid-build leaves no lock behind."""
+    """An exclusive flock on build_dir's `.lock` (made with its folders). The OS drops it when
+    its holder exits, so a rank killed mid-build leaves no lock behind (torch's own lock file,
+    FileBaton, would stay and make every later build wait for ever)."""
 
     def __init__(self, build_dir):
         self.path = os.path.join(build_dir, ".lock")
@@ -178,7 +179,7 @@ def build(verbose=False, build_dir=None):
 def _build_locked(build_dir, verbose):
     """torch's cpp_extension.load (which also loads the library into this process), TAG written
     last: a reader takes the library only once TAG says it is whole; a failure is written to
-FAILED instead. The caller holds the lock."""
+    FAILED instead. The caller holds the lock."""
     from torch.utils.cpp_extension import load
     for stale in ("TAG", "FAILED", "lock"):     # lock: torch's own baton, left by a killed build
         if os.path.exists(os.path.join(build_dir, stale)):
