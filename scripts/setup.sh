@@ -120,18 +120,25 @@ if [ "$(cat "$VENV/.horovod-key" 2>/dev/null)" != "$key" ]; then
   echo "$key" > "$VENV/.horovod-key"
 fi
 
-# 4. This package, editable, from this checkout (asked from / so that the current directory
-#    on sys.path cannot pass for an install: ranks started elsewhere must find it too).
-installed_at=$(cd / && "$PY" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null || true)
-if [ "$installed_at" != "$(realpath "$ROOT")" ]; then
+# 4. This package, editable, from this checkout (again when pyproject.toml or the checkout's
+#    place changes). The package is the plugin alone, so a .pth line puts the checkout's root
+#    on the venv's path too: `labs` imports in every process the venv runs (the lab, the
+#    tests, the scripts, ranks that horovodrun starts elsewhere). Checked from / so that the
+#    current directory on sys.path cannot pass for an install.
+pkg_key="$(realpath "$ROOT") $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+installed_at=$(cd / && "$PY" -c 'import hvd_compress, labs, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null || true)
+if [ "$installed_at" != "$(realpath "$ROOT")" ] || [ "$(cat "$VENV/.hvd-compress-key" 2>/dev/null)" != "$pkg_key" ]; then
   log "installing hvd_compress (editable) from $ROOT"
   "$PY" -m pip install -q --no-deps -e "$ROOT" 2>&1 | grep -v '^WARNING: Location' || true
-  (cd / && "$PY" -c 'import hvd_compress') || die "hvd_compress does not import after pip install -e"
+  realpath "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hvd_compress_checkout.pth"
+  (cd / && "$PY" -c 'import hvd_compress, labs') || die "hvd_compress or labs does not import after pip install -e"
+  echo "$pkg_key" > "$VENV/.hvd-compress-key"
 fi
 
-# 5. The codec's C++ kernel (hvd_compress/codecs/native): built here, once, into the checkout
-#    (hvd_compress/codecs/native/build, git-ignored), again only when its sources, flags or
-#    torch change; never at first import, where several ranks would race the compiler. ~10 s.
+# 5. The codec's C++ kernel (hvd_compress/codecs/native): built here, once, into the per-user
+#    cache ($CACHE/kernels, where every process of the plugin looks for it; again only when its
+#    sources, flags or torch change), so that no rank of the lab or the tests pays the first
+#    use's build (which takes a lock: one process compiles, the others wait). ~10-15 s.
 # 6. Check: Horovod imports with PyTorch and carries MPI and Gloo, and the kernel is built.
 #    One process for all of it (each import of torch costs seconds; this runs before every
 #    test run). Exit 3: only the kernel is missing.

@@ -1,5 +1,5 @@
 """The checkout's top folder holds the project's own names, and what the lab writes goes under
-runs/ by default: a report or a plot that lands beside setup.py is an output that escaped."""
+runs/ by default: a report or a plot that lands beside pyproject.toml is an output that escaped."""
 import shutil
 import subprocess
 
@@ -10,8 +10,8 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-TOP_LEVEL = {"setup.py", "hvd_compress", "labs", "patches", "scripts", "tests",
-             "report_template.md", "README.md", "requirements.txt", "pytest.ini", "docs",
+TOP_LEVEL = {"pyproject.toml", "MANIFEST.in", "hvd_compress", "labs", "patches", "scripts",
+             "tests", "report_template.md", "README.md", "requirements.txt", "pytest.ini", "docs",
              "results", ".ci", ".gitignore"}
 COMMITTED_LAB = ROOT / "results" / "lab"
 

@@ -50,7 +50,8 @@ def code_dtype(fmt: FloatFormat) -> torch.dtype:
 
 
 def native_available() -> bool:
-    """Is the C++ kernel built (scripts/setup.sh) and not switched off (HVD_COMPRESS_NATIVE=0)?"""
+    """Is the C++ kernel loaded (built on first use, or by scripts/setup.sh) and not switched
+    off (HVD_COMPRESS_NATIVE=0)?"""
     return native.module() is not None
 
 
@@ -72,16 +73,16 @@ _missing_warned = []
 
 
 def note_missing_kernel(fmt: FloatFormat):
-    """Warn, once per process, when `fmt` has a native kernel but it is not loaded (not built,
-    or built for another torch) and its codes take the torch path, about 5x slower. Switched
+    """Warn, once per process, when `fmt` has a native kernel but it is not loaded (no compiler
+    here, or its build failed) and its codes take the torch path, about 5x slower. Switched
     off on purpose (HVD_COMPRESS_NATIVE=0) is not warned about; codec_path() records both."""
     if (_missing_warned or fmt.name not in native.FORMATS or native.module() is not None
             or os.environ.get("HVD_COMPRESS_NATIVE", "1") == "0"):
         return
     _missing_warned.append(fmt.name)
-    warnings.warn(f"hvd_compress: the native {fmt.name} kernel is not built for this source and "
-                  "torch, so codes take the torch path (about 5x slower); build it with "
-                  "`python -m hvd_compress.codecs.native` (scripts/setup.sh does)",
+    warnings.warn(f"hvd_compress: no native {fmt.name} kernel ({native.why_missing()}), so "
+                  "codes take the torch path (about 5x slower); build it with "
+                  "`python -m hvd_compress.codecs.native`",
                   RuntimeWarning, stacklevel=3)
 
 

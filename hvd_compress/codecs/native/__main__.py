@@ -1,14 +1,34 @@
-"""python -m hvd_compress.codecs.native: build the kernel, then check it against the torch path."""
+"""python -m hvd_compress.codecs.native (hvd-compress-build-kernel): build the kernel into the
+per-user cache now, even where an earlier build failed, then check it against the torch path."""
+import argparse
 import sys
 
 import torch
 
-from . import build
+from . import build, kernel_dir
 from .. import E4M3, FP16, blocks
 
 
-def main():
-    if build() is None:
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m hvd_compress.codecs.native",
+        description="Compile the codec's C++ kernel (blocks.cpp) into the per-user cache "
+                    "(HVD_COMPRESS_CACHE, default ~/.cache/hvd-compress), then check that it "
+                    "codes 100,003 values bit for bit as the torch path does. Without this, the "
+                    "first process to code a bucket builds it.")
+    parser.add_argument("--verbose", action="store_true", help="show the compiler's commands")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    print(f"[native] building into {kernel_dir()}", flush=True)
+    try:
+        path = build(verbose=args.verbose)
+    except Exception as e:
+        print(f"[native] the build failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if path is None:
         print("[native] the kernel did not load after building", file=sys.stderr)
         return 1
     g = torch.Generator().manual_seed(0)
@@ -26,7 +46,7 @@ def main():
         print(f"[native] {fmt.name}: encode {'equals' if same else 'DIFFERS FROM'} the torch path")
         if not same:
             return 1
-    print("[native] built and checked")
+    print(f"[native] built and checked: {path}")
     return 0
 
 
