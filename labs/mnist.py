@@ -80,10 +80,13 @@ def parse_args(argv=None):
     parser.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=None,
                         help="keep each rank's compression error and add it to the next step "
                              "(default: the method's own: on for 1-bit, top-k and PowerSGD)")
-    parser.add_argument("--dataset", choices=sorted(lab_data.DATASETS), default="mnist",
-                        help="mnist (needs --data-dir or torchvision online) or fashion-mnist "
-                             "(Debian's dataset-fashion-mnist)")
-    parser.add_argument("--data-dir", default=None, help="folder holding the IDX .gz files")
+    parser.add_argument("--dataset", choices=sorted(lab_data.DATASETS), default=None,
+                        help="mnist or fashion-mnist (Debian's dataset-fashion-mnist); default: "
+                             "MNIST, found in data/ or downloaded there, else Fashion-MNIST "
+                             "(offline: said in one line at the start)")
+    parser.add_argument("--data-dir", default=None,
+                        help="folder holding the IDX .gz files (MNIST: downloaded there if "
+                             "missing and online)")
     parser.add_argument("--split-test", type=int, default=None, metavar="N",
                         help="train on the first N test images, evaluate on the rest")
     # --- the run's records (labs/kit/recorder.py) ---
@@ -92,8 +95,8 @@ def parse_args(argv=None):
     parser.add_argument("--resume", action="store_true", default=False,
                         help="continue the interrupted run in --out from its last checkpoint")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
-                        help="stop after N training steps in total (smoke tests); the run is "
-                             "then recorded as interrupted and can be resumed")
+                        help="stop after N training steps in total (smoke tests), exit code 0; "
+                             "the run is recorded as interrupted and --resume continues it")
     parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
                         help="train only the first N steps of each epoch's shard, then evaluate "
                              "(timing runs: the run matrix's network table)")
@@ -225,7 +228,7 @@ def main(argv=None):
         torch.cuda.set_device(hvd.local_rank())
         torch.cuda.manual_seed(args.seed)
     device = torch.device("cuda" if args.cuda else "cpu")
-    data = load_data(args, device)      # every rank reads the files once, md5-checked
+    data = load_data(args, device)      # MNIST (found or downloaded) or offline Fashion-MNIST
 
     run = RunRecorder(args, config_name(args, hvd.size()))
     model = MODELS[args.model]().to(device)

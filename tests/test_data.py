@@ -1,7 +1,8 @@
-"""labs.kit.data on the real MNIST test set, on corrupt copies of it, and sharding."""
+"""labs.kit.data on the real MNIST test set, on corrupt copies of it, downloaded from a mirror on
+127.0.0.1, the course's fallback to Fashion-MNIST, and sharding."""
+import dataclasses
 import gzip
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from conftest import MNIST_DIR, needs_mnist
-from labs.kit import data
+from conftest import MNIST_DIR
+from labs.kit import data, download
+from mirror import Mirror, refused_url
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +43,6 @@ def copy_test_set(folder: Path) -> Path:
 
 # --- reading the real files ------------------------------------------------------------------
 
-@needs_mnist
 def test_real_test_set_parses(test_images, test_labels):
     assert test_images.shape == (10000, 28, 28) and test_images.dtype == np.uint8
     assert test_labels.shape == (10000,) and test_labels.dtype == np.uint8
@@ -50,7 +51,6 @@ def test_real_test_set_parses(test_images, test_labels):
     assert test_images.min() == 0 and test_images.max() == 255
 
 
-@needs_mnist
 def test_published_md5_is_checked():
     assert data.md5_of(IMAGES) == data.MNIST.test_images.gz_md5
     content, how = data.verify_file(IMAGES, data.MNIST.test_images)
@@ -58,7 +58,6 @@ def test_published_md5_is_checked():
     assert len(content) == 16 + 10000 * 28 * 28
 
 
-@needs_mnist
 def test_recompressed_copy_is_accepted_by_content_md5(tmp_path, test_labels):
     # Debian re-compresses Fashion-MNIST: different .gz bytes, same IDX content.
     copy = tmp_path / LABELS.name
@@ -68,7 +67,6 @@ def test_recompressed_copy_is_accepted_by_content_md5(tmp_path, test_labels):
     assert np.array_equal(labels, test_labels)
 
 
-@needs_mnist
 def test_uncompressed_file_is_accepted(tmp_path, test_labels):
     raw = tmp_path / "t10k-labels-idx1-ubyte"
     raw.write_bytes(gzip.decompress(LABELS.read_bytes()))
@@ -78,7 +76,6 @@ def test_uncompressed_file_is_accepted(tmp_path, test_labels):
 
 # --- corrupt and missing files ---------------------------------------------------------------
 
-@needs_mnist
 def test_truncated_gzip_is_a_clear_error(tmp_path):
     cut = tmp_path / IMAGES.name
     cut.write_bytes(IMAGES.read_bytes()[:100_000])
@@ -86,7 +83,6 @@ def test_truncated_gzip_is_a_clear_error(tmp_path):
         data.read_idx(cut, data.MNIST.test_images)
 
 
-@needs_mnist
 def test_truncated_content_is_a_clear_error(tmp_path):
     content = gzip.decompress(IMAGES.read_bytes())[:-28 * 28]   # one image short
     with pytest.raises(data.DataError, match="truncated"):
@@ -97,7 +93,6 @@ def test_truncated_content_is_a_clear_error(tmp_path):
         data.read_idx(cut, data.MNIST.test_images)
 
 
-@needs_mnist
 def test_wrong_md5_is_a_clear_error(tmp_path):
     content = bytearray(gzip.decompress(LABELS.read_bytes()))
     content[100] = (content[100] + 1) % 10          # a plausible but wrong label
@@ -121,7 +116,6 @@ def test_missing_folder_names_the_files_and_how_to_get_them(tmp_path):
     assert "t10k-images-idx3-ubyte.gz" in message and "--data-dir" in message
 
 
-@needs_mnist
 def test_missing_training_set_suggests_split_test_and_never_falls_back(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     with pytest.raises(data.DataError) as err:
@@ -132,7 +126,6 @@ def test_missing_training_set_suggests_split_test_and_never_falls_back(tmp_path)
     assert "--split-test" in message
 
 
-@needs_mnist
 def test_missing_labels_file(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     (folder / LABELS.name).unlink()
@@ -140,7 +133,6 @@ def test_missing_labels_file(tmp_path):
         data.load_dataset("mnist", str(folder), split_test=8000)
 
 
-@needs_mnist
 def test_corrupt_file_stops_load_dataset(tmp_path):
     folder = copy_test_set(tmp_path / "mnist")
     (folder / IMAGES.name).write_bytes(IMAGES.read_bytes()[:-10])
@@ -155,7 +147,6 @@ def test_unknown_dataset():
 
 # --- loading and normalising -----------------------------------------------------------------
 
-@needs_mnist
 def test_split_test_trains_on_the_first_n_images(test_images, test_labels):
     loaded = data.load_dataset("mnist", str(MNIST_DIR), split_test=8000)
     assert loaded.train_x.shape == (8000, 1, 28, 28) and loaded.train_x.dtype == torch.float32
@@ -169,14 +160,12 @@ def test_split_test_trains_on_the_first_n_images(test_images, test_labels):
     assert loaded.describe()["train_samples"] == 8000
 
 
-@needs_mnist
 def test_torchvision_layout_is_found(tmp_path):
     copy_test_set(tmp_path / "root" / "MNIST" / "raw")
     loaded = data.load_dataset("mnist", str(tmp_path / "root"), split_test=5000)
     assert loaded.folder.endswith("MNIST/raw")
 
 
-@needs_mnist
 @pytest.mark.parametrize("n", [0, -1, 10000, 20000])
 def test_split_test_out_of_range(n):
     with pytest.raises(data.DataError, match="--split-test"):
@@ -239,17 +228,16 @@ def test_batches():
         data.batches(torch.arange(10), 0)
 
 
-# --- Fashion-MNIST from Debian's package -----------------------------------------------------
+# --- Fashion-MNIST from Debian's package (scripts/setup.sh installs it) ----------------------
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 
-@pytest.mark.skipif(not (FASHION_DIR / "train-images-idx3-ubyte.gz").is_file(),
-                    reason="Debian's dataset-fashion-mnist is not installed "
-                           "(apt-get install dataset-fashion-mnist)")
 def test_debian_fashion_mnist_is_found_checked_and_normalised():
+    assert (FASHION_DIR / "train-images-idx3-ubyte.gz").is_file(), \
+        "Debian's dataset-fashion-mnist is not installed: run scripts/setup.sh"
     loaded = data.load_dataset("fashion-mnist")
-    assert Path(loaded.folder) == FASHION_DIR
+    assert Path(loaded.folder) == FASHION_DIR and loaded.note is None
     assert loaded.train_x.shape == (60000, 1, 28, 28) and loaded.test_x.shape == (10000, 1, 28, 28)
     # published: 6,000 training and 1,000 test images per class
     assert torch.bincount(loaded.train_y).tolist() == [6000] * 10
@@ -261,33 +249,111 @@ def test_debian_fashion_mnist_is_found_checked_and_normalised():
     assert float(loaded.train_x.std()) == pytest.approx(1.0, abs=1e-3)
 
 
-# --- torchvision's download (a stand-in: torchvision cannot be installed here, no network) ---
+# --- MNIST downloaded, or the course's command falling back (a mirror on 127.0.0.1) ----------
 
-@needs_mnist
-def test_missing_mnist_is_fetched_with_torchvision_when_it_imports(tmp_path, monkeypatch):
-    """Our side of the download: ask torchvision only when files are missing, then find,
-    check and load what it wrote in its MNIST/raw layout."""
-    import types
-    calls = []
-
-    class FakeMNIST:                       # writes what torchvision's MNIST would
-        def __init__(self, root, train, download):
-            calls.append((root, train, download))
-            copy_test_set(Path(root) / "MNIST" / "raw")
-
-    fake = types.ModuleType("torchvision")
-    fake.datasets = types.SimpleNamespace(MNIST=FakeMNIST)
-    monkeypatch.setitem(sys.modules, "torchvision", fake)
-    monkeypatch.setitem(sys.modules, "torchvision.datasets", fake.datasets)
-    loaded = data.load_dataset("mnist", str(tmp_path / "root"), split_test=9000)
-    assert len(calls) == 2 and all(download for _, _, download in calls)
-    assert loaded.folder.endswith("MNIST/raw") and len(loaded.test_y) == 1000
-    data.load_dataset("mnist", str(tmp_path / "root"), split_test=9000)
-    assert len(calls) == 2                 # present now: no second download
+def real_test_set():
+    """The real t10k files, served with their published sums (the ones load_dataset checks)."""
+    return {path.name: path.read_bytes() for path in (IMAGES, LABELS)}
 
 
-def test_without_torchvision_nothing_is_downloaded(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchvision", None)    # import fails
-    with pytest.raises(data.DataError, match="could not find"):
-        data.load_dataset("mnist", str(tmp_path / "root"))
-    assert not (tmp_path / "root").exists()
+def test_missing_mnist_is_downloaded_checked_and_loaded(tmp_path, monkeypatch, capsys):
+    with Mirror(real_test_set()) as mirror:
+        monkeypatch.setenv(download.MIRRORS_ENV, f"{refused_url()} {mirror.url}")
+        loaded = data.load_dataset("mnist", str(tmp_path / "mnist"), split_test=9000)
+        assert loaded.name == "mnist" and loaded.note is None
+        assert Path(loaded.folder) == tmp_path / "mnist" and len(loaded.test_y) == 1000
+        assert all("published .gz" in how for how in loaded.files.values())
+        assert dict(mirror.requests) == {IMAGES.name: 1, LABELS.name: 1}
+        data.load_dataset("mnist", str(tmp_path / "mnist"), split_test=9000)
+        assert sum(mirror.requests.values()) == 2            # there now: not fetched again
+    out = capsys.readouterr().out
+    assert f"downloading {mirror.url}{IMAGES.name}: 1.6 of 1.6 MB (100%)" in out
+    assert f"downloaded {tmp_path / 'mnist' / IMAGES.name} (1.6 MB" in out
+
+
+def test_the_course_command_downloads_mnist_into_data(tmp_path, monkeypatch):
+    """No --dataset, no --data-dir: MNIST is fetched into data/mnist of the current folder."""
+    monkeypatch.chdir(tmp_path)
+    with Mirror(real_test_set()) as mirror:
+        monkeypatch.setenv(download.MIRRORS_ENV, mirror.url)
+        loaded = data.load_dataset(split_test=8000)
+    assert loaded.name == "mnist" and loaded.note is None
+    assert Path(loaded.folder) == tmp_path / "data" / "mnist"
+    assert loaded.train_y[:3].tolist() == [7, 2, 1]          # MNIST's first test digits
+
+
+def test_offline_the_course_command_trains_on_fashion_mnist_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(download.MIRRORS_ENV, refused_url())
+    loaded = data.load_dataset(split_test=8000)
+    assert loaded.name == "fashion-mnist" and Path(loaded.folder) == FASHION_DIR
+    note = loaded.note
+    assert "\n" not in note and note.startswith("data: training on Fashion-MNIST")
+    assert "could not be downloaded" in note and "Connection refused" in note
+    assert "--data-dir" in note and "internet" in note
+    assert loaded.describe()["note"] == note                  # into the run's manifest
+
+
+def test_a_download_cut_half_way_falls_back_and_leaves_nothing(tmp_path, monkeypatch):
+    """The mirror drops the connection half-way through the images: the course's command
+    trains on Fashion-MNIST, saying so; no file is left where the next run would read it."""
+    monkeypatch.chdir(tmp_path)
+    with Mirror(real_test_set(), drop={IMAGES.name}) as mirror:
+        monkeypatch.setenv(download.MIRRORS_ENV, mirror.url)
+        loaded = data.load_dataset(split_test=8000)
+        with pytest.raises(data.DataError) as err:            # asked for by name: no fallback
+            data.load_dataset("mnist", split_test=8000)
+    assert loaded.name == "fashion-mnist"
+    assert "the connection closed after 824,438 of 1,648,877 bytes" in loaded.note
+    assert "could not find t10k-images-idx3-ubyte.gz" in str(err.value)
+    assert "failed: could not download t10k-images-idx3-ubyte.gz" in str(err.value)
+    # this process met the failure already: said again, not tried again
+    assert "met by process" in str(err.value) and mirror.requests[IMAGES.name] == 1
+    assert not list((tmp_path / "data" / "mnist").glob("t10k*"))    # nor a .part file
+
+
+def test_mnist_asked_for_by_name_or_folder_never_falls_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(download.MIRRORS_ENV, refused_url())
+    for name, folder in (("mnist", None), (None, str(tmp_path / "mine"))):
+        with pytest.raises(data.DataError, match="could not find .* Downloading them into"):
+            data.load_dataset(name, folder, split_test=8000)
+
+
+def test_mnist_found_in_data_is_used_without_asking_a_mirror(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    copy_test_set(tmp_path / "data" / "mnist")
+    monkeypatch.setenv(download.MIRRORS_ENV, refused_url())  # would fail if it were asked
+    loaded = data.load_dataset(split_test=8000)
+    assert loaded.name == "mnist" and loaded.note is None
+
+
+def test_only_mnists_test_set_in_data_says_how_to_use_it(tmp_path, monkeypatch):
+    """The course's command without --split-test where data/mnist holds the test set only:
+    Fashion-MNIST offline, and the line says --split-test would train on MNIST's."""
+    monkeypatch.chdir(tmp_path)
+    copy_test_set(tmp_path / "data" / "mnist")
+    monkeypatch.setenv(download.MIRRORS_ENV, "")
+    loaded = data.load_dataset()
+    assert loaded.name == "fashion-mnist" and "add --split-test N" in loaded.note
+    assert "downloads are off" in loaded.note
+
+
+def test_a_corrupt_mnist_file_found_is_an_error_not_a_fallback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = copy_test_set(tmp_path / "data" / "mnist")
+    (folder / LABELS.name).write_bytes(LABELS.read_bytes()[:-10])
+    with pytest.raises(data.DataError, match="t10k-labels"):
+        data.load_dataset(split_test=8000)
+
+
+def test_no_mnist_and_no_fashion_mnist_says_both(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(data, "FASHION_MNIST", dataclasses.replace(
+        data.FASHION_MNIST, default_dirs=(str(tmp_path / "none"),)))
+    with pytest.raises(data.DataError) as err:
+        data.load_dataset(split_test=8000)
+    message = str(err.value)
+    assert "mnist: could not find" in message and "downloads are off" in message
+    assert "Fashion-MNIST, the lab's offline fallback, is missing too" in message
+    assert "apt-get install" in message

@@ -34,8 +34,7 @@ PYTHON = sys.executable
 TRAINER = str(ROOT / "labs" / "mnist.py")
 # 8,000 training images, evaluated on the other 2,000; Horovod's small network (fast), lr 0.1
 # (x world size) and momentum 0.5 so that one epoch is enough for it to pass 90% with every
-# compression.  (MNIST_DIR is the mnist_dir fixture's folder: every test that trains on COMMON
-# asks for that fixture, whose skip names the missing files.)
+# compression.  (MNIST_DIR: the MNIST test set shipped in tests/data/mnist.)
 SMALL_NET = ["--model", "horovod", "--momentum", "0.5"]
 COMMON = ["--data-dir", str(MNIST_DIR), "--split-test", "8000", "--epochs", "1",
           "--lr", "0.1", "--no-progress"] + SMALL_NET
@@ -121,21 +120,22 @@ def run_files(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def stop_and_resume(flags, refused_first=False):
-    """make(folder): the lab on 2 ranks with `flags`, stopped STOP_AT steps in (folder/stopped,
+def stop_and_resume(flags, refused_first=False, ranks=2, stop_at=STOP_AT):
+    """make(folder): the lab on `ranks` with `flags`, stopped `stop_at` steps in (folder/stopped,
     kept as the stop left it for the tests' checks before the resume), then a copy of it
     (folder/resumed) continued with --resume; with refused_first, the lab is first started in
     the copy without --resume (it must refuse and touch nothing). Returns the stopped launch,
     the refused one and whether the folder's files were the same after it."""
     def make(out):
-        stopped = train(out / "stopped", 2, flags + ["--max-steps", str(STOP_AT)], check=False)
+        stopped = train(out / "stopped", ranks, flags + ["--max-steps", str(stop_at)],
+                        check=False)
         shutil.copytree(out / "stopped", out / "resumed")
         refused = untouched = None
         if refused_first:
             before = run_files(out / "resumed")
             refused = train(out / "resumed", 1, flags, check=False)
             untouched = run_files(out / "resumed") == before
-        train(out / "resumed", 2, flags + ["--resume"])
+        train(out / "resumed", ranks, flags + ["--resume"])
         return {"stopped": stopped, "refused": refused, "untouched": untouched}
     return make
 
@@ -147,6 +147,9 @@ def stop_and_resume(flags, refused_first=False):
 SHARED = {
     **{f"{name}-stop-resume": stop_and_resume(flags, refused_first=name == "np2-bit8")
        for name, flags in STOPPED.items()},    # two or three launches, one after the other
+    # the matrix's serial row stopped in its first epoch (no checkpoint yet), then resumed
+    "serial-early-stop-resume": stop_and_resume(
+        [f for f in STOPPED["np2-bit8"] if f != "--bit8-allreduce"], ranks=1, stop_at=5),
     "matrix": run_the_matrix,                   # two launches, one after the other
     # the lab's defaults: pytorch/examples' network, lr 0.02 x 2, momentum 0.9, a scale per
     # 256 values; nothing but the data and the scheme given
@@ -468,7 +471,8 @@ def test_one_vocabulary_for_the_table_and_the_trainer(lab):
 
 @pytest.mark.multiprocess
 def test_missing_data_is_a_clear_error_and_creates_nothing(shared_runs):
-    """(Made in the batch where MNIST is here; alone, needing no data, where it is not.)"""
+    """An empty --data-dir (and no mirror: the suite turns downloads off) is an error, never
+    the course command's fallback to Fashion-MNIST."""
     folder = lab_runs(shared_runs, ["no-data"])["no-data"]
     done = shared_runs.output("no-data")
     assert done.returncode == 2
@@ -529,7 +533,7 @@ def test_interrupted_run_resumes_to_the_same_result(matrix, shared_runs, batch):
     stopped, folder = (batch["np2-bit8-stop-resume"] / f for f in ("stopped", "resumed"))
     launches = shared_runs.output("np2-bit8-stop-resume")
     done = launches["stopped"]
-    assert done.returncode != 0
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]   # a stop asked for
     manifest = runlog.read_manifest(stopped)
     assert manifest["status"] == "interrupted" and "max-steps" in manifest["reason"]
     assert manifest["epochs_completed"] == 1
@@ -555,6 +559,36 @@ def test_interrupted_run_resumes_to_the_same_result(matrix, shared_runs, batch):
     pd.testing.assert_frame_equal(epochs[columns], ref_epochs[columns])
 
 
+@pytest.mark.multiprocess
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(matrix, shared_runs,
+                                                                          batch):
+    """--max-steps 5 stops the matrix's serial row in epoch 1, before any checkpoint: exit code
+    0 and a line that says how to go on; --resume starts it again at epoch 1 (the seed gives
+    the same weights and data order), drops the 5 rows, and ends as the uninterrupted row."""
+    out, _, _ = matrix
+    reference = out / "serial"
+    stopped, folder = (batch["serial-early-stop-resume"] / f for f in ("stopped", "resumed"))
+    done = shared_runs.output("serial-early-stop-resume")["stopped"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (f"run stopped: --max-steps 5 reached in epoch 1; continue it with --out {stopped} "
+            f"--resume (no epoch had ended: it starts again at epoch 1") in done.stdout
+    manifest = runlog.read_manifest(stopped)
+    assert manifest["status"] == "interrupted" and manifest["epochs_completed"] == 0
+    assert not (stopped / "checkpoint.pt").exists()
+    assert len(pd.read_csv(stopped / "steps_rank0.csv")) == 5
+    manifest = runlog.read_manifest(folder)
+    assert manifest["status"] == "complete" and manifest["epochs_completed"] == 2
+    assert manifest["resumes"][0]["from_epoch"] == 1
+    assert manifest["resumes"][0]["rows_dropped_rank0"] == 5
+    steps, ref_steps = (pd.read_csv(f / "steps.csv") for f in (folder, reference))
+    assert len(steps) == len(ref_steps) == 2 * math.ceil(MATRIX_SPLIT / 64)    # 2 epochs
+    assert steps["step"].tolist() == ref_steps["step"].tolist()
+    assert (steps["loss"] == ref_steps["loss"]).all()
+    columns = ["epoch", "train_loss", "test_loss", "test_accuracy"]
+    pd.testing.assert_frame_equal(*(pd.read_csv(f / "epochs.csv")[columns]
+                                    for f in (folder, reference)))
+
+
 def rank_rows(folder, ranks=2):
     """Every rank's own step rows (steps_rank<r>.csv, whole once its job has ended)."""
     return pd.concat([pd.read_csv(folder / f"steps_rank{r}.csv") for r in range(ranks)],
@@ -573,7 +607,7 @@ def test_method_state_survives_checkpoint_and_resume(method, shared_runs, batch)
     loss from the second step after the checkpoint on would differ."""
     folder = batch[f"{method}-stop-resume"] / "stopped"
     stopped = shared_runs.output(f"{method}-stop-resume")["stopped"]
-    assert stopped.returncode != 0 and runlog.read_manifest(folder)["epochs_completed"] == 1
+    assert stopped.returncode == 0 and runlog.read_manifest(folder)["epochs_completed"] == 1
     straight = rank_rows(folder)
     assert len(straight) == 2 * STOP_AT
     state = torch.load(folder / "checkpoint.pt", weights_only=False)["compression_state"]

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import MNIST_DIR, ROOT, needs_mnist
+from conftest import MNIST_DIR, ROOT
 
 from labs.kit import data as lab_data
 from labs.kit.launch import horovodrun_command, launch_env
@@ -112,7 +112,6 @@ def too_many_ranks(tmp_path_factory):
 
 
 @pytest.mark.multiprocess
-@needs_mnist
 def test_more_ranks_than_training_samples(too_many_ranks):
     """--split-test 1 on 2 ranks: one training image for two processes."""
     done, run_dir = too_many_ranks["training"]
@@ -124,7 +123,6 @@ def test_more_ranks_than_training_samples(too_many_ranks):
 
 
 @pytest.mark.multiprocess
-@needs_mnist
 def test_more_ranks_than_test_samples(too_many_ranks):
     """--split-test 9999 on 2 ranks: one test image left for two processes."""
     done, run_dir = too_many_ranks["test"]

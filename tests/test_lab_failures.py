@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import MNIST_DIR, ROOT, needs_mnist
+from conftest import MNIST_DIR, ROOT
 
 from labs.kit import runlog
 from labs.kit.launch import horovodrun_command, launch_env
@@ -221,7 +221,6 @@ def cases(tmp_path_factory, disk_full):
     return done
 
 
-@needs_mnist
 @pytest.mark.parametrize("how", ["kill", "stop"])
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_dead_or_wedged_rank_ends_the_job(cases, controller, how):
@@ -280,7 +279,6 @@ def fill_the_disk_and_resume(base):
     return found
 
 
-@needs_mnist
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a disk that fills up) needs root")
 def test_disk_full_keeps_the_checkpoint_and_resumes(disk_full):
     """--out on a 360 KiB tmpfs: epoch 1's checkpoint fits, epoch 2's does not (issue 15: disk

@@ -196,8 +196,8 @@ def runs(emulated_network, tmp_path_factory):
     due, then all waited for together: {case: FaultRun}. The last case's fault goes through
     `python -m labs.netem fault`, the others' in this process. RESUMED's run is resumed
     (--resume, healthy links) as soon as it has ended, beside the others."""
-    if not os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"):
-        pytest.skip("needs Debian's dataset-fashion-mnist (scripts/test.sh installs it)")
+    assert os.path.isfile("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"), \
+        "needs Debian's dataset-fashion-mnist: run scripts/setup.sh (scripts/test.sh does)"
     cases = {**FATAL, **MILD}
     started = {}
 

@@ -6,12 +6,15 @@ must run offline.  Everything here is plain NumPy/torch:
 * ``read_idx``      parses the IDX format (the big-endian format MNIST is published in).
 * ``verify_file``   checks a file against the published MD5 sum, so a truncated download or
                     a different data set is reported instead of silently trained on.
-* ``load_dataset``  returns normalised float tensors, loaded once (no per-sample transform).
+* ``load_dataset``  returns normalised float tensors, loaded once (no per-sample transform);
+                    MNIST missing is downloaded (labs/kit/download.py) where the machine is
+                    online.
 * ``train_shard`` / ``eval_shard`` split sample indices across Horovod ranks the way
                     ``torch.utils.data.DistributedSampler`` does, deterministically.
 
-Missing or corrupt data always raises ``DataError`` with instructions; there is never a
-fallback to another data set.
+Missing or corrupt data raises ``DataError`` with instructions.  One fallback, for the course's
+command as typed (no --dataset, no --data-dir): where MNIST can be neither found nor
+downloaded, Fashion-MNIST from Debian's package, and the loaded data's ``note`` says so.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from .download import DownloadError, fetch as download_files
 
 
 class DataError(RuntimeError):
@@ -79,8 +84,8 @@ MNIST = DatasetSpec(
         "Put the four MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
         "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) in one folder and pass "
         "--data-dir FOLDER; with only the two t10k files, add --split-test N. On a machine "
-        "with internet access and torchvision, they are downloaded automatically into "
-        "--data-dir. Offline, --dataset fashion-mnist uses Debian's package "
+        "with internet access they are downloaded into --data-dir (default data/mnist) from "
+        "torchvision's mirrors. Offline, --dataset fashion-mnist uses Debian's package "
         "(apt-get install dataset-fashion-mnist)."),
 )
 
@@ -106,6 +111,8 @@ FASHION_MNIST = DatasetSpec(
 )
 
 DATASETS = {spec.name: spec for spec in (MNIST, FASHION_MNIST)}
+# Where MNIST is downloaded when --data-dir is not given (one of MNIST.default_dirs).
+DOWNLOAD_DIR = "data/mnist"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,11 +227,13 @@ class LoadedData:
     split_test: Optional[int]
     mean: float
     std: float
+    note: Optional[str] = None  # why this data set and not the one asked for (the fallback)
 
     def describe(self) -> dict:
         return {"name": self.name, "folder": self.folder, "files": self.files,
                 "split_test": self.split_test, "train_samples": len(self.train_y),
-                "test_samples": len(self.test_y), "mean": self.mean, "std": self.std}
+                "test_samples": len(self.test_y), "mean": self.mean, "std": self.std,
+                "note": self.note}
 
 
 def normalise(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
@@ -242,11 +251,20 @@ def _candidate_dirs(spec: DatasetSpec, data_dir: Optional[str]) -> list[Path]:
     return [Path(d) for d in spec.default_dirs]
 
 
+def _needed(spec: DatasetSpec, need_train: bool) -> list[IdxFile]:
+    needed = [spec.test_images, spec.test_labels]
+    return [spec.train_images, spec.train_labels] + needed if need_train else needed
+
+
+def _only_test_set_hint(spec: DatasetSpec, candidates: list[Path], need_train: bool) -> str:
+    if need_train and any(find_file(f, spec.test_images) for f in candidates):
+        return " (only the test set was found: add --split-test N to train on part of it)"
+    return ""
+
+
 def locate(spec: DatasetSpec, data_dir: Optional[str], need_train: bool) -> Path:
     """The first candidate folder holding the files we need; DataError listing what is missing."""
-    needed = [spec.test_images, spec.test_labels]
-    if need_train:
-        needed = [spec.train_images, spec.train_labels] + needed
+    needed = _needed(spec, need_train)
     candidates = _candidate_dirs(spec, data_dir)
     for folder in candidates:
         if all(find_file(folder, idx) for idx in needed):
@@ -254,61 +272,80 @@ def locate(spec: DatasetSpec, data_dir: Optional[str], need_train: bool) -> Path
     looked = ", ".join(str(c) for c in candidates)
     best = max(candidates, key=lambda folder: sum(bool(find_file(folder, i)) for i in needed))
     missing = ", ".join(f"{idx.name}.gz" for idx in needed if not find_file(best, idx))
-    hint = ""
-    if need_train and any(find_file(f, spec.test_images) for f in candidates):
-        hint = " (only the test set was found: add --split-test N to train on part of it)"
-    raise DataError(f"{spec.name}: could not find {missing} in {looked}{hint}. "
-                    f"{spec.how_to_get}")
+    raise DataError(f"{spec.name}: could not find {missing} in {looked}"
+                    f"{_only_test_set_hint(spec, candidates, need_train)}. {spec.how_to_get}")
 
 
-def try_torchvision_download(spec: DatasetSpec, data_dir: Optional[str]) -> bool:
-    """Download real MNIST with torchvision where it imports and the machine is online.
+class NotDownloaded(DataError):
+    """MNIST is not where we looked, and downloading it failed (``reason``: why, in a line)."""
 
-    Into ``data_dir`` (default ``data``, torchvision's layout ``data/MNIST/raw``).  Returns
-    False without touching anything when torchvision is not installed; a failed download
-    raises DataError.  Several ranks may call this at once: a file lock makes one download
-    and the others wait.  Only MNIST: Fashion-MNIST comes from Debian, offline.
-    """
-    if spec.name != "mnist":
-        return False
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def find_or_fetch(spec: DatasetSpec, data_dir: Optional[str], need_train: bool,
+                  fetch: bool = True) -> Path:
+    """The folder holding the files we need; MNIST's missing ones are first downloaded (with
+    ``fetch``) into ``data_dir``, or DOWNLOAD_DIR without one.  Only MNIST: Fashion-MNIST comes
+    from Debian, offline."""
     try:
-        from torchvision import datasets  # type: ignore
-    except Exception:
-        return False
-    import fcntl
-    root = Path(data_dir or "data").expanduser()
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(root / ".download.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            datasets.MNIST(str(root), train=True, download=True)
-            datasets.MNIST(str(root), train=False, download=True)
-    except Exception as err:  # network errors come in many types
-        raise DataError(f"mnist: torchvision could not download into {root} ({err}). "
-                        f"{spec.how_to_get}") from err
-    return True
+        return locate(spec, data_dir, need_train)
+    except DataError as missing:
+        if not (fetch and spec.name == MNIST.name):
+            raise
+        target = Path(data_dir).expanduser() if data_dir else Path(DOWNLOAD_DIR)
+        sums = {f"{idx.name}.gz": idx.gz_md5 for idx in _needed(spec, need_train)
+                if not find_file(target, idx)}
+        try:
+            download_files(target, sums)
+        except DownloadError as err:
+            raise NotDownloaded(f"{missing} Downloading them into {target} failed: {err}",
+                                str(err)) from err
+        return locate(spec, str(target), need_train)
 
 
-def load_dataset(name: str, data_dir: Optional[str] = None,
+def fallback_note(missing: DataError, fashion_folder: Path, need_train: bool) -> str:
+    """The one line that says the lab trains on Fashion-MNIST, why, and how to get MNIST."""
+    looked = ", ".join(str(c) for c in _candidate_dirs(MNIST, None))
+    why = (f" and could not be downloaded ({missing.reason})"
+           if isinstance(missing, NotDownloaded) else "")
+    hint = _only_test_set_hint(MNIST, _candidate_dirs(MNIST, None), need_train)
+    return (f"data: training on Fashion-MNIST ({fashion_folder}), not MNIST: MNIST is not in "
+            f"{looked}{hint}{why}. For MNIST, pass --data-dir "
+            f"FOLDER holding its IDX .gz files, or run once on a machine with internet access "
+            f"(they go to {DOWNLOAD_DIR}).")
+
+
+def load_dataset(name: Optional[str] = None, data_dir: Optional[str] = None,
                  split_test: Optional[int] = None, download: bool = True) -> LoadedData:
     """Load a data set as normalised tensors.
 
+    ``name=None`` is the course's command as typed: MNIST where it is found or can be
+    downloaded, else Fashion-MNIST from Debian's package, with ``note`` saying so in a line.
+    A name or a ``data_dir`` given is what the user asked for: missing, it is an error.
     ``split_test=N`` trains on the first N test images and evaluates on the other ones (only
     the two t10k files are needed then).
     """
-    if name not in DATASETS:
+    if name is not None and name not in DATASETS:
         raise DataError(f"unknown data set {name!r}; choose from {sorted(DATASETS)}")
-    spec = DATASETS[name]
+    spec = DATASETS[name or MNIST.name]
     if split_test is not None and not 0 < split_test < spec.test_images.count:
         raise DataError(f"--split-test must be between 1 and {spec.test_images.count - 1} "
                         f"(the test set has {spec.test_images.count} images), got {split_test}")
     need_train = split_test is None
+    note = None
     try:
-        folder = locate(spec, data_dir, need_train)
-    except DataError:
-        if not (download and try_torchvision_download(spec, data_dir)):
+        folder = find_or_fetch(spec, data_dir, need_train, download)
+    except DataError as missing:
+        if name is not None or data_dir:
             raise
-        folder = locate(spec, data_dir or "data", need_train)
+        try:
+            folder = locate(FASHION_MNIST, None, need_train)
+        except DataError as no_fashion:
+            raise DataError(f"{missing} Fashion-MNIST, the lab's offline fallback, is missing "
+                            f"too: {no_fashion}") from missing
+        spec, note = FASHION_MNIST, fallback_note(missing, folder, need_train)
 
     files = {}
 
@@ -334,7 +371,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None,
         train_y=torch.from_numpy(train_labels.astype(np.int64)),
         test_x=normalise(test_images, spec.mean, spec.std),
         test_y=torch.from_numpy(test_labels.astype(np.int64)),
-        files=files, split_test=split_test, mean=spec.mean, std=spec.std)
+        files=files, split_test=split_test, mean=spec.mean, std=spec.std, note=note)
 
 
 # ---------------------------------------------------------------------------------------------

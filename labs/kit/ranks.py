@@ -42,7 +42,10 @@ def agree(error):
 
 def load_data(args, device):
     """args.dataset read by every rank (md5-checked) into normalised tensors on `device`; a
-    missing or corrupt file, or fewer samples than ranks, is every rank's error."""
+    missing or corrupt file, or fewer samples than ranks, is every rank's error.  Without
+    --dataset, MNIST is found or downloaded (one rank at a time: a lock in the data folder, so
+    the first downloads and the others find its files), else Fashion-MNIST: rank 0 says so in
+    one line, and args.dataset becomes the data set every rank loaded."""
     data, error = None, None
     try:
         data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
@@ -51,6 +54,14 @@ def load_data(args, device):
     except lab_data.DataError as err:
         error = str(err)
     agree(error)
+    names = hvd.allgather_object(data.name, name="data_set")
+    agree(None if len(set(names)) == 1 else
+          "the processes found different data sets (" + ", ".join(
+              f"rank {r}: {n}" for r, n in enumerate(names)) + "): give every one the same "
+          "MNIST files (--data-dir) or --dataset")
+    if data.note and hvd.rank() == 0:
+        print(data.note, flush=True)
+    args.dataset = data.name
     for name in ("train_x", "train_y", "test_x", "test_y"):   # the whole set fits on a GPU
         setattr(data, name, getattr(data, name).to(device))
     return data

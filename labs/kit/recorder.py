@@ -17,8 +17,10 @@ A run writes only into its folder (--out, default runs/<config>-<dataset>-<time>
     pids/rank<r>.pid   how tests and users find every process of a run
 
 A run that stops early (SIGTERM, Ctrl-C, --max-steps) is recorded as 'interrupted' and exits
-with code 3; --resume continues it from its last checkpoint, dropping the rows written after
-it, so every row appears once.  A rank that hangs is caught by the watchdog (exit code 75).
+with code 3, or 0 for --max-steps (a stop asked for); --resume continues it from its last
+checkpoint (from the start, the same seed giving the same weights and data order, if no epoch
+had ended), dropping the rows written after it, so every row appears once.  A rank that hangs
+is caught by the watchdog (exit code 75).
 """
 import math
 import os
@@ -50,6 +52,10 @@ NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": m
 
 class Interrupted(Exception):
     """The run was stopped before its last epoch (signal or --max-steps); it can be resumed."""
+
+
+class StepLimit(Interrupted):
+    """--max-steps reached: every rank stops at the same step, as asked (exit code 0)."""
 
 
 class Step:
@@ -100,9 +106,9 @@ class RunRecorder:
         existing = runlog.read_manifest(out)
         if existing is None:
             return {"error": f"{out}: no manifest.json, nothing to resume"}
-        if not (out / "checkpoint.pt").is_file():
-            return {"error": f"{out}: no checkpoint.pt (the run stopped before its first "
-                             f"epoch ended); delete the folder and start again"}
+        if not (out / "checkpoint.pt").is_file() and existing.get("epochs_completed"):
+            return {"error": f"{out}: no checkpoint.pt, though {existing['epochs_completed']} "
+                             f"epoch(s) finished; delete the folder and start again"}
         if existing.get("world_size") != self.size:
             return {"error": f"{out} was run with {existing.get('world_size')} processes; "
                              f"resume it with the same number (now {self.size})"}
@@ -116,16 +122,24 @@ class RunRecorder:
         `model`, which reaches the other ranks by the caller's broadcast_parameters(); the
         optimizer state and the position reach every rank here, and each rank restores its
         own RNG state.  Rows after the checkpoint are dropped so the unfinished epoch is
-        recorded once.  Returns the first epoch to train."""
+        recorded once.  A run stopped before its first epoch ended has no checkpoint: it
+        starts again at epoch 1 (torch.manual_seed made the same weights, and the data order
+        is the seed's), its rows dropped.  Returns the first epoch to train."""
         if not self.args.resume:
             return self.first_epoch
         position = None
-        if self.rank == 0:
+        if self.rank == 0 and (self.run_dir / "checkpoint.pt").is_file():
             state = runlog.load_checkpoint(self.run_dir / "checkpoint.pt")
             model.load_state_dict(state["model"])
             position = {k: state[k] for k in ("optimizer", "epoch", "step", "torch_rng")}
             position["compression_state"] = state.get("compression_state")
         position = hvd.broadcast_object(position, root_rank=0, name="resume_position")
+        if position is None:            # from the start: only the rows go
+            self.dropped = runlog.truncate_csv(self.run_dir / f"steps_rank{self.rank}.csv",
+                                               lambda row: False)
+            if self.rank == 0:
+                runlog.truncate_csv(self.run_dir / "epochs.csv", lambda row: False)
+            return self.first_epoch
         # Every rank loads the state, so broadcast_optimizer_state() later finds it everywhere
         # (a rank with an empty state would run an initialising step alone and hang).
         optimizer.load_state_dict(position["optimizer"])
@@ -170,13 +184,16 @@ class RunRecorder:
         if self.rank == 0:
             self.epochs_log = runlog.CsvLog(self.run_dir / "epochs.csv", runlog.EPOCH_COLUMNS)
         signal.signal(signal.SIGTERM, _interrupt)
-        status, reason = "failed", None
+        status, reason, asked = "failed", None, False
         self.watchdog = self._watchdog()
         try:
             with self.watchdog:
                 yield self
                 hvd.barrier()           # every rank has flushed its last row
             status = "complete"
+        except StepLimit as stop:       # every rank stops at the same step
+            status, reason, asked = "interrupted", str(stop), True
+            hvd.barrier()               # every rank has flushed its last row
         except (Interrupted, KeyboardInterrupt) as stop:
             status, reason = "interrupted", str(stop) or type(stop).__name__
             # the launcher tears every rank down when one fails: if a fault was seen (a rank
@@ -214,12 +231,12 @@ class RunRecorder:
                       f"{self.run_dir}: {err}", file=sys.stderr, flush=True)
         if status != "complete":
             if self.rank == 0:
-                how = (f"continue it with --out {self.run_dir} --resume"
-                       if (self.run_dir / "checkpoint.pt").is_file()
-                       else f"no epoch finished, so nothing to resume: delete {self.run_dir} "
-                            f"and start again")
-                print(f"run {status}: {reason}; {how}", flush=True)
-            sys.exit(3)
+                how = f"continue it with --out {self.run_dir} --resume"
+                if not (self.run_dir / "checkpoint.pt").is_file():
+                    how += " (no epoch had ended: it starts again at epoch 1, the same run)"
+                print(f"run {'stopped' if asked else status}: {reason}; {how}", flush=True)
+            if not asked:
+                sys.exit(3)
 
     def _diagnosis(self, wait_s=0.0, deadlock=True):
         """What the ranks' heartbeats say went wrong (watchdog.suspects), this rank's own first
@@ -288,7 +305,7 @@ class RunRecorder:
             if (args.max_steps is not None and self.step >= args.max_steps
                     and batch + 1 < len(batches)):
                 progress.close()
-                raise Interrupted(f"--max-steps {args.max_steps} reached in epoch {epoch}")
+                raise StepLimit(f"--max-steps {args.max_steps} reached in epoch {epoch}")
         progress.close()
         self.watchdog.begin("evaluation")   # the epoch's totals and test pass come next
         epoch_s = time.perf_counter() - start
@@ -324,7 +341,7 @@ class RunRecorder:
             pause()
         args = self.args
         if args.max_steps is not None and self.step >= args.max_steps and epoch < args.epochs:
-            raise Interrupted(f"--max-steps {args.max_steps} reached after epoch {epoch}")
+            raise StepLimit(f"--max-steps {args.max_steps} reached after epoch {epoch}")
 
     def _save_checkpoint(self, model, optimizer, epoch):
         """Rank 0 writes model, optimizer, position and every rank's RNG state (dropout),
