@@ -2,11 +2,10 @@
 ranges and combinations, each refused with a message that says what to do instead."""
 import argparse
 import math
-import warnings
 
 from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "AUTO", "AUTO_FLAG",
+__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "AUTO", "AUTO_FLAG",
            "scale_block", "add_compression_flags", "check_args", "compression_of",
            "auto_compression"]
 
@@ -67,40 +66,9 @@ def scale_block(text):
     return int(text)
 
 
-# --route once named the optimizer (plugin | horovod) and --reduction the collective; the words
-# are now the API's: --optimizer, and --route as in DistributedOptimizer(route=). The old
-# spellings still work, with a warning naming the new one: --route takes no value of both.
-OLD_OPTIMIZER_VALUES = ("plugin", "horovod")
-
-
-def _renamed(old, new):
-    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=3)
-
-
-def new_spellings(parser, args):
-    """args.optimizer ('plugin' or 'horovod') and args.route (the collective or None), from
-    the flags or their old spellings (--route plugin|horovod, --reduction)."""
-    if args.route in OLD_OPTIMIZER_VALUES:
-        _renamed(f"--route {args.route}", f"--optimizer {args.route}")
-        if args.optimizer not in (None, args.route):
-            parser.error(f"--route {args.route} (the old spelling of --optimizer) and "
-                         f"--optimizer {args.optimizer} disagree")
-        args.optimizer, args.route = args.route, None
-    if getattr(args, "reduction", None) is not None:
-        _renamed(f"--reduction {args.reduction}", f"--route {args.reduction}")
-        if args.route not in (None, args.reduction):
-            parser.error(f"--reduction {args.reduction} (the old spelling of --route) and "
-                         f"--route {args.route} disagree")
-        args.route = args.reduction
-    if hasattr(args, "reduction"):
-        del args.reduction
-    args.optimizer = args.optimizer or "plugin"
-
-
 def check_args(parser, args):
-    """Values and combinations argparse cannot check; adds args.compression, and reads the
-    old spellings of --optimizer and --route."""
-    new_spellings(parser, args)
+    """Values and combinations argparse cannot check; adds args.compression."""
+    args.optimizer = args.optimizer or "plugin"
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
                  "max_steps", "split_test", "steps_per_epoch"):
         value = getattr(args, flag)

@@ -286,7 +286,7 @@ def summarize_run(name, run_dir):
             for part in STEP_PARTS:
                 row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             row["bytes_per_step"] = steps["bytes_sent"].mean()
-            for part in ("exchange", "launch_span"):
+            for part in ("copy", "exchange", "launch_span"):
                 if f"{part}_s" in steps:
                     row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             if "launch_span_s" in steps:     # the rank whose backward launches last
