@@ -714,7 +714,7 @@ def test_model_basic_trains_serial_and_on_two_ranks(batch, defaults_run):
         assert rows["loss"].iloc[-10:].mean() < rows["loss"].iloc[:10].mean()    # it learns
     assert runlog.read_manifest(defaults_run)["config"] == "np2-bit8"      # basic: no suffix
     sizes = [p.numel() for p in BasicNet().parameters()]
-    # buckets of <= 1 MiB of float32, last layer first (communicators.DEFAULT_FUSION_BYTES)
+    # buckets of <= 1 MiB of float32, last layer first (exchange.bucketing.DEFAULT_FUSION_BYTES)
     from hvd_compress.exchange.fusion import buckets_by_size
     order = [torch.empty(n) for n in sizes[::-1]]
     expected = sum(Compression.bit8.message_bytes(sum(order[i].numel() for i in group))
