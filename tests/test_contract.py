@@ -87,8 +87,7 @@ def test_every_scheme_is_read_from_the_registry():
 def test_one_schemes_table():
     """registry.SCHEMES is the one SCHEMES; the cost model's table of collectives is EXCHANGES."""
     assert "bit8" in hc.SCHEMES and "allreduce_ring" in model.EXCHANGES
-    with pytest.warns(DeprecationWarning, match="EXCHANGES"):
-        assert model.SCHEMES is model.EXCHANGES
+    assert not hasattr(model, "SCHEMES")
 
 
 def test_the_cost_model_reads_the_runtimes_buckets_and_chunks():

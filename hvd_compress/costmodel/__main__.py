@@ -102,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{' '.join(map(str, widths))}: the registered schemes' widths)")
     p.add_argument("--schemes", nargs="+", metavar="SCHEME",
                    help="what to show (default: all). Predicting collectives: exchanges of "
-                   + ", ".join(model.EXCHANGES) + " (alltoall_allgather: old name of "
-                   "alltoall). With --methods: registered compression schemes, NAME or "
+                   + ", ".join(model.EXCHANGES) + ". With --methods: registered compression schemes, NAME or "
                    "NAME:ROUTE (" + ", ".join(registry.schemes()) + ")")
     p.add_argument("--tensors", type=_positive_int, default=1,
                    help="packets per rank that each carry a header: tensors for allgather "
@@ -375,12 +374,12 @@ def main(argv=None) -> int:
             parser.error(f"--methods needs {', '.join(missing)}")
         print(methods_command(args, model.Link.from_bandwidth(args.latency, args.bandwidth)))
         return 0
-    known = [*model.EXCHANGES, *model.DEPRECATED_NAMES]
+    known = list(model.EXCHANGES)
     wrong = [s for s in args.schemes or () if s not in known]
     if wrong:
         parser.error(f"--schemes {' '.join(wrong)}: predicting collectives, the schemes are the "
                      f"exchanges {', '.join(known)} (compression schemes go with --methods)")
-    chosen = [model.scheme_name(s) for s in (args.schemes or model.EXCHANGES)]
+    chosen = args.schemes or list(model.EXCHANGES)
     if not any(k in model.carried_bits(s) for s in chosen for k in args.bits):
         parser.error("none of the chosen schemes carries the chosen bit widths ("
                      + "; ".join(f"{s}: {', '.join(map(str, model.carried_bits(s)))}"
