@@ -62,7 +62,7 @@ def parse_args(argv=None):
     # --- one switch per compression scheme (hvd_compress/registry.py, plugins included) ---
     add_compression_flags(parser.add_mutually_exclusive_group())
     # --- the course's additions ---
-    parser.add_argument("--optimizer", choices=["plugin", "horovod"], default=None,
+    parser.add_argument("--optimizer", choices=["plugin", "horovod"], default="plugin",
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "
                              "(default); horovod: Horovod's own hvd.DistributedOptimizer of "
                              "the patched Horovod (whole-step times only)")

@@ -33,8 +33,8 @@ from ..roles import PacketCompressor
 from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 
-__all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
-           "AlltoallCommunicator", "Stats", "route_of", "start_packet_exchange", "horovod_bytes_sent",
+__all__ = ["make_communicator", "route_of", "AllreduceCommunicator", "AllgatherCommunicator",
+           "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
            "DEFAULT_FUSION_BYTES", "wait_for", "launch_next_phases"]
 
 _WARMED = set()

@@ -68,7 +68,6 @@ def scale_block(text):
 
 def check_args(parser, args):
     """Values and combinations argparse cannot check; adds args.compression."""
-    args.optimizer = args.optimizer or "plugin"
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
                  "max_steps", "split_test", "steps_per_epoch"):
         value = getattr(args, flag)
