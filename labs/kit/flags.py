@@ -5,9 +5,8 @@ import math
 
 from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "AUTO", "AUTO_FLAG",
-           "scale_block", "add_compression_flags", "check_args", "compression_of",
-           "auto_compression"]
+__all__ = ["DEFAULTS", "AUTO", "AUTO_FLAG", "compression_flags", "scale_block",
+           "add_compression_flags", "check_args", "compression_of", "auto_compression"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
@@ -26,14 +25,11 @@ def compression_flags():
     return {s.name: _dest(s.flag) for s in registry.schemes().values() if s.flag}
 
 
-FLAGS = compression_flags()             # the built-in schemes' (plugins: compression_flags())
 # Compression.auto (issue 25, docs/planner.md): not one scheme but a per-bucket plan the
 # optimizer measures and chooses inside the job, so it has no registry entry of its own (no
 # bits, no bytes formula); its name is a run name all the same ('np2-auto'), and its switch
 # sits beside the schemes' in the same exclusive group.
 AUTO, AUTO_FLAG = "auto", "--auto-allreduce"
-# Methods that take a parameter and keep their own error feedback.
-TENSORWISE = tuple(s.name for s in registry.SCHEMES.values() if s.parameter is not None)
 
 
 def add_compression_flags(group):
