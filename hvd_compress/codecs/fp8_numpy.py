@@ -36,6 +36,7 @@ from .reference import encode_bits_block, overflow_code
 
 __all__ = ["encode", "decode", "decode_bits", "overflow_code", "effective_scale"]
 
+
 # ---- encode ---------------------------------------------------------------------------------
 def encode(x: np.ndarray, fmt: Float8Format, saturate: bool = True, out=None, *,
            scale=None) -> np.ndarray:
