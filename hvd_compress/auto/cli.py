@@ -9,7 +9,7 @@ Or ask after: why a job took its plan, re-decided from the measurements its reco
 
 The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
 sibling of it rather than a flag of it because the planner imports the cost model, and the
-cost model never imports what sits above it (DESIGN.md).
+cost model never imports what sits above it (docs/architecture.md).
 
 Where each input comes from (docs/planner.md):
 - buckets: the lab net's parameter shapes (costmodel.methods.MODEL_SHAPES) fused in backward
