@@ -35,7 +35,7 @@ __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REP
            "LINK_REPS_MAX", "LINK_REP_BUDGET_S", "more_link_reps", "carried_units",
            "fastest_repetitions",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "host",
-           "cpu_share"]
+           "cpu_share", "whole_size", "carry", "carried"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -258,7 +258,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
         sizes_here = list(sizes)
         medians = []
         while sizes_here:
-            size = _whole(sizes_here.pop(0), n)
+            size = whole_size(sizes_here.pop(0), n)
             if collective == "allreduce":
                 tensor = torch.zeros(size // 4, dtype=torch.float32)
                 launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
@@ -276,7 +276,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
             times, cpus, total, rep = [], [], reps, 0
-            # each call carries this rank's median so far to every rank (_carry): after the
+            # each call carries this rank's median so far to every rank (carry): after the
             # last of the first `reps`, every rank reads the same times and adds as many
             # repetitions, with no collective of its own between them
             # (the two sizes asked for only: a grown one is large, its bytes' cost far above
@@ -284,7 +284,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             carries = budget_s > 0 and reps >= 2 and size >= 4 * n and len(medians) < len(sizes)
             while rep <= total:
                 if carries and rep <= reps:        # read once, after call `reps`
-                    _carry(collective, tensor, hvd.rank(), n,
+                    carry(collective, tensor, hvd.rank(), n,
                            statistics.median(times) if times else 0.0)
                 began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
                 handle = launch(tensor, name)
@@ -297,7 +297,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                     # transport's -- what the collective takes from backward's cores
                     cpus.append(max(0.0, (time.process_time() - cpu) - (time.thread_time() - mine)))
                 if carries and rep == reps:
-                    total += more_link_reps(reps, max(_carried(collective, output, n)), budget_s)
+                    total += more_link_reps(reps, max(carried(collective, output, n)), budget_s)
                 rep += 1
             rows += [(collective, n, size, t, c) for t, c in zip(times, cpus)]
             medians.append(statistics.median(times))
@@ -307,7 +307,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                                   name=f"hvdc.auto.link.grow.{collective}.{size}")
             small_s, large_s = every.min(dim=0).values.tolist()
             grown = next_link_size(size, small_s, large_s, caps[collective])
-            if grown is not None and _whole(grown, n) > size:
+            if grown is not None and whole_size(grown, n) > size:
                 sizes_here.append(grown)
     return rows
 
@@ -327,8 +327,8 @@ def carried_units(collective, seconds):
     return min(round(seconds / CARRY_UNIT_S[collective]), CARRY_MOST[collective])
 
 
-def _carry(collective, tensor, rank, n, seconds):
-    """Write `seconds` where `collective` takes it to every rank (read by _carried)."""
+def carry(collective, tensor, rank, n, seconds):
+    """Write `seconds` where `collective` takes it to every rank (read by carried)."""
     units = carried_units(collective, seconds)
     if collective in ("allreduce", "allreduce_fp16"):
         tensor[rank] = float(units)
@@ -337,7 +337,7 @@ def _carry(collective, tensor, rank, n, seconds):
         tensor.view(-1, chunk)[:, :4] = torch.tensor([units], dtype=torch.int32).view(torch.uint8)
 
 
-def _carried(collective, output, n):
+def carried(collective, output, n):
     """Every rank's seconds as `collective`'s output brought them (the same on every rank)."""
     if collective in ("allreduce", "allreduce_fp16"):
         units = [round(float(v) * n) for v in output[:n]]
@@ -348,7 +348,7 @@ def _carried(collective, output, n):
     return [u * CARRY_UNIT_S[collective] for u in units]
 
 
-def _whole(size, n):
+def whole_size(size, n):
     """`size` bytes rounded down to whole float32 values split equally over n ranks."""
     return max(n, size // (4 * n) * 4 * n)
 

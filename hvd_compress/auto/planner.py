@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,7 +66,7 @@ __all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
            "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",
            "REPLAN_EVERY", "REPLAN_WINDOW", "REPLAN_FIRST", "MAX_FRONT", "EXHAUSTIVE_PLANS", "candidates_for",
            "wire_units", "predict", "fixed_plan", "search", "exhaustive", "should_replan",
-           "Replan", "fit_affine", "fit_links"]
+           "Replan", "Ranked", "fit_affine", "fit_links"]
 
 # The candidates, in the fixed order that breaks every tie: least lossy first.
 # int8 is left out: it sends exactly bit8's bytes (so it never moves less), its stochastic
@@ -452,12 +453,36 @@ class Plan:
                 "refused": {f"{b} {t}": r for (b, t), r in sorted(self.refused.items())}}
 
 
+class Ranked(NamedTuple):
+    """A whole plan as the search ranks it: its predicted step, its loss (bytes x measured
+    error, summed), each bucket's index in the candidate order, and its labels. Two orders,
+    both ending in the indices so that every rank breaks a tie alike (the candidates run
+    from the least lossy, so the earlier is also the safer):
+
+    by_speed()  step, loss, indices: the fastest first; how the search improves a plan and
+                which plans it starts from (_improve)
+    by_loss()   loss, step, indices: among the plans within the tie margin of the fastest,
+                the least lossy, then the faster (_choose): the margin admits plans the model
+                cannot tell apart, and the less lossy of them costs no measured time
+    """
+    step_s: float
+    loss: float
+    indices: tuple
+    labels: tuple
+
+    def by_speed(self):
+        return (self.step_s, self.loss, self.indices)
+
+    def by_loss(self):
+        return (self.loss, self.step_s, self.indices)
+
+
 def _choose(finals, margin):
     """The least lossy of the plans within `margin` of the fastest; then the faster; then the
-    earlier in the candidate order, bucket by bucket. finals: [(step, loss, indices, labels)]."""
-    fastest = min(f[0] for f in finals)
-    tied = [f for f in finals if f[0] <= fastest * (1 + margin)]
-    return min(tied, key=lambda f: (f[1], f[0], f[2])), fastest
+    earlier in the candidate order, bucket by bucket (Ranked.by_loss). finals: [Ranked]."""
+    fastest = min(f.step_s for f in finals)
+    tied = [f for f in finals if f.step_s <= fastest * (1 + margin)]
+    return min(tied, key=Ranked.by_loss), fastest
 
 
 def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
@@ -484,13 +509,13 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
     fixed = [[next((o for o in per if o.index == i), per[0]) for per in opts] for i in indices]
     upper = min(_fold(m, f) for f in fixed)      # the best plan taking one scheme everywhere
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
-    fastest = min([f[0] for f in finals] + [upper])
+    fastest = min([f.step_s for f in finals] + [upper])
     finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
     # the fold times neither a waiting later phase nor the collectives' CPU
     phased = any(len(o.phases) > 1 or any(o.cpu) for per in opts for o in per)
     by_label = [{o.label: o for o in per} for per in opts]
-    shortlist = {tuple(f[2]) for f in finals + finals2} | {tuple(o.index for o in f)
-                                                           for f in fixed}
+    shortlist = {tuple(f.indices) for f in finals + finals2} | {tuple(o.index for o in f)
+                                                                for f in fixed}
     rows = {}
     for idx in sorted(shortlist):
         chosen = [next(o for o in per if o.index == i) for per, i in zip(opts, idx)]
@@ -498,11 +523,11 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
             key = tuple(o.label for o in plan)
             if key not in rows:
                 t = _timeline(m, plan)
-                rows[key] = (t.step_s, t.loss, tuple(o.index for o in plan), key)
+                rows[key] = Ranked(t.step_s, t.loss, tuple(o.index for o in plan), key)
     if phased:
         _improve(m, opts, rows)
     best, fastest = _choose(list(rows.values()), margin)
-    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+    return Plan(tuple(b.name for b in m.buckets), best.labels, best.step_s, fastest, best.loss,
                 max(w1, w2), refused, exact1 and exact2 and not phased)
 
 
@@ -510,24 +535,24 @@ def _improve(m, opts, rows):
     """Where the fold and the timeline differ (a later phase waits for a hook), the fold's best
     need not be the timeline's: from each of the IMPROVE_STARTS fastest plans found, move one
     bucket at a time to another option while that makes the predicted step shorter, for at
-    most IMPROVE_PLANS plans predicted (every plan tried is added to `rows`)."""
+    most IMPROVE_PLANS plans predicted (every plan tried is added to `rows`: {labels: Ranked})."""
     by_index = [{o.index: o for o in per} for per in opts]
     budget = IMPROVE_PLANS
-    for start in sorted(rows.values(), key=lambda r: (r[0], r[1], r[2]))[:IMPROVE_STARTS]:
+    for start in sorted(rows.values(), key=Ranked.by_speed)[:IMPROVE_STARTS]:
         current, better = start, True
         while better and budget > 0:
             better = False
             for i, per in enumerate(opts):
                 for o in per:
-                    key = current[3][:i] + (o.label,) + current[3][i + 1:]
+                    key = current.labels[:i] + (o.label,) + current.labels[i + 1:]
                     if key not in rows:
                         if budget <= 0:
                             return
                         budget -= 1
-                        idx = current[2][:i] + (o.index,) + current[2][i + 1:]
+                        idx = current.indices[:i] + (o.index,) + current.indices[i + 1:]
                         t = _timeline(m, [by_index[j][x] for j, x in enumerate(idx)])
-                        rows[key] = (t.step_s, t.loss, idx, key)
-                    if rows[key][:3] < current[:3]:
+                        rows[key] = Ranked(t.step_s, t.loss, idx, key)
+                    if rows[key].by_speed() < current.by_speed():
                         current, better = rows[key], True
 
 
@@ -546,7 +571,7 @@ def _fold(m, opts):
 
 
 def _front(m, opts, limit, with_loss):
-    """The DP: [(step, loss, indices, labels)] of the plans left on the final front, and the
+    """The DP: [Ranked] of the plans left on the final front, and the
     widest front. A prefix whose step must end above `limit` is dropped: what is left can only
     add, at least the cheapest remaining encodes and decodes (backward's end, the decode
     fold); with_loss=False keeps loss out of the dominance test (the first pass)."""
@@ -579,7 +604,7 @@ def _front(m, opts, limit, with_loss):
             lower = {k: (max(m.backward_s + k[0] + k[3] + rest_enc[i + 1] + rest_dec[i + 1],
                              k[2] + rest_dec[i + 1]), k[4], front[k][0]) for k in front}
             front = {k: front[k] for k in sorted(front, key=lower.get)[:MAX_FRONT]}
-    return [(m.fixed_s + _finish(k[:4], m.backward_s), loss, idx, labels)
+    return [Ranked(m.fixed_s + _finish(k[:4], m.backward_s), loss, idx, labels)
             for k, (idx, labels, loss) in sorted(front.items())], widest, exact
 
 
@@ -615,10 +640,10 @@ def exhaustive(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND
                for b, texts in zip(m.buckets, allowed)]
     for labels in itertools.product(*allowed):
         t = _timeline(m, [per[x] for per, x in zip(options, labels)])
-        finals.append((t.step_s, t.loss, tuple(order.get(x, len(order)) for x in labels),
-                       labels))
+        finals.append(Ranked(t.step_s, t.loss, tuple(order.get(x, len(order)) for x in labels),
+                             labels))
     best, fastest = _choose(finals, margin)
-    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+    return Plan(tuple(b.name for b in m.buckets), best.labels, best.step_s, fastest, best.loss,
                 len(finals), refused)
 
 

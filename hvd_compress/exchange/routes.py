@@ -225,20 +225,21 @@ _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCom
 def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
                       scale_block=SCALE_BLOCK, *, reduction=None):
     """The communicator for `compression` over `route` (None: the scheme's default, see
-    registry.SCHEMES). The one place where a route is chosen. A method that is not a codec of
-    values (top-k, PowerSGD) declares its own: `compression.communicator(op)`. `reduction=` is
+    registry.SCHEMES). The one place where a route is chosen. A method that is not one codec of
+    values (top-k, PowerSGD, Compression.auto) declares its own:
+    `compression.communicator(op, fusion_threshold_bytes, scale_block)`; one whose route is
+    None chooses a route per bucket and takes no `route`. `reduction=` is
     the old name of `route=`, still accepted."""
     if reduction is not None:
         if route is not None and Route.parse(route) != Route.parse(reduction):
             raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
         route = reduction
-    if getattr(compression, "per_bucket", False):
-        raise ValueError("Compression.auto chooses a scheme per bucket inside "
-                         "hvd_compress.DistributedOptimizer, which builds its communicator "
-                         "(auto/communicator.py); make_communicator takes one scheme")
     own = getattr(compression, "communicator", None)
     if callable(own):                            # a method with a collective of its own
-        comm = own(op=op)
+        if route is not None and getattr(compression, "per_bucket", False):
+            raise ValueError(f"{compressor_name(compression)} chooses each bucket's route: "
+                             "pass no route")
+        comm = own(op=op, fusion_threshold_bytes=fusion_threshold_bytes, scale_block=scale_block)
         if route is not None and Route.parse(route) != comm.route:
             raise ValueError(f"{compressor_name(compression)} travels by {comm.route.value}, "
                              f"not {route!r}")

@@ -112,7 +112,7 @@ def run(hvd):
     finally:
         calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO = saved
     n = hvd.size()
-    want = [calibration._whole(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
+    want = [calibration.whole_size(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
     sizes = {c: [b for c2, _, b, *_ in rows if c2 == c] for c in calibration.LINK_COLLECTIVES}
     checks.check("links.grow_to_the_cap", all(v == want for v in sizes.values()), str(sizes))
     rows = calibration.time_collectives(hvd, (4096, 65536), caps=caps)
@@ -134,7 +134,7 @@ def run(hvd):
     counts, want_counts = {}, {}
     for c, _, b, *_ in rows:
         counts[(c, b)] = counts.get((c, b), 0) + 1
-    asked = {calibration._whole(b, n) for b in (4096, 65536)}
+    asked = {calibration.whole_size(b, n) for b in (4096, 65536)}
     for (c, b) in counts:
         if b not in asked:
             want_counts[(c, b)] = calibration.LINK_REPS
