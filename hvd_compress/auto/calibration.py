@@ -43,29 +43,18 @@ LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # small enough that a 10 Mbit/s link times it in ~0.2 s.
 LINK_SMALL_BYTES = 4 << 10
 LINK_LARGE_BYTES = (64 << 10, 256 << 10)
-# Where the larger message takes under LINK_RESOLVED_RATIO times the small one's time, the
-# message's cost hides the byte's: on the emulated 1 Gbit/s link at 4 ranks a 256 KiB allreduce
-# took 5 ms, as long as a 4 KiB one, a 4 MiB one 58 ms, and the fit of the two small sizes
-# made the job's 4.7 MB bucket nearly free (docs/planner.md, "In the job", calibration step 2).
-# Then the collective is timed again 4x larger, up to the largest message the job's plans send
-# through it and while the last size took under LINK_GROW_MAX_S (a 10 Mbit/s link never grows:
-# 256 KiB takes ~0.2 s there).
+# Where the larger size took under LINK_RESOLVED_RATIO times the small one's time, the message's
+# cost hides the byte's, so it is timed again LINK_GROW_FACTOR larger, up to the job's largest
+# message and while a size takes under LINK_GROW_MAX_S (results/calibration-spread/README.md).
 LINK_RESOLVED_RATIO = 4.0
 LINK_GROW_MAX_S = 0.05
 LINK_GROW_FACTOR = 4
 # Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
 # it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
-# Where a size's repetitions are cheap, more: up to LINK_REPS_MAX in all, as many as
-# LINK_REP_BUDGET_S holds at the slowest rank's median of the first ones (all six more up to
-# 10 ms a repetition; a 10 Mbit/s link's 256 KiB, ~0.2 s, none). On 4 ranks sharing 2 cores
-# over the emulated 1 Gbit/s link (results/calibration-spread), the fitted alpha of allgather
-# less allreduce's (what decides between a bit8 allgather and float32 on the lab net) was over
-# 1 ms in 17 of 110 calibrations with 3 repetitions and 2 of 110 with this rule (standard
-# deviation 0.48-0.85 ms against 0.31-0.43), for 0.3 s more a calibration. The step grid's lab
-# net once fitted 2.3 ms there with 3 and sent its bucket as float32, 1.13x the fastest row.
-# A 30 ms budget did no better than 3 (14 of 100 against 9): our reading, a calibration whose
-# first repetitions ran slow, the one that needs more, got fewer.
+# Where a size's repetitions are cheap, more, up to LINK_REPS_MAX, as many as LINK_REP_BUDGET_S
+# holds at the slowest rank's median: three left allgather's alpha a millisecond off often
+# enough to flip a plan (results/calibration-spread/README.md).
 LINK_REPS_MAX = 9
 LINK_REP_BUDGET_S = 0.06
 CODEC_REPS = 3
@@ -368,8 +357,7 @@ def job_step_s(steps):
     takes as much from the next. The slowest rank's time of each step (or the largest of the
     ranks' medians) keeps only the additions: on 4 ranks sharing 2 cores, where a rank waits
     for a core, it read the lab net's steps up to ~20% long and re-planned on drift that was
-    not there (results/step-auto-grid/np4-lab-job-step, docs/planner.md "Measured: the step
-    benchmark")."""
+    not there (results/step-auto-grid/np4-lab-job-step)."""
     steps = list(steps)
     return math.fsum(steps) / len(steps)
 

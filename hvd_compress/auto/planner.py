@@ -4,7 +4,7 @@ Pure (no torch, no Horovod; NumPy, as the cost model's fit): from a job's measur
 when backward makes each bucket ready, each collective's fitted link, each codec's cost, each
 scheme's error on each bucket's gradients -- predict the step of any plan on the exchange's
 timeline, and search for the best one. The same measurements give the same plan on every
-rank (docs/planner.md).
+rank (docs/planner.md, "The search").
 
 The timeline, per step, times from the start of backward (a plan changes nothing before it):
 
@@ -81,40 +81,28 @@ DEFAULT_CANDIDATES = ("none:allreduce", "fp16:allreduce", "bit16:alltoall", "bit
 # (docs/codecs.md). Above it some of the bucket's values fell below the format's normal range
 # after scaling (flushed or coarsely rounded): the scale does not fit the bucket.
 ERROR_BOUND = 2.0 ** -4
-# Plans predicted within this fraction of the fastest count as tied: the least lossy of them is
-# taken (the accuracy guard has already admitted every scheme in them). 0.5%, not the 2% it was:
-# with 2% auto took plans predicted 1.0-1.9% slower than the fastest in 7 of the basic net's 8
-# cells of results/step-auto-grid/basic-margin-2pct, and at 1 Gbit/s, 4 ranks, the one it took
-# (fc1.weight bit16 two-phase, predicted 1.7% slower) measured 7% slower than bit8 by
-# allgather, the model's fastest: the model's gaps between plans were smaller than the measured
-# ones, so a margin that wide trades real time (docs/planner.md, "The margin").
+# Plans predicted within this fraction of the fastest are tied, the least lossy taken: small,
+# since the model's gaps between plans are smaller than the measured ones
+# (results/step-auto-grid/basic-margin-2pct).
 TIE_MARGIN = 0.005
-# Re-plan when the median measured step of the last REPLAN_WINDOW steps is off the prediction by
-# more than REPLAN_MARGIN, at most once every REPLAN_EVERY steps. 15%: the accuracy the
-# prediction is held to (issue 25); a drift inside it is no evidence that anything changed.
+# Re-plan when the median of the last REPLAN_WINDOW steps is off the prediction by more than
+# REPLAN_MARGIN (the accuracy the prediction is held to: a drift inside it is no evidence),
+# at most once every REPLAN_EVERY steps.
 REPLAN_MARGIN = 0.15
 REPLAN_WINDOW = 20
 REPLAN_EVERY = 100
-# A job's first plan (and the first after a restore or a membership change) is also judged
-# once as soon as a window of its own steps exists: it was predicted from warm-up steps run on
-# float32 at the job's start, the least settled pace of the run. In results/step-auto-grid
-# (83eb296) the first plans of two 4-rank basic-net cells ran 15-21% over their predictions
-# until the check at step 106 re-planned them; more than half the timed steps ran before it.
+# A first plan is also judged once a window of its own steps exists: it was predicted from the
+# run's least settled steps (results/step-auto-reps/README.md, "re-planning").
 REPLAN_FIRST = REPLAN_WINDOW
-# The search keeps at most this many plan prefixes per bucket. Below it, it is exact (the tests
-# hold it to brute force); a front wider than this (tens of buckets whose trade-offs all
-# differ) keeps the prefixes with the smallest lower bound on their step (a beam), and the plan
-# says it is not proven optimal; it is still never slower than the best fixed plan, which is
-# always a candidate.
+# The most plan prefixes the DP keeps per bucket: exact below it (tests/test_planner.py holds it
+# to brute force), a beam above, which the plan then says.
 MAX_FRONT = 128
-# Up to this many allowed plans the search predicts every one on the timeline (6 candidates
-# on 5 buckets: 7,776 plans, 0.08 s measured in pure Python); beyond, the DP on the fold
-# shortlists them.
+# Up to this many allowed plans every one is predicted on the timeline (6 candidates on 5
+# buckets: 7,776, under 0.1 s in pure Python); beyond, the DP shortlists.
 EXHAUSTIVE_PLANS = 8192
-# Beyond, the timeline improves the IMPROVE_STARTS fastest plans of the shortlist one bucket at
-# a time, predicting at most IMPROVE_PLANS plans: on 300 random instances it then found the
-# exhaustive optimum every time (one start: 5 misses, up to 4.8% slower), and a 60-bucket
-# search took under 0.25 s (docs/planner.md, "The search").
+# Then the timeline improves the IMPROVE_STARTS fastest shortlisted plans one bucket at a time,
+# at most IMPROVE_PLANS predicted: enough to find the exhaustive optimum on 300 random instances
+# where one start missed 5 (tests/test_planner.py holds 25 of them).
 IMPROVE_STARTS = 16
 IMPROVE_PLANS = 2000
 
