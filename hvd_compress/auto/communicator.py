@@ -143,7 +143,6 @@ class AutoCommunicator(CommunicatorBase):
     fuses = True
     takes_memory = True          # the packet labels compensate; an allreduce label carries the
                                  # residual once, exactly (_carry_residual)
-    per_bucket = True
 
     def __init__(self, auto, op=hvd.Average, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK):

@@ -49,7 +49,6 @@ class Auto:
     defaults (default_candidates()), read from the registry when asked, so a plugin loaded
     after this value was made is among them."""
     name = "auto"
-    per_bucket = True             # no single scheme: a scheme and route per bucket
     error_feedback = False        # as bit8/bit16: off unless asked (docs/planner.md says why)
 
     def __init__(self, candidates=None, warmup_steps=WARMUP_STEPS,

@@ -236,10 +236,10 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
         route = reduction
     own = getattr(compression, "communicator", None)
     if callable(own):                            # a method with a collective of its own
-        if route is not None and getattr(compression, "per_bucket", False):
+        comm = own(op=op, fusion_threshold_bytes=fusion_threshold_bytes, scale_block=scale_block)
+        if route is not None and comm.route is None:
             raise ValueError(f"{compressor_name(compression)} chooses each bucket's route: "
                              "pass no route")
-        comm = own(op=op, fusion_threshold_bytes=fusion_threshold_bytes, scale_block=scale_block)
         if route is not None and Route.parse(route) != comm.route:
             raise ValueError(f"{compressor_name(compression)} travels by {comm.route.value}, "
                              f"not {route!r}")
