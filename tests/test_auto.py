@@ -17,7 +17,8 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.auto import calibration, planner, inputs as planner_inputs, trial
-from hvd_compress.auto.records import Decision, MeasurementsRecord, PlanReport
+from hvd_compress.auto.records import (Decision, Host, MeasurementsRecord, Pace, PlanReport,
+                                      RankMeasurements, StepSample)
 from hvd_compress.auto.settings import Auto, WARMUP_STEPS
 from hvd_compress.auto.communicator import FLOAT32, AutoCommunicator, Phase, decide, judge
 from hvd_compress.exchange.routes import make_communicator
@@ -76,9 +77,9 @@ def test_a_steps_pace_subtracts_hook_work_and_splits_the_step():
     # backward from t=10.0 to 10.5; bucket 1 launched first (at 10.1, 0.02 s of hook work),
     # bucket 0 at 10.3 (0.05 s); the exchange waited until 10.6; the step lasted 1.0 s
     s = calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.05), (10.1, 0.02)])
-    assert s["ready_s"] == pytest.approx([0.28, 0.1])
-    assert s["backward_s"] == pytest.approx(0.43) and s["wait_s"] == pytest.approx(0.1)
-    assert s["fixed_s"] == pytest.approx(0.4)
+    assert s.ready_s == pytest.approx((0.28, 0.1))
+    assert s.backward_s == pytest.approx(0.43) and s.wait_s == pytest.approx(0.1)
+    assert s.fixed_s == pytest.approx(0.4)
     assert calibration.step_sample(1.0, None, 10.5, 10.6, [(10.3, 0.0)]) is None
     assert calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.0), None]) is None
 
@@ -86,10 +87,9 @@ def test_a_steps_pace_subtracts_hook_work_and_splits_the_step():
 @pytest.mark.unit
 def test_pace_summary_discards_the_first_step_and_takes_medians():
     def s(step, ready):
-        return {"step_s": step, "backward_s": step / 2, "wait_s": 0.0, "fixed_s": step / 2,
-                "ready_s": [ready]}
+        return StepSample(step, step / 2, 0.0, step / 2, (ready,))
     out = calibration.pace_summary([s(9.0, 9.0), s(1.0, 0.1), None, s(3.0, 0.3), s(2.0, 0.2)])
-    assert out["step_s"] == 2.0 and out["ready_s"] == [0.2] and out["steps"] == 3
+    assert out == Pace(2.0, 1.0, 0.0, 1.0, (0.2,), 3)
     with pytest.raises(ValueError, match="no complete step"):
         calibration.pace_summary([s(1.0, 0.1), None])
 
@@ -98,6 +98,8 @@ def test_pace_summary_discards_the_first_step_and_takes_medians():
 
 def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03,
                       sizes=(("fc.bias", 4 * MiB), ("conv.weight", 64 * 1024))):
+    """A rank's measurements as the calibration gathers them (RankMeasurements.to_dict()'s
+    form: a test spoils one field of it, `records` reads it back)."""
     codec = {"encode": [[b, 1e-4 + enc * b] for _, b in sizes],
              "decode": [[b, 1e-4 + enc * b] for _, b in sizes]}
     codecs = {t: dict(codec, reduce=[[b, 1e-4] for _, b in sizes]) if t.endswith("alltoall")
@@ -107,6 +109,11 @@ def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=
                      "fixed_s": step - backward - 0.1, "ready_s": list(ready), "steps": 5},
             "codecs": codecs,
             "errors": {name: {"fp16": 2e-4, "bit16": 2e-4, "bit8": err} for name, _ in sizes}}
+
+
+def records(ranks):
+    """The gathered dicts read back, as rank 0's decide() reads them."""
+    return [RankMeasurements.from_dict(r) for r in ranks]
 
 
 def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
@@ -124,7 +131,7 @@ def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
 def test_combine_takes_the_slowest_pace_and_each_collectives_fastest_rank():
     ranks = [rank_measurements(), rank_measurements(step=0.6, backward=0.35, ready=(0.02, 0.3),
                                                     enc=2e-9, err=0.04)]
-    m = calibration.combine(ranks, [link_rows(100e6), link_rows(100e6, slower=1.5)], 2)
+    m = calibration.combine(records(ranks), [link_rows(100e6), link_rows(100e6, slower=1.5)], 2)
     assert [b.ready_s for b in m.buckets] == [0.05, 0.3] and m.backward_s == 0.35
     assert m.fixed_s == pytest.approx(0.6 - 0.35 - 0.1)
     assert m.errors[("fc.bias", "bit8")] == 0.04
@@ -165,7 +172,7 @@ def test_the_busy_factor_is_fitted_to_the_jobs_step_not_the_slowest_ranks():
 
 @pytest.mark.unit
 def test_combine_keeps_launch_order_ready_times_non_decreasing():
-    m = calibration.combine([rank_measurements(ready=(0.2, 0.1))], [link_rows(1e9)], 2)
+    m = calibration.combine(records([rank_measurements(ready=(0.2, 0.1))]), [link_rows(1e9)], 2)
     assert [b.ready_s for b in m.buckets] == [0.2, 0.2]
 
 
@@ -181,7 +188,7 @@ def test_combine_refuses_measurements_it_cannot_plan_from(spoil, match):
     ranks = [rank_measurements(), rank_measurements()]
     spoil(ranks)
     with pytest.raises(ValueError, match=match):
-        calibration.combine(ranks, [link_rows(1e9)] * 2, 2)
+        calibration.combine(records(ranks), [link_rows(1e9)] * 2, 2)
 
 
 # ---------------------------------------------------------------- the decision
@@ -387,7 +394,7 @@ def test_the_empty_step_before_training_is_no_warm_up_step():
         comm.record_launch(i, began + 0.05, 0.0)
     comm.end_step(began, began + 0.1)                       # the first step of training
     samples = comm.status.samples
-    assert len(samples) == 1 and samples[0]["step_s"] > 0
+    assert len(samples) == 1 and samples[0].step_s > 0
     comm.end_step(None, None)        # from then on an incomplete step counts (pace leaves it out)
     assert len(comm.status.samples) == 2 and comm.status.samples[1] is None
     assert comm.phase == Phase.MEASURING and comm.status.steps == 3
@@ -549,7 +556,7 @@ def test_a_link_whose_bytes_cost_nothing_measurable_gets_the_floor_not_zero():
 
 @pytest.mark.unit
 def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
-    m = calibration.combine([rank_measurements(backward=0.02, ready=(0.01, 0.02))],
+    m = calibration.combine(records([rank_measurements(backward=0.02, ready=(0.01, 0.02))]),
                             [link_rows(100e6)], 2)
     labels = [FLOAT32, FLOAT32]
     idle_step = planner.predict(m, labels).step_s
@@ -563,38 +570,40 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
 @pytest.mark.unit
 def test_cpu_share_counts_the_compute_threads_per_core_of_the_most_crowded_machine():
     def h(machine, cores=2, threads=1):
-        return {"machine": machine, "cores": cores, "threads": threads}
+        return Host(machine, cores, threads)
     assert calibration.cpu_share([h("a")] * 4) == 2.0           # 4 ranks on 2 cores
     assert calibration.cpu_share([h("a")] * 2) == 1.0
     assert calibration.cpu_share([h("a"), h("b")]) == 0.0       # a core left free on each
     assert calibration.cpu_share([h("a", 16, 4)] * 2 + [h("b")] * 3) == 1.5
     assert calibration.cpu_share([h("a"), None]) == 0.0         # a rank that did not say
     here = calibration.host()
-    assert here["cores"] >= 1 and here["threads"] >= 1 and here["machine"]
+    assert here.cores >= 1 and here.threads >= 1 and here.machine
 
 
 @pytest.mark.unit
 def test_combine_fits_each_collectives_cpu_from_the_ranks_medians():
     def with_cpu(rows, per_byte):
         return [(c, n, b, t, 1e-4 + per_byte * b) for c, n, b, t in rows]
-    ranks = [dict(rank_measurements(), host=calibration.host()) for _ in range(2)]
-    m = calibration.combine(ranks, [with_cpu(link_rows(1e9), 2e-9),
+    ranks = [dict(rank_measurements(), host=dataclasses.asdict(calibration.host()))
+             for _ in range(2)]
+    m = calibration.combine(records(ranks), [with_cpu(link_rows(1e9), 2e-9),
                                     with_cpu(link_rows(1e9), 4e-9)], 2)
     assert set(m.links_cpu) == set(calibration.LINK_COLLECTIVES)
     fit = m.links_cpu["allreduce"]                   # the median of the two ranks: 3e-9
     assert fit.a == pytest.approx(1e-4, rel=1e-6) and fit.b == pytest.approx(3e-9, rel=1e-6)
-    assert calibration.combine([rank_measurements()], [link_rows(1e9)], 2).links_cpu == {}
+    assert calibration.combine(records([rank_measurements()]), [link_rows(1e9)], 2).links_cpu == {}
     bad = with_cpu(link_rows(1e9), 2e-9)
     bad[0] = bad[0][:4] + (math.nan,)
     with pytest.raises(ValueError, match="CPU"):
-        calibration.combine(ranks, [bad, bad], 2)
+        calibration.combine(records(ranks), [bad, bad], 2)
 
 
 @pytest.mark.unit
 def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_fitted():
     rows = [(c, n, b, t, 5e-9 * b) for c, n, b, t in link_rows(1e9)]
     host = {"machine": "m", "cores": 2, "threads": 1}
-    m = calibration.combine([dict(rank_measurements(ready=(0.01, 0.3)), host=host)] * 4,
+    ranks = [dict(rank_measurements(ready=(0.01, 0.3)), host=host)] * 4
+    m = calibration.combine(records(ranks),
                             [rows] * 4, 2)
     assert m.cpu_share == 2.0
     labels = [FLOAT32, FLOAT32]
@@ -710,7 +719,7 @@ def test_a_trial_without_usable_times_keeps_the_plan_and_bad_input_is_refused():
 
 def planned_measurements(err=0.03):
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02), err=err)] * 2
-    return calibration.combine(ranks, [link_rows(100e6)] * 2, 2)
+    return calibration.combine(records(ranks), [link_rows(100e6)] * 2, 2)
 
 
 @pytest.mark.unit

@@ -28,6 +28,7 @@ from .. import registry
 from ..exchange.bucketing import chunk_bounds
 from ..registry import Route, parse_label
 from . import planner
+from .records import Host, Pace, RankMeasurements, StepSample
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
@@ -68,7 +69,7 @@ _POLL_S = 50e-6
 
 # ---------------------------------------------------------------- the pace (each rank)
 
-def step_sample(step_s, backward_start, backward_end, now, launches):
+def step_sample(step_s, backward_start, backward_end, now, launches) -> StepSample | None:
     """One step's pace, times from time.perf_counter(). launches: per bucket (launch order),
     (when its start() began, how long it took), or None if it never launched. Times are from
     backward's start, taken as the step's first gradient hook (what precedes it -- the loss's
@@ -85,24 +86,23 @@ def step_sample(step_s, backward_start, backward_end, now, launches):
         work += cost
     span = backward_end - backward_start
     wait = now - backward_end
-    return {"step_s": step_s, "backward_s": max(span - work, 0.0), "wait_s": wait,
-            "fixed_s": step_s - span - wait, "ready_s": ready}
+    return StepSample(step_s, max(span - work, 0.0), wait, step_s - span - wait, tuple(ready))
 
 
-def pace_summary(samples):
+def pace_summary(samples) -> Pace:
     """The median of each quantity over the samples but the first (discarded: first-touch
     allocations, Horovod's first negotiation of each name); incomplete steps left out."""
-    usable = [s for s in samples[1:] if s is not None and math.isfinite(s["step_s"])]
+    usable = [s for s in samples[1:] if s is not None and math.isfinite(s.step_s)]
     if not usable:
         raise ValueError(f"no complete step among the {len(samples)} measured (a step without "
                          "backward, or a bucket that never launched)")
-    out = {k: statistics.median(s[k] for s in usable)
-           for k in ("step_s", "backward_s", "wait_s", "fixed_s")}
-    out["ready_s"] = [statistics.median(s["ready_s"][i] for s in usable)
-                      for i in range(len(usable[0]["ready_s"]))]
-    out["steps"] = len(usable)
-    out["fixed_s"] = max(out["fixed_s"], 0.0)
-    return out
+
+    def median(field):
+        return statistics.median(getattr(s, field) for s in usable)
+    ready = tuple(statistics.median(s.ready_s[i] for s in usable)
+                  for i in range(len(usable[0].ready_s)))
+    return Pace(median("step_s"), median("backward_s"), median("wait_s"),
+                max(median("fixed_s"), 0.0), ready, len(usable))
 
 
 # ---------------------------------------------------------------- codecs (each rank)
@@ -363,30 +363,30 @@ def job_step_s(steps):
 
 
 def combine(ranks, link_rows, n):
-    """One planner.Measurements from every rank's measurements (`ranks`: per rank, the dict
-    the runtime gathered: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
+    """One planner.Measurements from every rank's measurements (`ranks`: per rank, its
+    records.RankMeasurements: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
     per rank, its rows). Per quantity the slowest rank's: its pace sets the timeline, its
     codecs the hooks' cost. Per collective repetition the fastest rank's: every rank times the
     same collective, and those that arrived earlier add their wait for the last to it.
     Raises ValueError where they cannot be planned from: ranks with other buckets, times that
     are not finite, ranks whose steps differ by more than DISAGREE_FACTOR, a link that does not
     fit."""
-    layouts = {tuple(tuple(b) for b in r["buckets"]) for r in ranks}
+    layouts = {tuple(tuple(b) for b in r.buckets) for r in ranks}
     if len(layouts) != 1:
         raise ValueError("ranks' buckets differ: " + "; ".join(
-            f"rank {i}: {r['buckets']}" for i, r in enumerate(ranks)))
-    layout = ranks[0]["buckets"]
-    steps = [_finite(r["pace"]["step_s"], f"rank {i}'s median step")
+            f"rank {i}: {[list(b) for b in r.buckets]}" for i, r in enumerate(ranks)))
+    layout = ranks[0].buckets
+    steps = [_finite(r.pace.step_s, f"rank {i}'s median step")
              for i, r in enumerate(ranks)]
     if min(steps) <= 0 or max(steps) > DISAGREE_FACTOR * min(steps):
         raise ValueError(f"ranks disagree: median steps {', '.join(f'{s:.4g}' for s in steps)} s "
                          f"differ by more than {DISAGREE_FACTOR:g}x")
-    pace = {k: max(_finite(r["pace"][k], f"rank {i}'s {k}") for i, r in enumerate(ranks))
+    pace = {k: max(_finite(getattr(r.pace, k), f"rank {i}'s {k}") for i, r in enumerate(ranks))
             for k in ("backward_s", "fixed_s")}
     ready, last = [], 0.0
     for j in range(len(layout)):
         # launch order: a bucket leaves no sooner than the one before it
-        last = max(last, max(_finite(r["pace"]["ready_s"][j], f"rank {i}'s ready time")
+        last = max(last, max(_finite(r.pace.ready_s[j], f"rank {i}'s ready time")
                              for i, r in enumerate(ranks)))
         ready.append(last)
     buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
@@ -395,12 +395,12 @@ def combine(ranks, link_rows, n):
     links = planner.fit_links(fastest_repetitions(link_rows))
 
     codecs = {}
-    for text in sorted({t for r in ranks for t in r["codecs"]}):
+    for text in sorted({t for r in ranks for t in r.codecs}):
         parts = {}
         for op in ("encode", "reduce", "decode"):
             worst = {}
             for i, r in enumerate(ranks):
-                for nbytes, seconds in r["codecs"].get(text, {}).get(op, []):
+                for nbytes, seconds in r.codecs.get(text, {}).get(op, ()):
                     worst[nbytes] = max(worst.get(nbytes, 0.0),
                                         _finite(seconds, f"rank {i}'s {text} {op}"))
             if worst:
@@ -408,7 +408,7 @@ def combine(ranks, link_rows, n):
         codecs[text] = planner.CodecCost(**parts)
     errors = {}
     for r in ranks:
-        for bucket, row in r["errors"].items():
+        for bucket, row in r.errors.items():
             for scheme_name, err in row.items():
                 key = (bucket, scheme_name)
                 err = float(err) if err is not None else math.nan
@@ -416,7 +416,7 @@ def combine(ranks, link_rows, n):
                 errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
                                 fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
-                                cpu_share=cpu_share([r.get("host") for r in ranks]))
+                                cpu_share=cpu_share([r.host for r in ranks]))
 
 
 def fastest_repetitions(link_rows):
@@ -445,7 +445,7 @@ def host():
     except OSError:
         machine = os.uname().nodename
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"machine": machine, "cores": int(cores or 1), "threads": torch.get_num_threads()}
+    return Host(machine, int(cores or 1), torch.get_num_threads())
 
 
 def cpu_share(hosts):
@@ -454,12 +454,12 @@ def cpu_share(hosts):
     cores/threads of a core, so work added to one rank's process delays its backward by
     threads/cores of itself (4 ranks of one thread on 2 cores: 2); where a core is left free,
     Horovod's thread runs there (0). The most crowded machine's; 0 where a rank did not say."""
-    if not hosts or any(not isinstance(h, dict) for h in hosts):
+    if not hosts or any(not isinstance(h, Host) for h in hosts):
         return 0.0
     machines = {}
     for h in hosts:
-        threads, cores = machines.get(h["machine"], (0, h["cores"]))
-        machines[h["machine"]] = (threads + h["threads"], min(cores, h["cores"]))
+        threads, cores = machines.get(h.machine, (0, h.cores))
+        machines[h.machine] = (threads + h.threads, min(cores, h.cores))
     return max((t / c if t >= c else 0.0) for t, c in machines.values())
 
 

@@ -48,8 +48,8 @@ from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
 from . import calibration, planner, inputs as planner_inputs, trial
-from .records import (BucketLabel, Decision, Event, PlanReport, ReplanCheck, TriedPlan,
-                      TrialRecord)
+from .records import (BucketLabel, Decision, Event, PlanReport, RankMeasurements, ReplanCheck,
+                      TriedPlan, TrialRecord)
 
 __all__ = ["AutoCommunicator", "FLOAT32", "Phase", "Status", "decide", "judge"]
 
@@ -341,7 +341,8 @@ class AutoCommunicator(CommunicatorBase):
         began = time.perf_counter()
         n, rank = hvd.size(), hvd.rank()
         local = self._measure_here(rank, n)
-        ranks = hvd.allgather_object(local, name="hvdc.auto.measurements")
+        ranks = hvd.allgather_object(local.to_dict() if isinstance(local, RankMeasurements)
+                                     else {"error": local}, name="hvdc.auto.measurements")
         problems = [r["error"] for r in ranks if "error" in r]
         links = [[] for _ in ranks]
         if not problems and n > 1:
@@ -364,21 +365,21 @@ class AutoCommunicator(CommunicatorBase):
         self.apply_decision(decision, cost)
 
     def _measure_here(self, rank, n):
-        """This rank's measurements, or {'error': why}: no collective in here."""
+        """This rank's records.RankMeasurements, or why there are none (a str): no collective
+        in here."""
         try:
             buffers = [self._warmup.inputs.get(i, b.buffer) for i, b in enumerate(self._buckets)]
             self._warmup.inputs = {}
-            return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
-                    "labels": list(self._labels),           # the plan the pace was taken on
-                    "host": calibration.host(),
-                    "pace": calibration.pace_summary(self._warmup.samples),
-                    "codecs": calibration.time_codecs(buffers, self.settings.candidates, n,
-                                                      self.scale_block),
-                    "errors": calibration.measure_errors(buffers, [b.name for b in self._buckets],
-                                                         self.settings.candidates,
-                                                         self.scale_block)}
+            return RankMeasurements(
+                tuple((b.name, 4 * b.numel) for b in self._buckets),
+                tuple(self._labels),                        # the plan the pace was taken on
+                calibration.host(),
+                calibration.pace_summary(self._warmup.samples),
+                calibration.time_codecs(buffers, self.settings.candidates, n, self.scale_block),
+                calibration.measure_errors(buffers, [b.name for b in self._buckets],
+                                           self.settings.candidates, self.scale_block))
         except Exception as err:
-            return {"error": f"rank {rank}: {_say(err)}"}
+            return f"rank {rank}: {_say(err)}"
 
     def apply_decision(self, decision: Decision, calibration_s=0.0):
         """What every rank does with rank 0's decision (after a calibration that cost
@@ -553,18 +554,21 @@ def _carry_residual(bucket, memory):
 
 
 def decide(settings, ranks, links, problems, n) -> Decision:
-    """Rank 0: the plan from every rank's measurements, or why there is none. Never raises
-    (the other ranks wait for its broadcast)."""
+    """Rank 0: the plan from every rank's measurements (records.RankMeasurements, or their
+    dicts as gathered), or why there is none. Never raises (the other ranks wait for its
+    broadcast)."""
     if problems:
         return Decision.fallback("calibration failed: " + "; ".join(problems))
     try:
-        layout = ranks[0]["buckets"]
+        ranks = [r if isinstance(r, RankMeasurements) else RankMeasurements.from_dict(r)
+                 for r in ranks]
+        layout = ranks[0].buckets
         if n == 1:
-            return Decision((FLOAT32,) * len(layout), ranks[0]["pace"]["step_s"],
+            return Decision((FLOAT32,) * len(layout), ranks[0].pace.step_s,
                             note="one rank: nothing travels")
         timed = calibration.combine(ranks, links, n)
-        step = calibration.job_step_s(r["pace"]["step_s"] for r in ranks)
-        in_force = ranks[0].get("labels", [FLOAT32] * len(layout))
+        step = calibration.job_step_s(r.pace.step_s for r in ranks)
+        in_force = ranks[0].labels or (FLOAT32,) * len(layout)
         m, busy = planner_inputs.busy_links(timed, in_force, step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         tried, why = _rivals(settings, m, plan.schemes)

@@ -1,7 +1,8 @@
-"""What Compression.auto decides and shows, as typed records: the measurements a plan was chosen
-from, rank 0's decision, the trial's record and the plan report (docs/planner.md, "The
-records"). Frozen: a record is what was decided, never edited afterwards. `to_dict` / `from_dict`
-only where a record leaves the process: rank 0's broadcast, a checkpoint, the JSON of the lab's
+"""What Compression.auto measures, decides and shows, as typed records: each rank's
+measurements, the measurements a plan was chosen from, rank 0's decision, the trial's record
+and the plan report (docs/planner.md, "The records"). Frozen: a record is what was measured or
+decided, never edited afterwards. `to_dict` / `from_dict` only where a record leaves the
+process: the calibration's gather, rank 0's broadcast, a checkpoint, the JSON of the lab's
 manifest and of bench_step's plans/<cell>.json; `from_dict` also reads the records committed
 under results/ by earlier versions (fields they lack take their defaults). Pure: no torch, no
 Horovod (`python -m hvd_compress.auto --report` reads them)."""
@@ -14,8 +15,9 @@ from ..costmodel.model import Link
 from . import planner
 from .trial import Contender
 
-__all__ = ["LinkRecord", "MeasurementsRecord", "Decision", "TriedPlan", "TrialRecord",
-           "BucketLabel", "Event", "ReplanCheck", "PlanReport"]
+__all__ = ["StepSample", "Pace", "Host", "RankMeasurements", "LinkRecord", "MeasurementsRecord",
+           "Decision", "TriedPlan", "TrialRecord", "BucketLabel", "Event", "ReplanCheck",
+           "PlanReport"]
 
 
 def _nan(value):
@@ -28,6 +30,89 @@ def _affine_dict(x: planner.Affine):
 
 def _affine(d) -> planner.Affine:
     return planner.Affine(float(d["a"]), float(d["b"]))
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One warm-up step's pace (calibration.step_sample): the step, backward's span less the
+    hook work, the wait after it, the rest (fixed), and when each bucket was ready (s from
+    backward's start, launch order)."""
+
+    step_s: float
+    backward_s: float
+    wait_s: float
+    fixed_s: float
+    ready_s: tuple
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A rank's warm-up, summed up (calibration.pace_summary): each quantity's median over the
+    complete steps but the first, and how many steps that was."""
+
+    step_s: float
+    backward_s: float
+    wait_s: float
+    fixed_s: float
+    ready_s: tuple
+    steps: int
+
+    def to_dict(self):
+        return {"step_s": self.step_s, "backward_s": self.backward_s, "wait_s": self.wait_s,
+                "fixed_s": self.fixed_s, "ready_s": list(self.ready_s), "steps": self.steps}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d["step_s"], d["backward_s"], d["wait_s"], d["fixed_s"], tuple(d["ready_s"]),
+                   d["steps"])
+
+
+@dataclass(frozen=True)
+class Host:
+    """A rank's machine as calibration.cpu_share counts it: the kernel's boot id, the cores it
+    may run on, its compute threads."""
+
+    machine: str
+    cores: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class RankMeasurements:
+    """What one rank measured for a calibration (no collective): its buckets ((name, float32
+    bytes), launch order), the plan its pace ran on, its machine, its pace, each lossy
+    candidate's codec timings ({label: {"encode"|"reduce"|"decode": ((bytes, s), ...)}}) and
+    each bucket's error per scheme ({bucket: {scheme: relative error}}). Every rank's is
+    gathered (to_dict / from_dict: the gather's boundary) and calibration.combine makes one
+    planner.Measurements of them."""
+
+    buckets: tuple
+    labels: tuple
+    host: Host | None
+    pace: Pace
+    codecs: dict
+    errors: dict
+
+    def to_dict(self):
+        return {"buckets": [list(b) for b in self.buckets], "labels": list(self.labels),
+                "host": None if self.host is None else {"machine": self.host.machine,
+                                                        "cores": self.host.cores,
+                                                        "threads": self.host.threads},
+                "pace": self.pace.to_dict(),
+                "codecs": {t: {op: [list(p) for p in points] for op, points in parts.items()}
+                           for t, parts in self.codecs.items()},
+                "errors": {b: dict(row) for b, row in self.errors.items()}}
+
+    @classmethod
+    def from_dict(cls, d):
+        host = d.get("host")
+        return cls(tuple(tuple(b) for b in d["buckets"]), tuple(d.get("labels") or ()),
+                   None if host is None else Host(host["machine"], host["cores"],
+                                                  host["threads"]),
+                   Pace.from_dict(d["pace"]),
+                   {t: {op: tuple(tuple(p) for p in points) for op, points in parts.items()}
+                    for t, parts in d["codecs"].items()},
+                   {b: dict(row) for b, row in d["errors"].items()})
 
 
 @dataclass(frozen=True)

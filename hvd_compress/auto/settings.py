@@ -32,7 +32,7 @@ DEFAULT_TRIAL_STEPS = 0
 # rounding (8 significant bits against 11), and no auto grid has measured it
 # (results/step-auto-rerun).
 NOT_BY_DEFAULT = ("int8", "bf16")
-_DEFAULT = object()             # Auto.communicator's scale block when none is passed (None: refused)
+_DEFAULT = object()             # Auto.communicator's scale block when none is passed
 
 
 def default_candidates():

@@ -8,6 +8,7 @@ checkpoint; reset (elastic) measures again; the trial runs the plan and its riva
 alike on every rank and keeps one of them, the same everywhere (the other checks run without
 it: trial_steps=0). Read through the optimizer's plan_report() (records.PlanReport) and the
 communicator's public `labels` and `phase`."""
+import dataclasses
 import math
 import statistics
 
@@ -312,7 +313,8 @@ def run(hvd):
     checks.check("trial.identical_weights", checks.same_everywhere(list(model.parameters())))
     # the trial changes nothing but each step's schemes: the same labels, forced step by step
     # on a fresh model (no calibration, no trial), give the very same weights (the lab's
-    # one-epoch run with the trial, replayed so, gave its losses bit for bit: results/step-auto-trial/README.md)
+    # one-epoch run with the trial, replayed so, gave its losses bit for bit:
+    # results/step-auto-trial/README.md)
     replay_model = net()
     replay = optimizer(replay_model)
     saved = opt.compression_state_dict()["communicator"]["auto_plan"]
@@ -350,8 +352,7 @@ def _disagreeing():
 
     def slow(samples):
         out = real(samples)
-        out["step_s"] *= 100
-        return out
+        return dataclasses.replace(out, step_s=out.step_s * 100)
     calibration.pace_summary = slow
 
 
