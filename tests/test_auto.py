@@ -462,7 +462,7 @@ def test_auto_across_ranks(controller, np, request):
                  "trains.links_fitted", "trains.links_cpu_fitted_and_the_share_counted",
                  "links.grow_to_the_cap",
                  "links.grown_by_the_rule_alike_everywhere", "links.more_repetitions_where_cheap",
-                 "mixed.identical_weights",
+                 "mixed.identical_weights", "mixed.buckets_as_reported",
                  "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "replan.errors_of_the_gradient_as_sent",

@@ -16,6 +16,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.auto import calibration, planner, trial
+from hvd_compress.exchange.bucketing import groups_by_size
 import checks
 
 FLOAT32 = "none:allreduce"
@@ -164,7 +165,15 @@ def run(hvd):
     (model(x) - y).square().mean().backward()
     opt.synchronize()
     index = {p: i for i, p in enumerate(params)}
-    for b, (label, members) in enumerate(zip(mixed, opt._members)):
+    # each bucket's parameters: backward order fused at FUSION (exchange/bucketing.py's rule,
+    # the optimizer's), checked against the buckets the plan report names
+    order = list(model.named_parameters())[::-1]
+    buckets = [[order[i] for i in group]
+               for group in groups_by_size([p.numel() for _, p in order], FUSION)]
+    checks.check("mixed.buckets_as_reported",
+                 [(m[0][0], 4 * sum(p.numel() for _, p in m)) for m in buckets] ==
+                 [(b.name, b.bytes) for b in opt.plan_report().buckets], str(buckets))
+    for b, (label, members) in enumerate(zip(mixed, buckets)):
         got = torch.cat([p.grad.reshape(-1) for _, p in members])
         want = torch.cat([ref[index[p]].reshape(-1) for _, p in members])
         norms = hvd.allgather_object(float(torch.cat([local[index[p]].reshape(-1)
