@@ -22,6 +22,8 @@ Every rank ends with bit-identical results: all decode the same codes in rank or
 communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
 what they can count.
 """
+import inspect
+
 import torch
 import horovod.torch as hvd
 from horovod.torch.compression import FP16Compressor
@@ -226,9 +228,9 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
                       scale_block=SCALE_BLOCK, *, reduction=None):
     """The communicator for `compression` over `route` (None: the scheme's default, see
     registry.SCHEMES). The one place where a route is chosen. A method that is not one codec of
-    values (top-k, PowerSGD, Compression.auto) declares its own:
-    `compression.communicator(op, fusion_threshold_bytes, scale_block)`; one whose route is
-    None chooses a route per bucket and takes no `route`. `reduction=` is
+    values (top-k, PowerSGD, Compression.auto) declares its own: `compression.communicator(op)`,
+    with the fusion threshold and scale block where its factory takes them (auto's buckets); one
+    whose route is None chooses a route per bucket and takes no `route`. `reduction=` is
     the old name of `route=`, still accepted."""
     if reduction is not None:
         if route is not None and Route.parse(route) != Route.parse(reduction):
@@ -236,7 +238,7 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
         route = reduction
     own = getattr(compression, "communicator", None)
     if callable(own):                            # a method with a collective of its own
-        comm = own(op=op, fusion_threshold_bytes=fusion_threshold_bytes, scale_block=scale_block)
+        comm = _declared(own, op, fusion_threshold_bytes, scale_block)
         if route is not None and comm.route is None:
             raise ValueError(f"{compressor_name(compression)} chooses each bucket's route: "
                              "pass no route")
@@ -261,6 +263,16 @@ def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_
                          f"got {scale_block!r}")
     return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
                           scale_block=scale_block)
+
+
+def _declared(factory, op, fusion_threshold_bytes, scale_block):
+    """A method's own communicator: factory(op), and the fusion threshold and scale block by
+    name where the factory takes them (Compression.auto fuses buckets; top-k and PowerSGD
+    exchange per tensor and take op alone, as docs/extending.md documents)."""
+    takes = inspect.signature(factory).parameters
+    layout = {k: v for k, v in (("fusion_threshold_bytes", fusion_threshold_bytes),
+                                ("scale_block", scale_block)) if k in takes}
+    return factory(op=op, **layout)
 
 
 def start_packet_exchange(compression, tensor, name, op=hvd.Average):

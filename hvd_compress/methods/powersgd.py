@@ -44,9 +44,8 @@ class PowerSGD:
     def __repr__(self):
         return f"PowerSGD(rank={self.rank})"
 
-    def communicator(self, op=hvd.Average, fusion_threshold_bytes=None, scale_block=None):
-        """PowerSGD carries its own collectives (two dependent allreduces), declared here; per
-        tensor, so the fusion threshold and scale block do not apply."""
+    def communicator(self, op=hvd.Average):
+        """PowerSGD carries its own collectives (two dependent allreduces), declared here."""
         return PowerSGDCommunicator(self, op=op)
 
     def __eq__(self, other):

@@ -41,9 +41,8 @@ class TopK:
         """How many values of a tensor of `numel` are sent: ceil(ratio * numel), at least 1."""
         return topk_count(numel, self.ratio)
 
-    def communicator(self, op=hvd.Average, fusion_threshold_bytes=None, scale_block=None):
-        """Top-k carries its own collective (an allgather of pairs), declared here; per tensor,
-        so the fusion threshold and scale block do not apply."""
+    def communicator(self, op=hvd.Average):
+        """Top-k carries its own collective (an allgather of pairs), declared here."""
         return TopKCommunicator(self, op=op)
 
     def __repr__(self):
