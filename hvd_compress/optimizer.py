@@ -35,8 +35,6 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .auto.communicator import AutoCommunicator
-from .auto.settings import Auto
 from .codecs import SCALE_BLOCK
 from .compression import Compression
 from .compressors import compressor_name
@@ -53,14 +51,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._params = _ordered_named_params(self.param_groups, named_parameters)
         self._compression = compression
-        if isinstance(compression, Auto):            # a communicator per bucket, planned
-            if route is not None:
-                raise ValueError("Compression.auto chooses each bucket's route: pass no route")
-            self._communicator = AutoCommunicator(compression, op, fusion_threshold_bytes,
-                                                  scale_block)
-        else:
-            self._communicator = make_communicator(compression, route, op,
-                                                   fusion_threshold_bytes, scale_block)
+        self._communicator = make_communicator(compression, route, op,
+                                               fusion_threshold_bytes, scale_block)
         # What the communicator can do is declared (roles.Communicator): the packet routes take
         # the optimizer's memory; top-k and PowerSGD keep their own residuals (on by default:
         # TopK/PowerSGD's error_feedback). None is the method's own default (on for onebit).
@@ -98,7 +90,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _describe_setup(self):
         route = self._communicator.route
         return {"compression": compressor_name(self._compression),
-                "options": repr(self._compression) if isinstance(self._compression, Auto) else None,
+                # a compression with settings of its own (Compression.auto) shows them in its repr
+                "options": repr(self._compression)
+                if callable(getattr(self._compression, "options", None)) else None,
                 "route": route.value if route is not None else self._communicator.describe(),
                 "op": str(self.op),
                 "error_feedback": self._memory is not None,
@@ -262,8 +256,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def plan_report(self):
         """Compression.auto: the plan (a label per bucket), its predicted and measured step,
-        what it was chosen from, the calibration's cost and the events, JSON-able; None for a
-        fixed scheme."""
+        what it was chosen from, the calibration's cost and the events (auto.records.PlanReport;
+        its to_dict() is JSON-able); None for a fixed scheme."""
         return self._communicator.plan_report()
 
     def pause_step_clock(self):

@@ -314,16 +314,15 @@ def worker(args):
         plans = Path(args.csv).parent / "plans"
         plans.mkdir(exist_ok=True)
         (plans / f"{args.model}-{args.link}-n{n}.json").write_text(
-            json.dumps(rows[AUTO_ROW][1].plan_report(), indent=2, default=str) + "\n")
+            json.dumps(rows[AUTO_ROW][1].plan_report().to_dict(), indent=2, default=str) + "\n")
     if out:
         out.close()
 
 
 def write_calibration(args, n, count, seconds, outcome, report):
     """One line of calibration.csv: auto's warm-up until it decided, and what it reports."""
-    calibration = report.get("calibration_s", math.nan) if isinstance(report, dict) else math.nan
-    buckets = report.get("buckets", []) if isinstance(report, dict) else []
-    plan = " ".join(str(b.get("label", "")) for b in buckets)
+    calibration = report.calibration_s if report is not None else math.nan
+    plan = " ".join(report.labels) if report is not None else ""
     with open(Path(args.csv).parent / "calibration.csv", "a", newline="") as stream:
         csv.writer(stream).writerow([args.model, args.link, n, AUTO_ROW, count, seconds,
                                      calibration, outcome, plan])

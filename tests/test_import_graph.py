@@ -151,7 +151,7 @@ def test_the_cost_model_reads_only_the_pure_layers():
 
 
 PURE_AUTO = ("hvd_compress.auto.planner", "hvd_compress.auto.inputs", "hvd_compress.auto.cli",
-             "hvd_compress.auto.settings", "hvd_compress.auto.trial")
+             "hvd_compress.auto.records", "hvd_compress.auto.trial")
 
 
 def test_the_planner_and_its_cli_stand_on_nothing_of_the_runtime():
@@ -166,6 +166,20 @@ def test_the_planner_and_its_cli_stand_on_nothing_of_the_runtime():
         # the package itself (its __init__, lazy) is allowed; its runtime modules are not
         wrong = {m for m in edges[name] if m != "hvd_compress.auto" and not within(m, allowed)}
         assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_autos_settings_reach_the_runtime_only_when_asked_for_a_communicator():
+    """Compression.auto's settings (auto/settings.py, imported with the Compression namespace)
+    import only pure modules at the top; the communicator they declare (torch, Horovod) is
+    imported inside `Auto.communicator`, when the optimizer asks for it."""
+    path = PACKAGE / "auto" / "settings.py"
+    tree = ast.parse(path.read_text())
+    top = {node.module or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+           for alias in node.names}
+    assert top == {"registry", "planner"}, top
+    lazy = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node not in tree.body]
+    assert {n.module for n in lazy} == {"communicator", "codecs"}
 
 
 def test_only_the_planner_reaches_the_cost_model_from_the_runtime():

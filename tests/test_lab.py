@@ -326,8 +326,8 @@ def test_auto_trains_and_records_its_plan(shared_runs, batch):
         assert len(merged) == len(steps) and (merged["loss"] == merged["loss_fp32"]).all()
         assert accuracy == fp32
     # A lossy plan (a loaded machine's, say) moves this 63-step run's accuracy by a point or
-    # more either way, as any small change to its gradients does (docs/planner.md, "Measured:
-    # what the trial does to accuracy"): its bar is the one every scheme of this file passes.
+    # more either way, as any small change to its gradients does (results/step-auto-trial/
+    # README.md, "what the trial does to accuracy"): its bar is the one every scheme here passes.
     assert accuracy > 0.9
     row = run_matrix.summarize_run("np2-auto", folder)
     assert row["compression"] == "auto"

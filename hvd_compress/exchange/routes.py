@@ -22,6 +22,8 @@ Every rank ends with bit-identical results: all decode the same codes in rank or
 communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
 what they can count.
 """
+import inspect
+
 import torch
 import horovod.torch as hvd
 from horovod.torch.compression import FP16Compressor
@@ -225,24 +227,24 @@ _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCom
 def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
                       scale_block=SCALE_BLOCK):
     """The communicator for `compression` over `route` (None: the scheme's default, see
-    registry.SCHEMES). The one place where a route is chosen. A method that is not a codec of
-    values (top-k, PowerSGD) declares its own: `compression.communicator(op)`."""
-    if getattr(compression, "per_bucket", False):
-        raise ValueError("Compression.auto chooses a scheme per bucket inside "
-                         "hvd_compress.DistributedOptimizer, which builds its communicator "
-                         "(auto/communicator.py); make_communicator takes one scheme")
+    registry.SCHEMES). The one place where a route is chosen. A method that is not one codec of
+    values (top-k, PowerSGD, Compression.auto) declares its own: `compression.communicator(op)`,
+    with the fusion threshold and scale block where its factory takes them (auto's buckets); one
+    whose route is None chooses a route per bucket and takes no `route`."""
     if callable(getattr(compression, "communicator", None)):
-        return own_communicator(compression, route, op)
+        return own_communicator(compression, route, op, fusion_threshold_bytes, scale_block)
     route = route_of(compression, route)
     check_scale_block(scale_block)
     return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
                           scale_block=scale_block)
 
 
-def own_communicator(method, route, op):
+def own_communicator(method, route, op, fusion_threshold_bytes=None, scale_block=SCALE_BLOCK):
     """The communicator a method with a collective of its own declares, checked against the
     route asked for."""
-    comm = method.communicator(op=op)
+    comm = _declared(method.communicator, op, fusion_threshold_bytes, scale_block)
+    if route is not None and comm.route is None:
+        raise ValueError(f"{compressor_name(method)} chooses each bucket's route: pass no route")
     if route is not None and Route.parse(route) != comm.route:
         raise ValueError(f"{compressor_name(method)} travels by {comm.route.value}, "
                          f"not {route!r}")
@@ -277,6 +279,16 @@ def check_scale_block(scale_block):
     if scale_block is not None and int(scale_block) < 1:
         raise ValueError(f"scale_block must be >= 1 values or None (one scale per tensor), "
                          f"got {scale_block!r}")
+
+
+def _declared(factory, op, fusion_threshold_bytes, scale_block):
+    """A method's own communicator: factory(op), and the fusion threshold and scale block by
+    name where the factory takes them (Compression.auto fuses buckets; top-k and PowerSGD
+    exchange per tensor and take op alone, as docs/extending.md documents)."""
+    takes = inspect.signature(factory).parameters
+    layout = {k: v for k, v in (("fusion_threshold_bytes", fusion_threshold_bytes),
+                                ("scale_block", scale_block)) if k in takes}
+    return factory(op=op, **layout)
 
 
 def start_packet_exchange(compression, tensor, name, op=hvd.Average):

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hvd_compress.auto.records import PlanReport
 from hvd_compress.costmodel import methods
 from labs import netem
 
@@ -294,9 +295,8 @@ def summarize_run(name, run_dir):
                     "launch_span_s"].mean().max()
             if "plan" in steps:
                 row.update(plan_summary(steps))
-    plan_report = manifest.get("plan_report")
-    if isinstance(plan_report, dict):   # what deciding cost: calibrations, rank 0's seconds
-        row["plan_calibration_s"] = float(plan_report.get("calibration_s", math.nan))
+    if manifest.get("plan_report"):     # what deciding cost: calibrations, rank 0's seconds
+        row["plan_calibration_s"] = PlanReport.from_dict(manifest["plan_report"]).calibration_s
     row["method_parameter"] = manifest.get("method_parameter")
     args = manifest.get("args") or {}
     row.update(model=args.get("model", "horovod"), lr=args.get("lr"),
