@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from hvd_compress.auto import calibration, planner, inputs as planner_inputs, trial
+from hvd_compress.auto import calibration, planner, inputs, trial
 from hvd_compress.auto.records import (Decision, Host, MeasurementsRecord, Pace, PlanReport,
                                       RankMeasurements, StepSample)
 from hvd_compress.auto.settings import Auto, WARMUP_STEPS
@@ -243,9 +243,9 @@ def test_the_same_measurements_give_the_same_decision():
 @pytest.mark.parametrize("rate", [100e6, 100e9])
 def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
     """plan_report() (what the lab's manifest and bench_step's plans/ keep) holds every input of
-    the decision: written to JSON and read back, planner_inputs.replay and plan_cli --report
+    the decision: written to JSON and read back, inputs.replay and the CLI's --report
     re-decide the job's plan with the same predicted step, to the bit, and the busy factor."""
-    from hvd_compress.auto import cli as plan_cli
+    from hvd_compress.auto import cli
     comm = AutoCommunicator(hc.Compression.auto())
     comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
     sizes = [(b.name, b.bytes) for b in comm.plan_report().buckets]
@@ -257,10 +257,10 @@ def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
     path.write_text(json.dumps(comm.plan_report().to_dict()))
     again = PlanReport.from_dict(json.loads(path.read_text()))        # NaN: compare as JSON
     assert json.dumps(again.to_dict()) == json.dumps(comm.plan_report().to_dict())
-    m, busy, plan = planner_inputs.replay(json.loads(path.read_text()))
+    m, busy, plan = inputs.replay(json.loads(path.read_text()))
     assert plan.schemes == d.labels and plan.predicted_s == d.predicted_s
     assert busy == d.measurements.busy_factor
-    assert plan_cli.main(["--report", str(path), "--format", "json"]) == 0
+    assert cli.main(["--report", str(path), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["replayed"]["same_as_job"] and out["replayed"]["predicted_s"] == d.predicted_s
     assert out["job"]["plan"] == list(d.labels)
@@ -274,24 +274,24 @@ def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
     for bucket in report["buckets"]:
         bucket["label"] = "fp16:allreduce"
     path.write_text(json.dumps(report))
-    assert plan_cli.main(["--report", str(path), "--format", "json"]) == 0
+    assert cli.main(["--report", str(path), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert not out["replayed"]["same_as_job"] and out["job"]["chosen_by"] == "trial: fp16 adopted"
 
 
 @pytest.mark.unit
 def test_a_record_without_measurements_is_refused_with_its_reason(tmp_path):
-    from hvd_compress.auto import cli as plan_cli
+    from hvd_compress.auto import cli
     comm = communicator()
     with pytest.warns(RuntimeWarning, match="boom"):
         comm.apply_decision(Decision.fallback("calibration failed: rank 1: boom"), 0.1)
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps({"plan_report": comm.plan_report().to_dict()}))
     with pytest.raises(SystemExit, match="no measurements to plan from"):
-        plan_cli.main(["--report", str(path)])
+        cli.main(["--report", str(path)])
     path.write_text(json.dumps({"status": "complete"}))           # a run without auto
     with pytest.raises(SystemExit, match="no plan report in it"):
-        plan_cli.main(["--report", str(path)])
+        cli.main(["--report", str(path)])
     with pytest.raises(ValueError, match="not a plan report's measurements"):
         MeasurementsRecord.from_dict({"n": 2})
 
@@ -560,10 +560,10 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
                             [link_rows(100e6)], 2)
     labels = [FLOAT32, FLOAT32]
     idle_step = planner.predict(m, labels).step_s
-    busy, k = planner_inputs.busy_links(m, labels, idle_step * 1.3)
+    busy, k = inputs.busy_links(m, labels, idle_step * 1.3)
     assert k > 1 and planner.predict(busy, labels).step_s == pytest.approx(idle_step * 1.3, rel=1e-6)
     assert busy.links["allreduce"].beta == pytest.approx(k * m.links["allreduce"].beta)
-    same, k = planner_inputs.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
+    same, k = inputs.busy_links(m, labels, idle_step * 0.9)   # faster than predicted: idle
     assert k == 1.0 and planner.predict(same, labels).step_s == pytest.approx(idle_step)
 
 
@@ -609,13 +609,13 @@ def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_f
     labels = [FLOAT32, FLOAT32]
     took = planner.predict(m, labels).stolen_s
     assert took[0] == 0 and took[1] > 0.01                 # fc.bias's allreduce, inside backward
-    clean = planner_inputs.without_steal(m, labels)
+    clean = inputs.without_steal(m, labels)
     assert clean.backward_s == pytest.approx(m.backward_s - took[-1])
     assert clean.buckets[1].ready_s == pytest.approx(0.3 - took[1])
     # the plan in force, predicted on the cleared pace, steps as it was measured
     measured = planner.predict(m, labels).step_s - took[-1]
     assert planner.predict(clean, labels).step_s == pytest.approx(measured, rel=1e-6)
-    busy, k = planner_inputs.busy_links(m, labels, measured)
+    busy, k = inputs.busy_links(m, labels, measured)
     assert k == pytest.approx(1.0) and busy.backward_s == clean.backward_s
 
 
@@ -852,7 +852,7 @@ def test_the_committed_plans_are_re_decided_to_the_bit(path):
     """The 16 cells of results/step-auto-rerun and the lab's xeon-reps run: the record's own
     measurements give its plan and its predicted step, bit for bit."""
     report = committed_report(path)
-    _, busy, replayed = planner_inputs.replay(report)
+    _, busy, replayed = inputs.replay(report)
     assert list(replayed.schemes) == report.labels
     assert replayed.predicted_s == report.predicted_s
     assert busy == report.measurements.busy_factor

@@ -464,17 +464,17 @@ def test_fit_affine_recovers_a_line_and_holds_at_zero():
 # ---------------------------------------------------------------- the CLI (ask before training)
 
 def run_cli(capsys, *args):
-    from hvd_compress.auto import cli as plan_cli
-    assert plan_cli.main(list(args) + ["--format", "json"]) == 0
+    from hvd_compress.auto import cli
+    assert cli.main(list(args) + ["--format", "json"]) == 0
     import json
     return json.loads(capsys.readouterr().out)
 
 
 def test_cli_buckets_are_the_optimizers_and_ready_in_launch_order(capsys):
-    from hvd_compress.auto import cli as plan_cli
+    from hvd_compress.auto import cli
     for model in ("horovod", "basic"):
         counts = [methods.numel(s) for s in methods.MODEL_SHAPES[model]]
-        assert [c for _, c, _ in plan_cli.model_buckets(model)] == methods.buckets(counts)
+        assert [c for _, c, _ in cli.model_buckets(model)] == methods.buckets(counts)
     out = run_cli(capsys, "--model", "basic", "--nodes", "2", "--bandwidth", "100Mbit/s",
                   "--latency", "1ms")
     ready = [b["ready_s"] for b in out["buckets"]]
@@ -500,15 +500,15 @@ def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path
 
 
 def test_cli_reads_a_fitted_link(capsys):
-    from hvd_compress.auto import cli as plan_cli
-    fit = str(plan_cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
+    from hvd_compress.auto import cli
+    fit = str(cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
     out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
     assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
 
 
 def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(capsys,
                                                                              tmp_path):
-    from hvd_compress.auto import cli as plan_cli
+    from hvd_compress.auto import cli
     args = ("--model", "basic", "--nodes", "4", "--bandwidth", "1Gbit/s", "--latency", "500us")
     free = run_cli(capsys, *args)["fixed"]
     shared = run_cli(capsys, *args, "--cpu-share", "2")
@@ -517,15 +517,15 @@ def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(ca
     gap = lambda fixed: fixed["fp16:allreduce"] - fixed["none:allreduce"]
     assert gap(shared["fixed"]) > gap(free) + 0.005
     assert "cpu-np4.csv" in " ".join(shared["notes"])
-    cpu, _ = plan_cli.collective_cpu(None, 4)
+    cpu, _ = cli.collective_cpu(None, 4)
     assert set(cpu) == {"allreduce", "allreduce_fp16", "allgather", "alltoall"}
     assert cpu["allreduce_fp16"].seconds(2359296) > 2 * cpu["allreduce"].seconds(2359296)
     bad = tmp_path / "cpu.csv"
     bad.write_text("ranks,rank,collective,input_bytes,wall_ms,cpu_ms\n")
     with pytest.raises(SystemExit, match="no collective's CPU"):
-        plan_cli.main(list(args) + ["--cpu-share", "1", "--collective-cpu", str(bad)])
+        cli.main(list(args) + ["--cpu-share", "1", "--collective-cpu", str(bad)])
     with pytest.raises(SystemExit):
-        plan_cli.main(list(args) + ["--cpu-share", "nan"])
+        cli.main(list(args) + ["--cpu-share", "nan"])
     capsys.readouterr()
 
 

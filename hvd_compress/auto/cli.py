@@ -47,7 +47,7 @@ from ..costmodel import methods, units
 from ..costmodel.model import Link
 from ..registry import parse_label
 from . import planner as pl
-from . import inputs as planner_inputs, records
+from . import inputs, records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
@@ -382,7 +382,7 @@ def explain(path, fmt="table", margin=None):
     and the plan's timeline."""
     report = read_report(path)
     try:
-        m, busy, plan = planner_inputs.replay(report, margin)
+        m, busy, plan = inputs.replay(report, margin)
     except ValueError as e:
         raise SystemExit(f"error: --report {path}: {e}") from None
     labels = report.labels

@@ -47,7 +47,7 @@ from ..exchange.base import CommunicatorBase, launch_next_phases
 from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
-from . import calibration, planner, inputs as planner_inputs, trial
+from . import calibration, inputs, planner, trial
 from .records import (BucketLabel, Decision, Event, PlanReport, RankMeasurements, ReplanCheck,
                       TriedPlan, TrialRecord)
 
@@ -569,12 +569,12 @@ def decide(settings, ranks, links, problems, n) -> Decision:
         timed = calibration.combine(ranks, links, n)
         step = calibration.job_step_s(r.pace.step_s for r in ranks)
         in_force = ranks[0].labels or (FLOAT32,) * len(layout)
-        m, busy = planner_inputs.busy_links(timed, in_force, step)
+        m, busy = inputs.busy_links(timed, in_force, step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         tried, why = _rivals(settings, m, plan.schemes)
         return Decision(
             tuple(plan.schemes), plan.predicted_s, plan.fastest_s, plan.exact,
-            planner_inputs.summary(timed, busy, step, in_force),
+            inputs.summary(timed, busy, step, in_force),
             {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
             {t: _predicted(m, t) for t in settings.candidates},
             rivals=tuple(tried) if len(tried) > 1 else (),

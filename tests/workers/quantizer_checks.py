@@ -1,5 +1,5 @@
 """Run under horovodrun (tests/workers/suite.py, or alone): int8 and onebit on real ranks
-(hvd_compress/compressors/quantizers.py): through several steps, every rank holds the same bits, equal BIT
+(hvd_compress/compressors/int8.py, onebit.py): through several steps, every rank holds the same bits, equal BIT
 FOR BIT to a one-process reference that replays every rank's encoding (int8: with that rank's
 own rounding stream) and the route's reduction; bytes counted equal the cost model's formula;
 the optimizer trains with each, onebit with error feedback."""
