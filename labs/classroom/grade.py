@@ -72,8 +72,12 @@ def _all_fail(step, names, en, zh):
     return [fail(step, name, en, zh) for name in names]
 
 
-def _reference_reason(imports):
-    shown = ", ".join(imports[:3])
+def _reference_reason(imports, kit=None):
+    """The failing reason of a kit that tried to import the reference: the modules its files
+    name (read, not run) where they match what the student side refused at run time."""
+    named = [n for n in (reference_imports(kit) if kit else [])
+             if any(n == i or n.startswith(i + ".") for i in imports)]
+    shown = ", ".join((named or imports)[:3])
     return (f"imports the reference solution ({shown}): the course's reference is not available "
             f"while grading; the work must be your own.",
             f"导入了参考答案（{shown}）：评分时参考答案不可用；作业必须是你自己完成的。")
@@ -107,7 +111,7 @@ def codec_step(kit, options, work):
     if run is None:
         return _too_large("codecs", names, limits)
     if run.imports:
-        return _all_fail("codecs", names, *_reference_reason(run.imports))
+        return _all_fail("codecs", names, *_reference_reason(run.imports, kit))
     try:
         results, outputs = run.collect("results", limits)
     except FileNotFoundError:
@@ -130,7 +134,7 @@ def codec_step(kit, options, work):
     except Garbage as err:
         return _garbage("codecs", names, err)
     if options.exhaustive:
-        checks.append(replay.exhaustive(kit, options, work))
+        checks.append(replay.exhaustive(kit, work))
     return checks
 
 
@@ -327,7 +331,7 @@ def job_checks(kit, options, work, test_set, prepared):
             step_checks += trainer_checks(judged, n, log_dir, train_samples, options.epochs,
                                           options.min_accuracy, options.test_samples)
         if imports:
-            en, zh = _reference_reason(imports)
+            en, zh = _reference_reason(imports, kit)
             step_checks = [c if c.step == "intree" and c.name in ("intree.patch", "intree.build")
                            else fail(c.step, c.name, en, zh) for c in step_checks]
         results += step_checks

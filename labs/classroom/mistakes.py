@@ -31,6 +31,13 @@ def encode_e4m3(x):
     """Mistake: finite overflow becomes NaN (ml_dtypes' cast) instead of +-448."""
     return _e4m3(x, saturate=False)
 '''),
+    Mistake("flush_subnormals", "codecs", "encode_e4m3", "subnormal grid", append='''
+_encode_e4m3_normal = encode_e4m3
+def encode_e4m3(x):
+    """Mistake: results below E4M3's smallest normal (2**-6) flushed to zero."""
+    codes = _encode_e4m3_normal(x)
+    return np.where((codes & 0x78) == 0, codes & 0x80, codes).astype(np.uint8)
+'''),
     Mistake("nan_inf_lost", "codecs", "Bit8Compressor.nan_inf", "NaN came back", append='''
 class Bit8Compressor(Bit8Compressor):
     """Mistake: NaN and Inf replaced by numbers before encoding."""

@@ -10,6 +10,7 @@ process, answering each call with the kit's recorded output (or raising its reco
 so the same checks judge the kit with their own reasons. No code of the kit runs here.
 """
 import functools
+import hashlib
 
 import numpy as np
 
@@ -147,6 +148,57 @@ class ReplayedKit:
                     return kit._value(record, "y", ctx.cid + ".y")
             return Replayed
         return Other("object")
+
+
+def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200):
+    """Every float32 input in `inputs` through the kit's encoders, in its sandbox: the kit
+    returns a digest per chunk, the grader compares each with the reference's; the first chunk
+    that differs is asked again, whole, to name the first input that breaks."""
+    from . import sandbox
+    from .codec_checks import STEP, _hex
+    from .checks import fail, ok
+    from .kit_runs import run_kit, student_side
+    functions = {"encode_e4m3": functools.partial(fp8_numpy.encode, fmt=E4M3),
+                 "encode_fp16": fp16_numpy.encode}
+    limits = sandbox.Limits(seconds=timeout)
+
+    def ask(start, stop, raw):
+        index = {"functions": list(functions), "start": start, "stop": stop, "chunk": chunk, "raw": raw}
+        run = run_kit(kit, work, "exhaustive", student_side("exhaustive", "/grader/range", "/out/results"),
+                      inputs={"range": (index, {})}, limits=limits)
+        try:
+            return run.collect("results", limits) if run else (None, None)
+        except (FileNotFoundError, Garbage):
+            return None, None
+
+    results, _ = ask(inputs.start, inputs.stop, False)
+    if results is None or "import_error" in results:
+        return fail(STEP, "exhaustive", "the exhaustive run gave no outputs (compression.py must "
+                    "import and its encoders return).", "穷举检查没有得到结果。")
+    for name, reference in functions.items():
+        if results.get("errors", {}).get(name):
+            return fail(STEP, "exhaustive", f"{name} raised {results['errors'][name]}.",
+                        f"{name} 抛出异常 {results['errors'][name]}。")
+        got = results.get("digests", {}).get(name, [])
+        for i, start in enumerate(range(inputs.start, inputs.stop, chunk)):
+            stop = min(start + chunk, inputs.stop)
+            x = np.arange(start, stop, dtype=np.uint64).astype(np.uint32).view(np.float32)
+            want = np.ascontiguousarray(reference(x))
+            digest_want = hashlib.sha1(f"{want.dtype.str}:{want.shape}".encode() + want.tobytes()).hexdigest()
+            if i < len(got) and got[i] == digest_want:
+                continue
+            again, arrays = ask(start, stop, True)
+            try:
+                out = np.asarray(unpack(again["raw"][name], arrays, name)).reshape(-1)
+                bad = np.flatnonzero(out[:want.size] != want.reshape(-1)) if out.size == want.size else [0]
+            except (Garbage, KeyError, TypeError):
+                bad, out = [0], None
+            j = int(bad[0]) if len(bad) else 0
+            shown = f"{int(out[j]):#x}" if out is not None and out.size == want.size else "no output"
+            return fail(STEP, "exhaustive", f"{name} differs from the reference at float32 bits "
+                        f"{_hex(x.view(np.uint32)[j], 8)}: want {int(want.reshape(-1)[j]):#x}, got {shown}.",
+                        f"{name} 在 float32 位模式 {_hex(x.view(np.uint32)[j], 8)} 处与参考不同。")
+    return ok(STEP, "exhaustive")
 
 
 @functools.lru_cache(maxsize=1)

@@ -318,13 +318,14 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = None
+    oom = group.oom_killed()
     group.close()
     seconds = time.perf_counter() - start
     if not killed_by and status is not None and status < 0:
         killed_by = {signal.SIGXFSZ: "file size"}.get(-status, f"signal {-status}")
     if not killed_by and status == 128 + signal.SIGXFSZ:
         killed_by = "file size"
-    if group.oom_killed() and killed_by != "timeout":
+    if oom and killed_by != "timeout":
         killed_by = "memory"
     size = os.path.getsize(log_path)
     return Outcome(status, read_text(log_path, 4000, tail=True), seconds, killed_by, size)

@@ -199,6 +199,33 @@ def run_calls(in_path, out_path):
     save(out_path, results, arrays)
 
 
+def run_exhaustive(in_path, out_path):
+    """IN: {"functions", "start", "stop", "chunk", "raw"}: every float32 bit pattern in
+    [start, stop) through each function, chunk by chunk; OUT gets each chunk's sha1 of the
+    output bytes (or, with raw, the outputs themselves: one chunk, asked again)."""
+    index, _ = load_inputs(in_path)
+    results, arrays = {"digests": {}, "errors": {}}, {}
+    try:
+        import compression
+    except BaseException as err:
+        save(out_path, {"import_error": error_text(err), "type": type(err).__name__}, {})
+        return
+    for name in index["functions"]:
+        digests = results["digests"][name] = []
+        for start in range(index["start"], index["stop"], index["chunk"]):
+            stop = min(start + index["chunk"], index["stop"])
+            x = np.arange(start, stop, dtype=np.uint64).astype(np.uint32).view(np.float32)
+            try:
+                out = np.ascontiguousarray(getattr(compression, name)(x.copy()))
+            except Exception as err:
+                results["errors"][name] = error_text(err)
+                break
+            if index.get("raw"):
+                results.setdefault("raw", {})[name] = pack(out, arrays, name)
+            digests.append(hashlib.sha1(f"{out.dtype.str}:{out.shape}".encode() + out.tobytes()).hexdigest())
+    save(out_path, results, arrays)
+
+
 # --- ranks: the exchange, the in-tree route and the trainer, under horovodrun ----------------
 
 def weights_digest(model):
@@ -351,6 +378,8 @@ def main(argv):
     sys.path.insert(0, os.getcwd())             # the kit's folder: compression, data, kitlog
     if mode == "calls":
         run_calls(first, out)
+    elif mode == "exhaustive":
+        run_exhaustive(first, out)
     elif mode == "ranks":
         run_ranks(first, out)
     else:
