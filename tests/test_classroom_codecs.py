@@ -1,6 +1,8 @@
 """Step 2 graded in each kit's sandbox (labs.classroom.sandbox): the demo class graded once
 through the command for the whole file; the solution passes, the untouched kit and each seeded
 codec mistake fail with their reasons, the real cause named first; --exhaustive in the sandbox."""
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,10 +44,17 @@ def demo_class(tmp_path_factory):
     return root / "class", out, status, _read_sheet(out / "grades.csv")
 
 
-def _codec_checks(folder, tmp_path):
-    work = tmp_path / "work"
-    work.mkdir(mode=0o711)
-    work.chmod(0o711)
+@pytest.fixture
+def work():
+    """A folder for sandboxed runs that the sandbox's user can reach (pytest's tmp_path is
+    private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="classroom-test-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _codec_checks(folder, work):
     return codec_step(folder, Options(), work)
 
 
@@ -121,13 +130,13 @@ def test_the_command_grades_a_class_into_one_table(demo_class, tmp_path):
     assert main(["grade", str(tmp_path / "nowhere")]) == 2
 
 
-def test_a_compression_module_that_does_not_import_fails_with_the_error(fresh_kit, tmp_path):
+def test_a_compression_module_that_does_not_import_fails_with_the_error(fresh_kit, work):
     (fresh_kit / "compression.py").write_text("import numpy as np\ndef encode_e4m3(x:\n")
-    [check] = _codec_checks(fresh_kit, tmp_path)
+    [check] = _codec_checks(fresh_kit, work)
     assert not check.passed and "SyntaxError" in check.en
 
 
-def test_the_exhaustive_check_on_a_range_of_inputs(tmp_path):
+def test_the_exhaustive_check_on_a_range_of_inputs(tmp_path, work):
     """`grade --exhaustive` walks every float32 bit pattern in the kit's sandbox (a digest per
     chunk, the first chunk that differs asked again whole); here 2**18 of them around 1.0 and
     the top of the range (NaN payloads, Inf)."""
@@ -140,9 +149,6 @@ def test_the_exhaustive_check_on_a_range_of_inputs(tmp_path):
             seed(folder, BY_NAME[name])
         for inputs in (range(0x3F800000 - (1 << 17), 0x3F800000 + (1 << 17)),
                        range(0xFF800000 - (1 << 17), 0xFF800000 + (1 << 17))):
-            work = tmp_path / f"work-{name}-{inputs.start}"
-            work.mkdir(mode=0o711)
-            work.chmod(0o711)
             check = exhaustive(folder, work, inputs=inputs, chunk=1 << 16)
             assert check.passed is passes, check.en
     assert "encode_e4m3 differs from the reference at float32 bits 0xFF8" in check.en   # a NaN

@@ -121,6 +121,10 @@ def test_nothing_outside_the_sandboxes_changed(red_team):
     assert not (red_team["kits"]["forge_the_sheet"].parent / "grades.md").exists()
     assert not (red_team["root"] / "hostile-was-here").exists()
     # no process of any sandbox outlived its grading (the fork bomb's children included)
+    assert _sandbox_processes() == []
+
+
+def _sandbox_processes():
     left = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -129,7 +133,7 @@ def test_nothing_outside_the_sandboxes_changed(red_team):
             continue
         if 200000 + (os.getpid() % 50000) * 16 <= uid < 200000 + (os.getpid() % 50000) * 16 + 16:
             left.append(status.parent.name)
-    assert left == []
+    return left
 
 
 def test_the_copied_solution_is_named_and_the_others_are_told_what_ended_them(red_team):

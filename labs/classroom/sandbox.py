@@ -210,7 +210,7 @@ class _Cgroup:
     def close(self):
         """Kill what is left in the group (it is this sandbox's, by construction) and remove it."""
         for folder in self.dirs:
-            for _ in range(50):
+            for _ in range(500):                # up to 10 s: a fork bomb's children die slowly
                 try:
                     pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
                 except OSError:
