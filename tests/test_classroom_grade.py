@@ -95,6 +95,9 @@ def test_the_solution_passes_the_in_tree_route_and_the_untouched_kit_fails_it(gr
     assert [c.en for c in checks if not c.passed] == []
     untouched = intree["untouched"]
     assert not any(c.passed for c in untouched) and "holds no diff yet" in untouched[0].en
-    # the seeded kits carry the solution's patch: each passes with its own compression.py
-    for name in ("no_sampler", "no_broadcast", "averaged_codes"):
+    # the seeded kits carry the solution's patch, which routes to their own compression.py:
+    # the trainer mistakes pass; averaged_codes' allreduce is what bit8 runs, so it fails there
+    for name in ("no_sampler", "no_broadcast"):
         assert [c.en for c in intree[name] if not c.passed] == [] and len(intree[name]) == 4
+    failed = {c.name: c.en for c in intree["averaged_codes"] if not c.passed}
+    assert list(failed) == ["intree.allreduce"] and "differs from the average" in failed["intree.allreduce"]

@@ -159,3 +159,27 @@ def test_find_kits_reads_a_folder_of_submissions(tmp_path):
         find_kits([tmp_path / "class" / "notes"])
 
 
+
+
+def test_the_similarity_report_sees_through_renaming_and_ignores_the_given_text(tmp_path):
+    """A solution with its names and comments changed is the solution's twin; the untouched
+    kit has nothing of its own; a kit written differently is far; the report is only read."""
+    from labs.classroom.__main__ import main
+    from labs.classroom.similarity import compare
+    klass = tmp_path / "class"
+    solution = classroom_kit.install_solution(classroom_kit.init(klass / "solution"))
+    twin = classroom_kit.init(klass / "twin")
+    text = (solution / "compression.py").read_text()
+    text = re.sub(r"\bx\b", "values", text).replace("codes", "kodes").replace("largest", "top")
+    (twin / "compression.py").write_text(re.sub(r"#.*", "", text).replace('"""', "'''"))
+    classroom_kit.init(klass / "untouched")
+    other = classroom_kit.init(klass / "other")
+    (other / "compression.py").write_text((other / "check.py").read_text())   # unrelated code
+    pairs, sizes = compare(find_kits([klass]))
+    scores = {(p.a, p.b): p for p in pairs}
+    assert scores[("solution", "twin")].per_file["compression.py"][0] == 1.0
+    assert pairs[0].a == "solution" and pairs[0].b == "twin"
+    assert sizes["untouched"] == 0 and scores[("other", "solution")].score < 0.2
+    assert main(["similar", str(klass), "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "similarity.md").read_text()
+    assert "| solution - twin | 100% |" in report and "untouched" in report and "Never a grade" in report

@@ -36,6 +36,11 @@ def main(argv=None):
                    help="also every one of the 2**32 float32 inputs (minutes per kit)")
     p = sub.add_parser("build", help="build a kit's patched Horovod (cached by the patches' hash)")
     p.add_argument("dir")
+    p = sub.add_parser("similar", help="which kits of a class look alike (for you to read, "
+                                       "never a grade): similarity.md")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--out", default=None, help="folder for similarity.md (default: as grade)")
+    p.add_argument("--top", type=int, default=20, help="pairs shown (default %(default)s)")
     p = sub.add_parser("demo", help="the grader graded: solution, untouched kit and seeded "
                                     "mistakes as kits in DIR")
     p.add_argument("dir")
@@ -61,6 +66,13 @@ def main(argv=None):
                       file=sys.stdout if check.passed else sys.stderr)
             return 0 if all(c.passed for c in checks) else 1
         kits = find_kits(args.paths)
+        if args.command == "similar":
+            from .similarity import report
+            text = report(kits, args.top)
+            write_sheets(Path(args.out or (args.paths[0] if len(args.paths) == 1 else ".")),
+                         {"similarity.md": text})
+            print(text)
+            return 0
         options = Options(steps=tuple(s for s in args.steps.split(",") if s), dataset=args.dataset,
                           data_dir=args.data_dir, train_samples=args.train_samples,
                           test_samples=args.test_samples, epochs=args.epochs,

@@ -198,8 +198,8 @@ def run_job(kit, n, options, work, test_set, exchange, in_tree, trainer):
     env = {"PYTHONPATH": ":".join([str(site)] if site else []) + (":" if site else "") + "/kit"}
     extra_ro = [p for p in (site, options.data_dir) if p]
     limits = sandbox.Limits(**{**options.limits.__dict__, "seconds": options.task_timeout})
-    command = [str(Path(student_side()[0]).parent / "horovodrun"), "-np", str(n), "--gloo",
-               *student_side("ranks", "/grader/job.json", "/out")]
+    command = student_side("horovodrun", "-np", n, "--gloo",
+                           *student_side("ranks", "/grader/job.json", "/out"))
     run = run_kit(kit, work, f"np{n}", command, inputs={"inputs": ({}, arrays)},
                   files={"job.json": json.dumps(job)}, limits=limits, env=env,
                   extra_ro=[Path(p) for p in extra_ro])
