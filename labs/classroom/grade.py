@@ -21,7 +21,7 @@ from . import intree, replay, sandbox
 from .checks import STEPS, fail, ok
 from .job_checks import exchange_checks, trainer_checks
 from .kit import is_kit
-from .kit_runs import run_kit, student_side
+from .kit_runs import horovodrun, run_kit, student_side
 from .report_checks import report_checks
 from .student_side import Garbage, pack, unpack
 
@@ -198,8 +198,7 @@ def run_job(kit, n, options, work, test_set, exchange, in_tree, trainer):
     env = {"PYTHONPATH": ":".join([str(site)] if site else []) + (":" if site else "") + "/kit"}
     extra_ro = [p for p in (site, options.data_dir) if p]
     limits = sandbox.Limits(**{**options.limits.__dict__, "seconds": options.task_timeout})
-    command = student_side("horovodrun", "-np", n, "--gloo",
-                           *student_side("ranks", "/grader/job.json", "/out"))
+    command = horovodrun(n, *student_side("ranks", "/grader/job.json", "/out"))
     run = run_kit(kit, work, f"np{n}", command, inputs={"inputs": ({}, arrays)},
                   files={"job.json": json.dumps(job)}, limits=limits, env=env,
                   extra_ro=[Path(p) for p in extra_ro])

@@ -14,6 +14,7 @@ from . import sandbox
 from .student_side import Garbage, save
 
 STUDENT_SIDE = Path(__file__).resolve().parent / "student_side.py"
+LAUNCHER = Path(__file__).resolve().parent / "launcher.py"
 
 
 @dataclass
@@ -73,7 +74,8 @@ def run_kit(kit, work, name, argv, *, inputs=None, files=None, limits=sandbox.DE
     kit_copy = sandbox.copy_kit(kit, base / "kit", limits)
     if kit_copy is None:
         return None
-    shutil.copyfile(STUDENT_SIDE, grader_dir / STUDENT_SIDE.name)
+    for source in (STUDENT_SIDE, LAUNCHER):
+        shutil.copyfile(source, grader_dir / source.name)
     for stem, (index, arrays) in (inputs or {}).items():
         save(str(grader_dir / stem), index, arrays)
     for file_name, text in (files or {}).items():
@@ -93,3 +95,8 @@ def python():
 
 def student_side(*args):
     return [python(), "/grader/student_side.py", *map(str, args)]
+
+
+def horovodrun(n, *command):
+    """horovodrun -np n --gloo command, inside the sandbox (launcher.py)."""
+    return [python(), "/grader/launcher.py", "-np", str(n), "--gloo", *map(str, command)]

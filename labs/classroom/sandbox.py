@@ -229,6 +229,10 @@ class _Cgroup:
                 pass
 
 
+# a kit's own folders the sandbox does without: its virtualenv, runs, caches, version control
+LEFT_OUT = (".venv", "runs", "__pycache__", ".grade", ".git")
+
+
 def copy_kit(kit, dest, limits=DEFAULT):
     """A fresh copy of the kit's regular files and folders (links and devices left out), at
     most limits.kit_size bytes; None when it is larger."""
@@ -237,7 +241,7 @@ def copy_kit(kit, dest, limits=DEFAULT):
     for root, dirs, files in os.walk(kit):
         rel = Path(root).relative_to(kit)
         dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(root, d))
-                         and d not in ("__pycache__", ".grade"))
+                         and not (rel == Path(".") and d in LEFT_OUT))
         (dest / rel).mkdir(parents=True, exist_ok=True)
         for name in files:
             src = Path(root) / name

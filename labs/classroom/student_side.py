@@ -2,7 +2,7 @@
 
     python student_side.py calls  IN OUT        # the kit's functions on the grader's inputs
     python student_side.py ranks  JOB OUT       # on every Horovod rank (under horovodrun)
-    python student_side.py horovodrun -np N --gloo python student_side.py ranks JOB OUT
+    (launched by launcher.py, horovodrun without its build check)
 
 It judges nothing. It imports the kit's compression.py (and runs its train.py), applies them to
 the inputs the grader wrote into IN (or JOB), and writes what came back, raw, into OUT: the
@@ -15,26 +15,17 @@ Standalone on purpose: the standard library, NumPy, torch and (for `ranks`) Horo
 nothing of the grader, and refuses hvd_compress and labs (the course's reference): each attempt
 is recorded in OUT/imports.txt and raises ImportError.
 """
+import hashlib
+import importlib.abc
+import json
+import os
+import runpy
 import sys
+import time
+import traceback
 
-if __name__ == "__main__" and sys.argv[1:2] == ["horovodrun"]:
-    # horovodrun, without its build check (a process that imports torch, ~2 s of a core, at
-    # every launch): the grader only launches --gloo, on a build it knows has Gloo
-    from horovod.runner import launch
-    launch.gloo_built = lambda verbose=False: True
-    sys.argv = ["horovodrun"] + sys.argv[2:]
-    sys.exit(launch.run_commandline())
-
-import hashlib  # noqa: E402 (the launcher above needs none of these)
-import importlib.abc  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import runpy  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 REFERENCE_PACKAGES = ("hvd_compress", "labs")
 KIT_MODULES = ("compression", "kitlog", "data", "train")
