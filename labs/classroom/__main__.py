@@ -32,6 +32,8 @@ def main(argv=None):
     p.add_argument("--min-accuracy", type=float, default=QUICK["min_accuracy"],
                    help="accuracy rank 0's model must reach (default %(default)s, documented "
                         "for the default run)")
+    p.add_argument("--parallel", type=int, default=3,
+                   help="kits graded at once, each in its own sandboxes (default %(default)s)")
     p.add_argument("--exhaustive", action="store_true",
                    help="also every one of the 2**32 float32 inputs (minutes per kit)")
     p = sub.add_parser("build", help="build a kit's patched Horovod (cached by the patches' hash)")
@@ -76,7 +78,8 @@ def main(argv=None):
         options = Options(steps=tuple(s for s in args.steps.split(",") if s), dataset=args.dataset,
                           data_dir=args.data_dir, train_samples=args.train_samples,
                           test_samples=args.test_samples, epochs=args.epochs,
-                          min_accuracy=args.min_accuracy, exhaustive=args.exhaustive)
+                          min_accuracy=args.min_accuracy, exhaustive=args.exhaustive,
+                          parallel=args.parallel)
         results = grade(kits, options)
     except (GradeError, KitError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -39,7 +39,7 @@ _counter = itertools.count()
 @dataclass(frozen=True)
 class Limits:
     seconds: float = 120            # wall time, then the whole sandbox is killed
-    memory: int = 6 << 30           # bytes, every process of the sandbox together (cgroup)
+    memory: int = 4 << 30           # bytes, every process of the sandbox together (cgroup)
     tasks: int = 512                # processes and threads (torch and Horovod run many)
     file_size: int = 256 * MiB      # the largest file it may write (stdout and stderr included)
     kit_size: int = 64 * MiB        # the largest kit the grader copies in
