@@ -1,8 +1,9 @@
 """Checks read from the Horovod jobs' records: the trainer (step 1) and the exchange (step 3a).
 
-The trainer is watched from outside its code (rank_job): the model's weights before its
-first training step and after its last, on every rank; the samples each rank trained on; the
-grader's own accuracy of rank 0's model on the shared test set; the logs kitlog wrote.
+The trainer is watched from outside its code (student_side, in the kit's sandbox): the
+model's weights before its first training step and after its last, on every rank; the samples
+each rank trained on; the grader's own accuracy of rank 0's predictions on the test images
+(the labels stay with the grader); the logs kitlog wrote.
 """
 import csv
 import io
