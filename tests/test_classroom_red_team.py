@@ -120,7 +120,8 @@ def test_nothing_outside_the_sandboxes_changed(red_team):
         assert not path.exists(), path
     assert not (red_team["kits"]["forge_the_sheet"].parent / "grades.md").exists()
     assert not (red_team["root"] / "hostile-was-here").exists()
-    # no process of any sandbox outlived its grading (the fork bomb's children included)
+    # no process of any sandbox outlived its grading (the fork bomb's children included); a
+    # killed sandbox's init may stay a zombie a moment, until the host's init reaps it
     assert _sandbox_processes() == []
 
 
@@ -128,8 +129,11 @@ def _sandbox_processes():
     left = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            uid = int(next(l for l in status.read_text().splitlines() if l.startswith("Uid:")).split()[1])
-        except (OSError, StopIteration, ValueError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            uid = int(fields["Uid"].split()[0])
+        except (OSError, KeyError, ValueError):
+            continue
+        if fields["State"].strip().startswith("Z"):
             continue
         if 200000 + (os.getpid() % 50000) * 16 <= uid < 200000 + (os.getpid() % 50000) * 16 + 16:
             left.append(status.parent.name)
