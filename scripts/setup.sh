@@ -40,8 +40,9 @@ if [ "$WHEEL_ONLY" = 0 ]; then
 # 1. System packages: Open MPI for Horovod's MPI controller, a C++ toolchain and cmake for the
 #    Horovod build, ccache so a patch change rebuilds in a minute, iproute2 for the emulated
 #    network, and Debian's Fashion-MNIST: the only full data set this offline machine can have.
+#    bubblewrap: the classroom grader runs each student's kit in a sandbox of its own.
 apt_packages=(openmpi-bin libopenmpi-dev g++ make cmake ccache iproute2 python3-venv patch
-              util-linux dataset-fashion-mnist)
+              util-linux dataset-fashion-mnist bubblewrap)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,13 +1,14 @@
-"""The grader graded under real horovodrun: a class of kits in one launch per world size.
+"""The grader graded under real horovodrun, each kit's Horovod job in its own sandbox.
 
 The solution passes every check of the trainer (2 and 4 processes), the exchange and the
-in-tree route (the project's own patch: the cached wheel, no build); the untouched kit fails
+in-tree route (its own patch, routing hvd.Compression.bit8/.bit16 to the kit's compression.py:
+Python only, so applied over the venv's build in a second, no build); the untouched kit fails
 every check of those steps with its reason; each seeded trainer or exchange mistake fails its
 own check. Half the grader's quick run, to keep the file cheap: 1 epoch of the first 1024 training
 images scored on the first 250 test images, where the solution reaches 58.0% at 2 processes
 and 46.0% at 4 (57.8% and 46.8% on the first 500; deterministic: seeds, shards and Gloo's sum
-order are fixed), so 40% is asked. The file costs two launches, side by side: the class at 2
-processes (the in-tree script inside it: the kits' Horovod is the project's), the solution at 4.
+order are fixed), so 40% is asked. A job per kit and world size (5 kits at 2 processes, the
+solution at 4), two at a time.
 """
 import subprocess
 import sys
@@ -28,10 +29,8 @@ SMALL = dict(train_samples=1024, test_samples=250, min_accuracy=0.40)
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """The class (solution, untouched, the seeded mistakes) at 2 processes, the in-tree route
-    included (the kits' Horovod is the project's, so its script runs inside that job), in one
-    launch; the solution's trainer again at 4. The two launches run side by side (each is a
-    subprocess: its start-up leaves the cores idle part of the time), into folders of their
-    own (runs/grader-np2, -np4, .grade/np2, np4)."""
+    included, a sandboxed job per kit; the solution's trainer again at 4, beside it (each job
+    is a subprocess: its start-up leaves the cores idle part of the time)."""
     root = tmp_path_factory.mktemp("class")
     solution = classroom_kit.install_solution(classroom_kit.init(root / "solution")).resolve()
     classroom_kit.init(root / "untouched")
@@ -96,6 +95,9 @@ def test_the_solution_passes_the_in_tree_route_and_the_untouched_kit_fails_it(gr
     assert [c.en for c in checks if not c.passed] == []
     untouched = intree["untouched"]
     assert not any(c.passed for c in untouched) and "holds no diff yet" in untouched[0].en
-    # the seeded kits carry the solution's patch: each passes with its own compression.py
-    for name in ("no_sampler", "no_broadcast", "averaged_codes"):
+    # the seeded kits carry the solution's patch, which routes to their own compression.py:
+    # the trainer mistakes pass; averaged_codes' allreduce is what bit8 runs, so it fails there
+    for name in ("no_sampler", "no_broadcast"):
         assert [c.en for c in intree[name] if not c.passed] == [] and len(intree[name]) == 4
+    failed = {c.name: c.en for c in intree["averaged_codes"] if not c.passed}
+    assert list(failed) == ["intree.allreduce"] and "differs from the average" in failed["intree.allreduce"]

@@ -2,11 +2,14 @@
 
     python -m labs.classroom init DIR              # write a student's kit
     python -m labs.classroom grade DIR [DIR...]    # grade kits (or a folder of kits): one table
-    python -m labs.classroom build DIR             # build a kit's patched Horovod (cached)
+    python -m labs.classroom build DIR             # a kit's patched Horovod (cached)
+    python -m labs.classroom similar DIR           # which kits look alike (for you, never a grade)
     python -m labs.classroom demo DIR              # the grader graded: solution, untouched kit,
                                                    # seeded mistakes, as a class to grade
 
-docs/instructor.md is the guide. Modules: kit (init, the solution), codec_checks and
-compressor_checks (step 2, in one process), rank_job and job_checks (steps 1 and 3a, on
-Horovod ranks), intree and intree_job (step 3b), report_checks (step 5), grade, sheet.
+docs/instructor.md is the guide. Modules: kit (init, the solution), sandbox (each kit's
+bubblewrap sandbox), student_side (the only grader code inside one: raw outputs), kit_runs (a
+sandboxed run and its outputs read back), replay, codec_checks and compressor_checks (step 2:
+the kit's outputs judged against the reference), job_checks (steps 1 and 3a), intree (step 3b),
+report_checks (step 5), grade, sheet, similarity, mistakes and red_team (the grader graded).
 """

@@ -7,7 +7,7 @@ from .checks import STEPS
 from .grade import GradeError, Options, QUICK, find_kits, grade
 from .kit import KitError, init, install_solution
 from .mistakes import MISTAKES, seed
-from .sheet import csv_text, markdown
+from .sheet import csv_text, markdown, write_sheets
 
 
 def main(argv=None):
@@ -32,10 +32,17 @@ def main(argv=None):
     p.add_argument("--min-accuracy", type=float, default=QUICK["min_accuracy"],
                    help="accuracy rank 0's model must reach (default %(default)s, documented "
                         "for the default run)")
+    p.add_argument("--parallel", type=int, default=3,
+                   help="kits graded at once, each in its own sandboxes (default %(default)s)")
     p.add_argument("--exhaustive", action="store_true",
                    help="also every one of the 2**32 float32 inputs (minutes per kit)")
     p = sub.add_parser("build", help="build a kit's patched Horovod (cached by the patches' hash)")
     p.add_argument("dir")
+    p = sub.add_parser("similar", help="which kits of a class look alike (for you to read, "
+                                       "never a grade): similarity.md")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--out", default=None, help="folder for similarity.md (default: as grade)")
+    p.add_argument("--top", type=int, default=20, help="pairs shown (default %(default)s)")
     p = sub.add_parser("demo", help="the grader graded: solution, untouched kit and seeded "
                                     "mistakes as kits in DIR")
     p.add_argument("dir")
@@ -54,30 +61,37 @@ def main(argv=None):
             print(f"wrote {2 + len(MISTAKES)} kits into {root}: python -m labs.classroom grade {root}")
             return 0
         if args.command == "build":
-            from .intree import build, patch_check
-            check = patch_check(args.dir)
-            if not check.passed:
-                print(check.en, file=sys.stderr)
-                return 1
-            wheel, error = build(args.dir)
-            print(wheel or "\n".join(error), file=sys.stderr if error else sys.stdout)
-            return 0 if wheel else 1
+            from .intree import prepare
+            checks = prepare(args.dir).checks
+            for check in checks:
+                print(f"{check.name}: {'ok' if check.passed else check.en}",
+                      file=sys.stdout if check.passed else sys.stderr)
+            return 0 if all(c.passed for c in checks) else 1
         kits = find_kits(args.paths)
+        if args.command == "similar":
+            from .similarity import report
+            text = report(kits, args.top)
+            write_sheets(Path(args.out or (args.paths[0] if len(args.paths) == 1 else ".")),
+                         {"similarity.md": text})
+            print(text)
+            return 0
         options = Options(steps=tuple(s for s in args.steps.split(",") if s), dataset=args.dataset,
                           data_dir=args.data_dir, train_samples=args.train_samples,
                           test_samples=args.test_samples, epochs=args.epochs,
-                          min_accuracy=args.min_accuracy, exhaustive=args.exhaustive)
+                          min_accuracy=args.min_accuracy, exhaustive=args.exhaustive,
+                          parallel=args.parallel)
         results = grade(kits, options)
     except (GradeError, KitError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out or (args.paths[0] if len(args.paths) == 1 else "."))
-    out.mkdir(parents=True, exist_ok=True)
-    for lang in (["en", "zh"] if args.lang == "both" else [args.lang]):
-        text = markdown(results, lang)
-        (out / ("grades.md" if lang == "en" else "grades.zh.md")).write_text(text, encoding="utf-8")
-        print(text)
-    (out / "grades.csv").write_text(csv_text(results), encoding="utf-8")
+    sheets = {("grades.md" if lang == "en" else "grades.zh.md"): markdown(results, lang)
+              for lang in (["en", "zh"] if args.lang == "both" else [args.lang])}
+    sheets["grades.csv"] = csv_text(results)
+    write_sheets(out, sheets)
+    for name, text in sheets.items():
+        if name.endswith(".md"):
+            print(text)
     return 0 if all(c.passed for checks in results.values() for c in checks) else 1
 
 

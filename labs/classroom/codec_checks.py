@@ -89,6 +89,21 @@ def _hex(code, width):
     return f"0x{int(code):0{width}X}"
 
 
+MIN_NORMAL = {"e4m3": 2.0 ** -6, "fp16": 2.0 ** -14}
+
+
+def _first_cause(broken, fmt_name):
+    """The class to name first: the first broken class, unless subnormals are broken and every
+    wrong input of the first class lies in the subnormal range (a codec that flushes
+    subnormals breaks the ties there too: the cause is the subnormals, not the rounding)."""
+    classes = [b[0] for b in broken]
+    if "subnormals" in classes:
+        cls, x, _, _, bad = broken[0]
+        if cls != "subnormals" and bool((np.abs(x[bad]) < MIN_NORMAL[fmt_name]).all()):
+            return "subnormals"
+    return classes[0]
+
+
 def encoder_check(name, student, reference, fmt_name, rules, width, code_dtype):
     """The student's encoder against the reference on every class; the first class that
     breaks is named with an example and its rule, the others are listed."""
@@ -110,6 +125,8 @@ def encoder_check(name, student, reference, fmt_name, rules, width, code_dtype):
             broken.append((cls, x, got, want, bad))
     if not broken:
         return ok(STEP, name)
+    first = _first_cause(broken, fmt_name)
+    broken.sort(key=lambda b: b[0] != first)
     cls, x, got, want, bad = broken[0]
     i = bad[0]
     others = ", ".join(b[0] for b in broken[1:])
@@ -166,22 +183,3 @@ def _missing(name):
     def missing(*_):
         raise NotImplementedError(f"compression.py has no {name}")
     return missing
-
-
-def exhaustive_check(module, chunk=1 << 24, inputs=range(0, 1 << 32)):
-    """All 2**32 float32 inputs (bit patterns `inputs`, in chunks) through encode_e4m3 and
-    encode_fp16, against the reference (minutes): `grade --exhaustive`."""
-    for name, student, reference in (
-            ("encode_e4m3", module.encode_e4m3, functools.partial(fp8_numpy.encode, fmt=E4M3)),
-            ("encode_fp16", module.encode_fp16, fp16_numpy.encode)):
-        for start in range(inputs.start, inputs.stop, chunk):
-            stop = min(start + chunk, inputs.stop)
-            x = np.arange(start, stop, dtype=np.uint64).astype(np.uint32).view(np.float32)
-            got, want = np.asarray(student(x.copy())), reference(x)
-            bad = np.flatnonzero(got != want)
-            if len(bad):
-                i = bad[0]
-                return fail(STEP, "exhaustive", f"{name} differs from the reference at float32 bits "
-                            f"{_hex(x.view(np.uint32)[i], 8)}: want {int(want[i]):#x}, got {int(got[i]):#x}.",
-                            f"{name} 在 float32 位模式 {_hex(x.view(np.uint32)[i], 8)} 处与参考不同。")
-    return ok(STEP, "exhaustive")

@@ -41,7 +41,7 @@ def install_solution(folder):
         raise KitError(f"{folder} is not a kit (no compression.py): run init first")
     for path in SOLUTION_FILES.glob("*.py"):
         shutil.copyfile(path, folder / path.name)
-    shutil.copyfile(ROOT / "patches" / COURSE_PATCH, folder / "patches" / COURSE_PATCH)
+    shutil.copyfile(SOLUTION_FILES / COURSE_PATCH, folder / "patches" / COURSE_PATCH)
     return folder
 
 

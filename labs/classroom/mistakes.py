@@ -29,7 +29,14 @@ def encode_e4m3(x):
     Mistake("no_saturation", "codecs", "encode_e4m3", "saturate", append='''
 def encode_e4m3(x):
     """Mistake: finite overflow becomes NaN (ml_dtypes' cast) instead of +-448."""
-    return fp8_numpy.encode(x, E4M3, saturate=False)
+    return _e4m3(x, saturate=False)
+'''),
+    Mistake("flush_subnormals", "codecs", "encode_e4m3", "subnormal grid", append='''
+_encode_e4m3_normal = encode_e4m3
+def encode_e4m3(x):
+    """Mistake: results below E4M3's smallest normal (2**-6) flushed to zero."""
+    codes = _encode_e4m3_normal(x)
+    return np.where((codes & 0x78) == 0, codes & 0x80, codes).astype(np.uint8)
 '''),
     Mistake("nan_inf_lost", "codecs", "Bit8Compressor.nan_inf", "NaN came back", append='''
 class Bit8Compressor(Bit8Compressor):
@@ -68,6 +75,7 @@ class Bit16Compressor(Bit16Compressor):
     Mistake("averaged_codes", "exchange", "exchange.Bit8Compressor", "average the decoded values", append='''
 def allreduce(tensor, compression, name=None):
     """Mistake: averages the packets' bytes (codes) across ranks, then decodes once."""
+    import horovod.torch as hvd
     packet, ctx = compression.compress(tensor)
     rows = hvd.allgather(packet.reshape(1, -1), name=name)
     return compression.decompress(rows.float().mean(0).round().to(torch.uint8), ctx)

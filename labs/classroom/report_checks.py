@@ -1,9 +1,11 @@
 """Step 5: the report is filled, and its table quotes the student's own runs."""
 import csv
+import io
 import re
 from pathlib import Path
 
 from .checks import fail, ok
+from .sandbox import inside, read_text
 
 STEP = "report"
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*(\d+)\s*\|.*\|\s*([0-9.]+)%\s*\|\s*$")
@@ -19,7 +21,7 @@ def report_checks(kit):
         zh = "没有 report.md：先把各次训练记录到 runs/<name>，再运行 python report.py，然后写观察。"
         return [fail(STEP, "report.filled", reason, zh),
                 fail(STEP, "report.own_runs", "not checked: no report.md.", "未检查：没有 report.md。")]
-    text = report.read_text(errors="replace")
+    text = read_text(report, 1 << 20) if inside(report, kit) else ""
     left = re.findall(r"\{\{\s*\w+\s*\}\}", text)
     results = [fail(STEP, "report.filled", f"report.md still holds {', '.join(sorted(set(left)))}: "
                     f"run `python report.py`.", f"report.md 中仍有 {', '.join(sorted(set(left)))}：请运行 "
@@ -33,9 +35,13 @@ def report_checks(kit):
             return results + [fail(STEP, "report.own_runs", f"report.md quotes run {m.group(1)}, "
                                    f"which has no {epochs.relative_to(kit)}.",
                                    f"report.md 引用了运行 {m.group(1)}，但没有 {epochs.relative_to(kit)}。")]
-        with open(epochs, newline="") as handle:
-            last = list(csv.DictReader(handle))[-1]
-        logged = 100 * float(last["test_accuracy"])
+        try:
+            rows = list(csv.DictReader(io.StringIO(read_text(epochs, 16 << 20) if inside(epochs, kit) else "")))
+            logged = 100 * float(rows[-1]["test_accuracy"])
+        except (IndexError, KeyError, TypeError, ValueError, csv.Error):
+            return results + [fail(STEP, "report.own_runs", f"{epochs.relative_to(kit)} is not a "
+                                   f"log kitlog wrote (no test_accuracy in its last row).",
+                                   f"{epochs.relative_to(kit)} 不是 kitlog 写出的日志。")]
         if abs(logged - float(m.group(3))) > 0.005:
             return results + [fail(STEP, "report.own_runs", f"report.md gives run {m.group(1)} "
                                    f"{m.group(3)}% accuracy, its log {logged:.2f}%: fill the table "

@@ -1,8 +1,9 @@
 """Step 2: Bit8Compressor and Bit16Compressor, in NumPy, behind Horovod's Compressor interface.
 
-Write every function marked TODO. `python -m labs.classroom grade <this folder>` checks them bit
-for bit against the course's reference and says what is wrong. Nothing else in the kit calls
-them until you do (step 3: your patch makes `hvd.Compression.bit8` resolve to them).
+Write every function marked TODO. `python check.py` holds them to this docstring (its examples,
+round trips, the packet's layout) and says what is wrong; the course's grader checks them bit for
+bit against its reference. Nothing else in the kit calls them until you do (step 3: your patch
+makes `hvd.Compression.bit8` resolve to them).
 
 The formats (codes are integers; bit 7 / bit 15 is the sign):
 
