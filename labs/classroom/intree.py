@@ -97,7 +97,11 @@ def python_site(kit):
     """(folder to put first on PYTHONPATH, None) or (None, the error): this venv's Horovod,
     linked file by file, with the patched Python files written over pristine ones."""
     patch = (Path(kit) / "patches" / COURSE_PATCH).read_bytes()
-    key = hashlib.sha256(patch).hexdigest()[:16]
+    # keyed by the installed Horovod too: the site links to its files, so another venv's (a
+    # worktree's, an earlier clone's) must never be reused
+    installed = _installed_horovod().resolve()
+    stamp = f"{installed}:{(installed / '__init__.py').stat().st_mtime_ns}".encode()
+    key = hashlib.sha256(patch + b"\0" + stamp).hexdigest()[:16]
     site = SITES / key
     if site.is_dir():
         return site, None
@@ -123,7 +127,6 @@ def python_site(kit):
         if done.returncode != 0:
             lines = (done.stdout + done.stderr).decode("utf-8", "replace").strip().splitlines()
             return None, [line for line in lines if line.strip()][-3:] or ["patch failed"]
-        installed = _installed_horovod()
         tree = work / "site" / "horovod"
         for root, dirs, names in os.walk(installed):
             rel = Path(root).relative_to(installed)
