@@ -3,6 +3,7 @@ and the check of every test's kind marker (tests/kinds.py)."""
 import importlib
 import importlib.util
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,23 @@ os.environ["HVD_COMPRESS_MNIST_MIRRORS"] = ""
 # How many shared runs train at once on this machine (SharedRuns.get_all): measured on 2 cores,
 # see docs/testing.md.
 SIDE_BY_SIDE = int(os.environ.get("HVD_COMPRESS_SIDE_BY_SIDE", "2"))
+
+
+@pytest.fixture
+def e2m1():
+    """docs/examples/e2m1_example.py imported as a plugin is (it registers itself), and its
+    registry entry taken out again after."""
+    from hvd_compress import registry
+    saved = dict(registry.SCHEMES)
+    examples = str(ROOT / "docs" / "examples")
+    sys.path.insert(0, examples)
+    try:
+        yield importlib.import_module("e2m1_example")
+    finally:
+        sys.path.remove(examples)
+        sys.modules.pop("e2m1_example", None)
+        registry.SCHEMES.clear()
+        registry.SCHEMES.update(saved)
 
 
 @pytest.fixture(scope="session")

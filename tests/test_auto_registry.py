@@ -6,8 +6,6 @@ Measurements built by hand, as tests/test_planner.py builds them; nothing runs H
 
 This holds only once auto reads its candidates from the registry instead of a list of its own
 (the E2M1 file is registered after the package is imported, as a user's plugin is)."""
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,6 @@ from hvd_compress.costmodel.model import Link
 
 pytestmark = pytest.mark.unit
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
-
-
-@pytest.fixture
-def e2m1():
-    """The example registered as a plugin is; the registry restored after."""
-    saved = dict(registry.SCHEMES)
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        yield importlib.import_module("e2m1_example")
-    finally:
-        sys.path.remove(str(EXAMPLES))
-        sys.modules.pop("e2m1_example", None)
-        registry.SCHEMES.clear()
-        registry.SCHEMES.update(saved)
 
 
 def test_auto_chooses_a_plugin_scheme_where_its_error_guard_allows(e2m1):

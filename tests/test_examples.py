@@ -2,7 +2,6 @@
 the E5M2 file as it is, and the sub-byte E2M1 file is bit for bit the format's specification
 (tests/e2m1_reference.py) through its codec, its bucket messages and its packets, and reaches
 the cost model's CLI by HVD_COMPRESS_SCHEMES alone. On 2 ranks: tests/workers/contract_checks.py."""
-import importlib
 import io
 import math
 import os
@@ -16,7 +15,6 @@ import pytest
 import torch
 
 import e2m1_reference as ref
-from hvd_compress import registry
 
 pytestmark = pytest.mark.unit
 
@@ -29,20 +27,6 @@ def test_the_page_shows_the_e5m2_file_as_it_is():
     found = re.search(r"<!-- example: (\S+) -->\s*```python\n(.*?)```", text, re.S)
     assert found and found.group(1) == "e5m2_example.py"
     assert found.group(2) == (EXAMPLES / "e5m2_example.py").read_text()
-
-
-@pytest.fixture
-def e2m1():
-    """The example imported as a plugin is, and its registry entry taken out again after."""
-    saved = dict(registry.SCHEMES)
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        yield importlib.import_module("e2m1_example")
-    finally:
-        sys.path.remove(str(EXAMPLES))
-        sys.modules.pop("e2m1_example", None)
-        registry.SCHEMES.clear()
-        registry.SCHEMES.update(saved)
 
 
 def special_values():
