@@ -4,17 +4,13 @@ bucket: the one-file E2M1 example (docs/examples/e2m1_example.py, carries_values
 chosen for a bucket whose measured error is under the bound and refused for one above it.
 Measurements built by hand, as tests/test_planner.py builds them; nothing runs Horovod.
 
-This holds only once auto reads its candidates from the registry instead of a list of its own
-(the E2M1 file is registered after the package is imported, as a user's plugin is)."""
-from pathlib import Path
-
+The E2M1 file is registered after the package is imported, as a user's plugin is."""
 import pytest
 
 from hvd_compress import registry
 from hvd_compress.costmodel.model import Link
 
 pytestmark = pytest.mark.unit
-
 
 
 def test_auto_chooses_a_plugin_scheme_where_its_error_guard_allows(e2m1):
