@@ -13,6 +13,7 @@ Every engine offers the same few operations, with the same meaning on every rank
     poll(handle), synchronize(handle)       done yet? / its result (raises its error)
     wait(handle)                            synchronize, sleeping between polls
     allgather(tensor, name)                 blocking; the first dimensions may differ
+    allreduce(tensor, name, op), barrier()  blocking, a copy reduced (the lab's totals)
     allgather_object(obj, name), broadcast_object(obj, root_rank, name)
 
 Names label a collective (Horovod matches them across ranks; torch.distributed matches by
@@ -114,6 +115,17 @@ class Engine:
 
     # ---- blocking, small -------------------------------------------------------------------
     def allgather(self, tensor, name):
+        raise NotImplementedError
+
+    def allreduce(self, tensor, name, op=SUM):
+        """A reduced copy of `tensor`, blocking (the lab's epoch totals, never gradients)."""
+        return self.wait(self.allreduce_async_(tensor.clone(), name, op))
+
+    def barrier(self):
+        raise NotImplementedError
+
+    def controller(self):
+        """What carries the collectives, for a run's manifest: 'gloo', 'mpi', 'torch-nccl'..."""
         raise NotImplementedError
 
     def allgather_object(self, obj, name):

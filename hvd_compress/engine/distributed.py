@@ -111,7 +111,13 @@ class TorchEngine(Engine):
         pieces = gathered.split(longest)
         return torch.cat([p[:c] for p, c in zip(pieces, counts)])
 
-    def allgather_object(self, obj, name):
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def controller(self):
+        return f"torch-{self.backend}"
+
+    def allgather_object(self, obj, name=None):
         out = [None] * self._size
         dist.all_gather_object(out, obj, group=self.group)
         return out

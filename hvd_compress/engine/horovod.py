@@ -49,7 +49,16 @@ class HorovodEngine(Engine):
     def allgather(self, tensor, name):
         return hvd.allgather(tensor, name=name)
 
-    def allgather_object(self, obj, name):
+    def allreduce(self, tensor, name, op=SUM):
+        return hvd.allreduce(tensor, name=name, op=_OPS[op])
+
+    def barrier(self):
+        hvd.barrier()
+
+    def controller(self):
+        return "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none"
+
+    def allgather_object(self, obj, name=None):
         return hvd.allgather_object(obj, name=name)
 
     def broadcast_object(self, obj, root_rank=0, name=None):
