@@ -7,12 +7,11 @@
     opt = hc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   compression=hc.Compression.bit8)
 
-Layers, bottom to top: codecs (pure bit functions) -> compressors (Horovod's Compressor
-interface; compressors/blockcodec.py writes the bucket messages once) -> communicators (which collective
-carries them; exchange/base.py, the frame they share) -> optimizer; roles.py states the contract
-between them, registry.py each scheme's one entry (docs/extending.md adds one). Names are loaded
-lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source
-can import `hvd_compress.compressors` without a circular import.
+The layers, one folder each (codecs, compressors, exchange, methods, auto, costmodel; registry,
+roles, compression and optimizer at the top), one bucket's hot path and Compression.auto's
+loop: docs/architecture.md. A new scheme is one file: docs/extending.md. Names are loaded
+lazily, so `hvd_compress.codecs` works without Horovod, and Horovod's own (patched) source can
+import `hvd_compress.compressors` without a circular import.
 """
 import importlib
 

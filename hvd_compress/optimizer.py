@@ -35,8 +35,6 @@ from contextlib import contextmanager
 import torch
 import horovod.torch as hvd
 
-from .auto.communicator import AutoCommunicator
-from .auto.settings import Auto
 from .codecs import SCALE_BLOCK
 from .compression import Compression
 from .compressors import compressor_name
@@ -53,14 +51,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._params = _ordered_named_params(self.param_groups, named_parameters)
         self._compression = compression
-        if isinstance(compression, Auto):            # a communicator per bucket, planned
-            if route is not None:
-                raise ValueError("Compression.auto chooses each bucket's route: pass no route")
-            self._communicator = AutoCommunicator(compression, op, fusion_threshold_bytes,
-                                                  scale_block)
-        else:
-            self._communicator = make_communicator(compression, route, op,
-                                                   fusion_threshold_bytes, scale_block)
+        self._communicator = make_communicator(compression, route, op,
+                                               fusion_threshold_bytes, scale_block)
         # What the communicator can do is declared (roles.Communicator): the packet routes take
         # the optimizer's memory; top-k and PowerSGD keep their own residuals (on by default:
         # TopK/PowerSGD's error_feedback). None is the method's own default (on for onebit).
@@ -98,7 +90,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _describe_setup(self):
         route = self._communicator.route
         return {"compression": compressor_name(self._compression),
-                "options": repr(self._compression) if isinstance(self._compression, Auto) else None,
+                # a compression with settings of its own (Compression.auto) shows them in its repr
+                "options": repr(self._compression)
+                if callable(getattr(self._compression, "options", None)) else None,
                 "route": route.value if route is not None else self._communicator.describe(),
                 "op": str(self.op),
                 "error_feedback": self._memory is not None,
@@ -136,7 +130,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._first_hook = start
         self._put(p, p.grad)
         self._progress()
-        self._communicator.stats.values["in_backward_s"] += time.perf_counter() - start
+        self._communicator.stats.add("in_backward_s", time.perf_counter() - start)
 
     def _put(self, p, grad):
         """Note p's gradient; when its bucket is complete, copy them all in (one op) and launch."""
@@ -148,7 +142,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             start = time.perf_counter()
             self._buckets[b].put_all(self._waiting[b])
             self._last_launch = time.perf_counter()
-            self._communicator.stats.values["compress_s"] += self._last_launch - start
+            self._communicator.stats.add("copy_s", self._last_launch - start)
             if self._first_launch is None:
                 self._first_launch = self._last_launch
             try:
@@ -193,15 +187,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self):
         now = backward_end = time.perf_counter()
-        stats = self._communicator.stats.values
-        stats["overlap_s"] += sum(now - ex.launched for ex in self._in_flight.values())
+        stats = self._communicator.stats
+        stats.add("overlap_s", sum(now - ex.launched for ex in self._in_flight.values()))
         for name, p in self._params:
             if p not in self._arrived:           # no gradient, a sparse one, or an early step()
                 self._put(p, self._final_grad(name, p))
         self._communicator.advance(list(self._in_flight.values()))
         for b, bucket in enumerate(self._buckets):
             self._communicator.finish(self._in_flight[b])
-            with self._communicator.stats.timing("decompress_s"):
+            with stats.timing("copy_s"):
                 for j, (name, p) in enumerate(self._members[b]):
                     view = bucket.grad_view(j)
                     if view is not None:         # the reduced gradient, where it already is
@@ -212,15 +206,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if result is not p.grad:
                         p.grad.copy_(result)
         if self._first_launch is not None:
-            stats["exchange_s"] += time.perf_counter() - self._first_launch
-            stats["launch_span_s"] += self._last_launch - self._first_launch
+            stats.add("exchange_s", time.perf_counter() - self._first_launch)
+            stats.add("launch_span_s", self._last_launch - self._first_launch)
         first_hook = self._first_hook
         self._reset_step()
         self._synchronized = True
         # a step boundary every rank reaches at the same count (Compression.auto plans here)
-        end_step = getattr(self._communicator, "end_step", None)   # a user's may lack it
-        if end_step is not None:
-            end_step(first_hook, backward_end)
+        self._communicator.end_step(first_hook, backward_end)
 
     def _final_grad(self, name, p):
         if p.grad is None:
@@ -254,30 +246,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def pop_stats(self):
-        """{compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
-        exchange_s, launch_span_s} since the previous call. exchange_s is the span of each
-        step's exchange, from its first bucket's launch to the last reduced gradient (what the
-        cost model predicts, overlapped with backward or not); launch_span_s, from the first
-        launch to the last (backward's pace: the exchange cannot end sooner). compress_s and
-        decompress_s include the work done in gradient hooks during backward, which in_backward_s measures (subtract it from a timing of
-        backward); communicate_s is only the time step() waited; overlap_s sums, over buckets,
-        how long each collective was in flight before step() began."""
+        """The counters since the previous call (roles.Stats says what each measures):
+        copy_s, compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
+        exchange_s, launch_span_s, and the codec_path. exchange_s is what the cost model
+        predicts (first launch to last reduced gradient, overlapped with backward or not);
+        copy_s, compress_s and decompress_s include work done in gradient hooks during
+        backward, which in_backward_s measures (subtract it from a timing of backward)."""
         return self._communicator.pop_stats()
 
     def plan_report(self):
         """Compression.auto: the plan (a label per bucket), its predicted and measured step,
-        what it was chosen from, the calibration's cost and the events, JSON-able; None for a
-        fixed scheme."""
-        report = getattr(self._communicator, "plan_report", None)
-        return report() if report is not None else None
+        what it was chosen from, the calibration's cost and the events (auto.records.PlanReport;
+        its to_dict() is JSON-able); None for a fixed scheme."""
+        return self._communicator.plan_report()
 
     def pause_step_clock(self):
         """Compression.auto: the job did other work since its last step (an evaluation, a
         checkpoint): the next step's time is left out of what the plan is judged on. Call it on
         every rank alike; nothing for a fixed scheme."""
-        pause = getattr(self._communicator, "pause_step_clock", None)
-        if pause is not None:
-            pause()
+        self._communicator.pause_step_clock()
 
     @property
     def communicator(self):
@@ -396,7 +383,7 @@ def _short(value, limit=200):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, route=None,
                          error_feedback=None, fusion_threshold_bytes=None,
-                         sparse_as_dense=False, scale_block=SCALE_BLOCK, *, reduction=None):
+                         sparse_as_dense=False, scale_block=SCALE_BLOCK):
     """Wrap `optimizer` so that `step()` first averages (or sums) gradients across ranks.
 
     compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 | .int8 |
@@ -406,22 +393,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         plan_measured_s and plan_event, and plan_report() says how the plan was chosen.
     route: None (the scheme's default, registry.SCHEMES: allreduce for none/fp16, allgather for
         bit8, int8 and onebit, two-phase "alltoall" for bit16) or "allgather" | "alltoall" for
-        bit8/bit16/int8. `reduction=` is its old name, still accepted (deprecated).
+        the packet schemes that list both (registry.SCHEMES).
     error_feedback: carry each rank's quantisation error to the next step (the packet
         compressors); None: the method's default, on for onebit only.
     fusion_threshold_bytes: bucket size in float32 bytes for the packet routes (0: no fusion;
-        default communicators.DEFAULT_FUSION_BYTES).
+        default exchange.bucketing.DEFAULT_FUSION_BYTES).
     scale_block: values per power-of-two scale in a bucket (default codecs.SCALE_BLOCK); None:
         one scale per tensor and no fusion, the course's per-tensor packets, bit for bit.
     backward_passes_per_step: gradients of that many backward passes accumulate locally and are
         exchanged once, after the last (as in Horovod: summed, not averaged, over passes).
     """
-    if reduction is not None:
-        warnings.warn("DistributedOptimizer(reduction=...) is deprecated: the keyword is "
-                      "route= (op= is the reduction)", DeprecationWarning, stacklevel=2)
-        if route is not None and str(route) != str(reduction):
-            raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
-        route = reduction
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("hvd_compress.DistributedOptimizer supports op=hvd.Average or hvd.Sum; "
                          "use hvd.DistributedOptimizer for Adasum")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
-__all__ = ["Route", "Scheme", "SCHEMES", "COURSE_SCHEMES", "METHODS", "HEADER_BYTES", "register",
-           "load_plugins", "schemes", "scheme", "resolve_route", "label", "parse_label",
+__all__ = ["Route", "Scheme", "SCHEMES", "COURSE_SCHEMES", "HEADER_BYTES", "register",
+           "load_plugins", "schemes", "other_schemes", "scheme", "resolve_route", "label", "parse_label",
            "run_name"]
 
 # A per-tensor packet (Bit8Compressor / Bit16Compressor, the course route) starts with 8 bytes:
@@ -202,9 +202,8 @@ for _entry in (
 ):
     register(_entry)
 
-# The course's table (none, Horovod's fp16, the lab's bit16 and bit8) and the other methods.
+# The course's table (none, Horovod's fp16, the lab's bit16 and bit8); other_schemes() the rest.
 COURSE_SCHEMES = tuple(s.name for s in SCHEMES.values() if s.course)
-METHODS = ("int8", "onebit", "topk", "powersgd")
 # Modules that register more schemes (a compressor in a file of its own), imported on first
 # look-up of a name not yet known: comma-separated module names, e.g. "my_bf16" on PYTHONPATH.
 PLUGINS_ENV = "HVD_COMPRESS_SCHEMES"
@@ -223,13 +222,24 @@ def schemes():
     return load_plugins()
 
 
+def other_schemes():
+    """The names of every registered scheme outside the course's table, plugins included, in
+    registration order: the lab's --methods rows and the report's section of them."""
+    return tuple(name for name, s in schemes().items() if not s.course)
+
+
 def scheme(name: str) -> Scheme:
     if name not in SCHEMES:
         load_plugins()
     try:
         return SCHEMES[name]
     except KeyError:
-        raise ValueError(f"unknown compression scheme {name!r}; known: {', '.join(SCHEMES)}") from None
+        plugins = os.environ.get(PLUGINS_ENV, "")
+        raise ValueError(
+            f"unknown compression scheme {name!r}; known: {', '.join(SCHEMES)}. A scheme in a "
+            f"file of its own is registered by naming its module in ${PLUGINS_ENV} "
+            f"(comma-separated, on the Python path; now {plugins!r}) or by calling "
+            "hvd_compress.registry.register (docs/extending.md)") from None
 
 
 def resolve_route(scheme_name: str, route=None) -> Route:

@@ -6,18 +6,22 @@ provide, and what the optimizer may ask of them. GRACE states three roles; so do
     PacketCompressor  codes allreduce cannot sum: six methods (below), the rest derived
     Communicator    start(bucket) launches a collective; advance(exchanges) launches later
                     phases; finish(exchange) leaves the reduced values in the bucket; it
-                    declares what it can do (fuses, takes_memory, own_memory) and counts
-                    what it sends (pop_stats)
+                    declares what it can do (fuses, takes_memory, own_memory), counts what it
+                    does in its Stats (pop_stats), and hears the step's boundary (end_step)
 
 One step serves every route: compensate -> compress -> remember -> collective -> decompress.
-Which Communicator carries a scheme is decided in one place, `communicators.make_communicator`,
+Which Communicator carries a scheme is decided in one place, `exchange.routes.make_communicator`,
 from the scheme's entry in registry.py (a method such as top-k declares its own communicator).
-docs/extending.md walks through writing one.
+docs/extending.md walks through writing one; docs/architecture.md shows where each layer sits.
 """
+import time
+from contextlib import contextmanager
+
 import torch
 from horovod.torch.compression import Compressor
 
-__all__ = ["Compressor", "PacketCompressor", "Memory", "Communicator", "flat_float32", "pad4"]
+__all__ = ["Compressor", "PacketCompressor", "Memory", "Communicator", "Stats", "flat_float32",
+           "pad4"]
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -162,21 +166,95 @@ class Memory:
         raise NotImplementedError
 
 
+class Stats:
+    """What a communicator (and the optimizer driving it) spent since the last pop, each
+    counter named for the one thing it measures:
+
+      copy_s          gradients copied into their bucket's flat buffer, and reduced values
+                      copied out to a .grad that is not a view of the bucket (the optimizer)
+      compress_s      encoding: error feedback's compensate and remember, the codec's encode
+      communicate_s   waiting for collectives (step() and the two-phase route's polls)
+      decompress_s    decoding and summing the ranks' codes (the two-phase route's middle,
+                      decode-sum-re-encode of a chunk in one native call, counts here)
+      bytes_sent      bytes this rank sent
+      overlap_s       per bucket, how long its collective was in flight before step() began
+      in_backward_s   the part of the above done inside backward's gradient hooks
+      exchange_s      each step's exchange, first launch to last reduced gradient
+      launch_span_s   first launch to last launch (backward's pace)
+    """
+    FIELDS = ("copy_s", "compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
+              "in_backward_s", "exchange_s", "launch_span_s")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self._values = {f: 0.0 for f in self.FIELDS}
+        self._values["bytes_sent"] = 0
+
+    def add(self, field, amount):
+        """Count `amount` (seconds, or bytes for bytes_sent) into `field`, one of FIELDS."""
+        if field not in self._values:
+            raise KeyError(f"Stats has no counter {field!r}; its counters: {', '.join(self.FIELDS)}")
+        self._values[field] += amount
+
+    @contextmanager
+    def timing(self, field):
+        """Add the time the block takes to `field`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(field, time.perf_counter() - start)
+
+    def peek(self):
+        """The counters so far, without resetting them."""
+        return dict(self._values)
+
+    def pop(self):
+        """The counters since the last pop; they start again from zero."""
+        out = dict(self._values)
+        self.reset()
+        return out
+
+
 class Communicator:
-    """Carries buckets over one collective route (registry.Route) and counts the bytes.
+    """Carries buckets over one collective route (registry.Route) and counts what it does.
 
     Declared, for the optimizer to read (never inferred from what attributes exist):
-      route                  registry.Route
+      route                  registry.Route (None: it chooses per bucket, Compression.auto)
       fuses                  buckets are flat float32 buffers holding several gradients
                              (False: one gradient per bucket, bound as it is)
       takes_memory           start() accepts the optimizer's Memory (error feedback)
       own_memory             it keeps its own error feedback (top-k, PowerSGD), if any
       fusion_threshold_bytes, scale_block   its bucket size and values per scale
+      stats                  its Stats; the optimizer adds its own counters to it (copy_s,
+                             in_backward_s, overlap_s, exchange_s, launch_span_s)
+    Every method below that does not raise NotImplementedError has a default that a fixed
+    route needs no more of; Compression.auto's communicator overrides them.
     """
     route = None
     fuses = False
     takes_memory = False
     own_memory = False
+    fusion_threshold_bytes = 0
+    scale_block = None
+
+    @property
+    def stats(self) -> Stats:
+        """This communicator's counters (made on first use)."""
+        if "_stats" not in self.__dict__:
+            self.__dict__["_stats"] = Stats()
+        return self.__dict__["_stats"]
+
+    @stats.setter
+    def stats(self, value: Stats):
+        self.__dict__["_stats"] = value          # Compression.auto shares one set
+
+    def describe(self) -> str:
+        """A short name of what carries the buckets, e.g. 'bit8/allgather' (collective names,
+        the ranks' agreement check)."""
+        return self.route.value if self.route is not None else type(self).__name__
 
     def plan(self, names, tensors, prefix=""):
         """[(member indices, fusion.Bucket)] for these tensors, in the order given."""
@@ -199,8 +277,18 @@ class Communicator:
         raise NotImplementedError
 
     def pop_stats(self):
-        """{compress_s, communicate_s, decompress_s, bytes_sent, ...} since the last call."""
-        raise NotImplementedError
+        """The Stats counters since the last call (a dict; Stats says what each measures),
+        plus whatever else the communicator reports (codec_path, auto's plan columns)."""
+        return self.stats.pop()
+
+    def plan_report(self):
+        """How the buckets' schemes were chosen (Compression.auto), JSON-able; None for a
+        fixed scheme."""
+        return None
+
+    def pause_step_clock(self):
+        """The job did other work since the last step (an evaluation, a checkpoint): leave the
+        next step's time out of what is measured. Nothing for a fixed scheme."""
 
     def end_step(self, backward_start, backward_end):
         """After every step's exchange, on every rank at the same step count: a step boundary

@@ -26,7 +26,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
-from labs.kit.flags import (DEFAULTS, OLD_OPTIMIZER_VALUES, add_compression_flags, check_args,
+from labs.kit.flags import (DEFAULTS, add_compression_flags, check_args,
                             compression_of, scale_block)
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
@@ -62,16 +62,13 @@ def parse_args(argv=None):
     # --- one switch per compression scheme (hvd_compress/registry.py, plugins included) ---
     add_compression_flags(parser.add_mutually_exclusive_group())
     # --- the course's additions ---
-    parser.add_argument("--optimizer", choices=["plugin", "horovod"], default=None,
+    parser.add_argument("--optimizer", choices=["plugin", "horovod"], default="plugin",
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "
                              "(default); horovod: Horovod's own hvd.DistributedOptimizer of "
                              "the patched Horovod (whole-step times only)")
-    parser.add_argument("--route", choices=["allgather", "alltoall", *OLD_OPTIMIZER_VALUES],
-                        default=None, metavar="{allgather,alltoall}",
+    parser.add_argument("--route", choices=["allgather", "alltoall"], default=None,
                         help="the collective packet codes travel by, as the plugin's route= "
                              "(default: the compressor's own)")
-    parser.add_argument("--reduction", choices=["allgather", "alltoall"], default=None,
-                        help=argparse.SUPPRESS)          # deprecated: --route
     parser.add_argument("--scale-block", type=scale_block, default=SCALE_BLOCK,
                         metavar="N|tensor",
                         help="bit8/bit16: values per power-of-two scale in a bucket (default "

@@ -56,11 +56,13 @@ import sys
 import time
 from pathlib import Path
 
+# The default grid's rows; known_rows() lists every row --rows takes (the registry's schemes).
 ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",
         "ours:bit8:allgather", "ours:bit8:alltoall", "ours:auto"]
 AUTO_ROW = "ours:auto"
+STOCK_ROWS = ("stock:none", "stock:fp16")     # Horovod's own optimizer and compressions
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
-SPLIT = ["forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
+SPLIT = ["forward_backward_ms", "copy_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
 PLAN = ["plan", "plan_predicted_ms", "plan_measured_ms", "plan_event"]
 STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms"] + SPLIT + [
     "bytes_sent"] + PLAN
@@ -70,6 +72,31 @@ CALIBRATION_COLUMNS = ["model", "link", "ranks", "row", "auto_warmup_steps", "au
 STEPS = {("*", "*"): (5, 8, 30), ("lab", "*"): (10, 10, 40), ("basic", "10mbit"): (3, 6, 10)}
 TARGET_SPREAD_PCT = 3.0
 CELL = ["model", "link", "ranks"]
+
+
+def known_rows():
+    """Every row --rows takes: Horovod's own (stock:none, stock:fp16), each scheme the registry
+    holds (plugins of $HVD_COMPRESS_SCHEMES included) at its default route and, where it has
+    several, on each ('ours:bf16', 'ours:bf16:allgather'), and ours:auto."""
+    from hvd_compress import registry
+    rows = list(STOCK_ROWS)
+    for entry in registry.schemes().values():
+        rows.append(f"ours:{entry.name}")
+        if len(entry.routes) > 1:
+            rows += [f"ours:{entry.name}:{route.value}" for route in entry.routes]
+    return rows + [AUTO_ROW]
+
+
+def row_compression(row):
+    """(compression, route) of a fixed row of ours: the scheme's registry entry, a method at its
+    default parameter (top-k's ratio, PowerSGD's rank)."""
+    from hvd_compress import registry
+    _, name, *route = row.split(":")
+    entry = registry.scheme(name)
+    compression = entry.load()
+    if entry.parameter is not None:
+        compression = compression(entry.parameter)
+    return compression, route[0] if route else None
 
 
 def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
@@ -170,14 +197,16 @@ def make_optimizer(row, model, trial_steps=0):
     import hvd_compress as hc
     from labs.kit.flags import auto_compression
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
-    who, scheme, *route = row.split(":")
+    who, scheme, *_ = row.split(":")
     if who == "stock":
         return hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, scheme))
-    compression = (auto_compression()(trial_steps=trial_steps) if row == AUTO_ROW
-                   else getattr(hc.Compression, scheme))
+    if row == AUTO_ROW:
+        compression, route = auto_compression()(trial_steps=trial_steps), None
+    else:
+        compression, route = row_compression(row)
     return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                   compression=compression, route=route[0] if route else None)
+                                   compression=compression, route=route)
 
 
 def plan_fields(row, stats):
@@ -264,7 +293,7 @@ def worker(args):
                     writer.writerow([args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),
                                      1e3 * (t1 - t0 - stats.get("in_backward_s", 0.0)),
                                      *(1e3 * stats.get(k, math.nan) for k in (
-                                         "compress_s", "communicate_s", "decompress_s",
+                                         "copy_s", "compress_s", "communicate_s", "decompress_s",
                                          "overlap_s")),
                                      stats.get("bytes_sent", math.nan), *plan.values()])
                     times[row][0].append(1e3 * (t2 - t0))
@@ -285,16 +314,15 @@ def worker(args):
         plans = Path(args.csv).parent / "plans"
         plans.mkdir(exist_ok=True)
         (plans / f"{args.model}-{args.link}-n{n}.json").write_text(
-            json.dumps(rows[AUTO_ROW][1].plan_report(), indent=2, default=str) + "\n")
+            json.dumps(rows[AUTO_ROW][1].plan_report().to_dict(), indent=2, default=str) + "\n")
     if out:
         out.close()
 
 
 def write_calibration(args, n, count, seconds, outcome, report):
     """One line of calibration.csv: auto's warm-up until it decided, and what it reports."""
-    calibration = report.get("calibration_s", math.nan) if isinstance(report, dict) else math.nan
-    buckets = report.get("buckets", []) if isinstance(report, dict) else []
-    plan = " ".join(str(b.get("label", "")) for b in buckets)
+    calibration = report.calibration_s if report is not None else math.nan
+    plan = " ".join(report.labels) if report is not None else ""
     with open(Path(args.csv).parent / "calibration.csv", "a", newline="") as stream:
         csv.writer(stream).writerow([args.model, args.link, n, AUTO_ROW, count, seconds,
                                      calibration, outcome, plan])
@@ -326,7 +354,7 @@ def summarise(steps, calibration=None):
     summary = steps.groupby(keys, sort=False).agg(
         steps=("step_ms", "size"), rounds=("round", "nunique"), step_ms=("step_ms", "median"),
         step_p10_ms=("step_ms", lambda s: s.quantile(0.1)), step_p90_ms=("step_ms", lambda s: s.quantile(0.9)),
-        **{c: (c, "median") for c in SPLIT}, bytes_per_step=("bytes_sent", "median")).reset_index()
+        **{c: (c, "median") for c in SPLIT if c in steps}, bytes_per_step=("bytes_sent", "median")).reset_index()
     groups = steps.groupby(keys, sort=False)
     summary["round_spread_pct"] = [round_spread_pct(g.step_ms.tolist(), g["round"].tolist())
                                    for _, g in groups]
@@ -443,7 +471,10 @@ def parse_args(argv=None):
     p.add_argument("--models", default="lab,basic")
     p.add_argument("--links", default="loopback,100mbit,1gbit,10mbit", help=f"of {list(LINKS)}")
     p.add_argument("--ranks", default="2,4")
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(ROWS),
+                   help="comma-separated rows (default: the grid's); any of stock:none, "
+                        "stock:fp16, ours:auto and ours:SCHEME[:ROUTE] for every registered "
+                        "scheme, plugins included")
     p.add_argument("--steps", type=int, default=None,
                    help="timed steps per row in its first rounds, every cell (default: STEPS, "
                         "the lab net 10 a round, the basic net 5, at 10mbit 3)")
@@ -475,9 +506,10 @@ def parse_args(argv=None):
         return args
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if r not in ROWS]
+    known = known_rows()
+    bad = [r for r in args.rows if r not in known]
     if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {ROWS}, links among {list(LINKS)}")
+        p.error(f"rows must be among {known}, links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):
         p.error("models must be among ['lab', 'basic']")
     try:

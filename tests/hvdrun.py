@@ -107,7 +107,7 @@ SUITE = {
     "exchange_optimizer": FOUR,      # not at 3 ranks: nothing in it depends on the world size
     # the same buckets as the DDP hook's (tests/test_ddp.py compares the digests)
     "engine_digests": [("gloo", 2), ("gloo", 4)],
-    # last: it registers a plugin scheme (e5m2) in the ranks' registry
+    # last: it registers plugin schemes (e5m2, e2m1: docs/examples) in the ranks' registry
     "contract_checks": TWO,
 }
 

@@ -1,19 +1,26 @@
-"""Compression.auto (hvd_compress/auto/settings.py, calibration.py, autocomm.py): the settings, one
-step's pace, every rank's measurements combined into one, the decision on rank 0 (a plan, or a
-fallback with its reason, never an exception), the plan's state round trip; and, on real ranks
-(tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations."""
+"""Compression.auto (hvd_compress/auto/settings.py, calibration.py, communicator.py, records.py):
+the settings, one step's pace, every rank's measurements combined into one, the decision on
+rank 0 (a plan, or a fallback with its reason, never an exception), the records' round trip
+(the committed plan reports re-decided to the bit), the plan's state round trip; and, on real
+ranks (tests/workers/auto_checks.py), training, mixed plans, re-planning and bad calibrations.
+Read through the public records (records.Decision, PlanReport) and the communicator's
+`status`, never its private attributes."""
+import dataclasses
 import json
 import math
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import hvd_compress as hc
 from hvd_compress.auto import calibration, planner, inputs as planner_inputs, trial
+from hvd_compress.auto.records import (Decision, Host, MeasurementsRecord, Pace, PlanReport,
+                                      RankMeasurements, StepSample)
 from hvd_compress.auto.settings import Auto, WARMUP_STEPS
-from hvd_compress.auto.communicator import FLOAT32, AutoCommunicator, _decide
+from hvd_compress.auto.communicator import FLOAT32, AutoCommunicator, Phase, decide, judge
 from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel.model import Link
 from hvdrun import across_ranks, passed_checks
@@ -48,9 +55,19 @@ def test_auto_refuses_bad_settings(options, match):
 
 
 @pytest.mark.unit
-def test_make_communicator_refuses_auto_with_a_reason():
-    with pytest.raises(ValueError, match="per bucket"):
-        make_communicator(hc.Compression.auto)
+def test_auto_declares_its_communicator_as_top_k_and_powersgd_do():
+    """make_communicator builds auto's communicator from the compression's own factory, with
+    the optimizer's fusion threshold and scale block; a route is refused (auto chooses one per
+    bucket)."""
+    comm = make_communicator(hc.Compression.auto(margin=0.0), None, fusion_threshold_bytes=8192,
+                             scale_block=128)
+    assert isinstance(comm, AutoCommunicator) and comm.route is None
+    assert (comm.fusion_threshold_bytes, comm.scale_block) == (8192, 128)
+    assert comm.settings == hc.Compression.auto(margin=0.0) and comm.phase == Phase.MEASURING
+    with pytest.raises(ValueError, match="chooses each bucket's route"):
+        make_communicator(hc.Compression.auto, "allgather")
+    with pytest.raises(ValueError, match="block scales"):
+        make_communicator(hc.Compression.auto, scale_block=None)
 
 
 # ---------------------------------------------------------------- one step's pace
@@ -60,9 +77,9 @@ def test_a_steps_pace_subtracts_hook_work_and_splits_the_step():
     # backward from t=10.0 to 10.5; bucket 1 launched first (at 10.1, 0.02 s of hook work),
     # bucket 0 at 10.3 (0.05 s); the exchange waited until 10.6; the step lasted 1.0 s
     s = calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.05), (10.1, 0.02)])
-    assert s["ready_s"] == pytest.approx([0.28, 0.1])
-    assert s["backward_s"] == pytest.approx(0.43) and s["wait_s"] == pytest.approx(0.1)
-    assert s["fixed_s"] == pytest.approx(0.4)
+    assert s.ready_s == pytest.approx((0.28, 0.1))
+    assert s.backward_s == pytest.approx(0.43) and s.wait_s == pytest.approx(0.1)
+    assert s.fixed_s == pytest.approx(0.4)
     assert calibration.step_sample(1.0, None, 10.5, 10.6, [(10.3, 0.0)]) is None
     assert calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.0), None]) is None
 
@@ -70,10 +87,9 @@ def test_a_steps_pace_subtracts_hook_work_and_splits_the_step():
 @pytest.mark.unit
 def test_pace_summary_discards_the_first_step_and_takes_medians():
     def s(step, ready):
-        return {"step_s": step, "backward_s": step / 2, "wait_s": 0.0, "fixed_s": step / 2,
-                "ready_s": [ready]}
+        return StepSample(step, step / 2, 0.0, step / 2, (ready,))
     out = calibration.pace_summary([s(9.0, 9.0), s(1.0, 0.1), None, s(3.0, 0.3), s(2.0, 0.2)])
-    assert out["step_s"] == 2.0 and out["ready_s"] == [0.2] and out["steps"] == 3
+    assert out == Pace(2.0, 1.0, 0.0, 1.0, (0.2,), 3)
     with pytest.raises(ValueError, match="no complete step"):
         calibration.pace_summary([s(1.0, 0.1), None])
 
@@ -82,6 +98,8 @@ def test_pace_summary_discards_the_first_step_and_takes_medians():
 
 def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03,
                       sizes=(("fc.bias", 4 * MiB), ("conv.weight", 64 * 1024))):
+    """A rank's measurements as the calibration gathers them (RankMeasurements.to_dict()'s
+    form: a test spoils one field of it, `records` reads it back)."""
     codec = {"encode": [[b, 1e-4 + enc * b] for _, b in sizes],
              "decode": [[b, 1e-4 + enc * b] for _, b in sizes]}
     codecs = {t: dict(codec, reduce=[[b, 1e-4] for _, b in sizes]) if t.endswith("alltoall")
@@ -91,6 +109,11 @@ def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=
                      "fixed_s": step - backward - 0.1, "ready_s": list(ready), "steps": 5},
             "codecs": codecs,
             "errors": {name: {"fp16": 2e-4, "bit16": 2e-4, "bit8": err} for name, _ in sizes}}
+
+
+def records(ranks):
+    """The gathered dicts read back, as rank 0's decide() reads them."""
+    return [RankMeasurements.from_dict(r) for r in ranks]
 
 
 def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
@@ -108,7 +131,7 @@ def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
 def test_combine_takes_the_slowest_pace_and_each_collectives_fastest_rank():
     ranks = [rank_measurements(), rank_measurements(step=0.6, backward=0.35, ready=(0.02, 0.3),
                                                     enc=2e-9, err=0.04)]
-    m = calibration.combine(ranks, [link_rows(100e6), link_rows(100e6, slower=1.5)], 2)
+    m = calibration.combine(records(ranks), [link_rows(100e6), link_rows(100e6, slower=1.5)], 2)
     assert [b.ready_s for b in m.buckets] == [0.05, 0.3] and m.backward_s == 0.35
     assert m.fixed_s == pytest.approx(0.6 - 0.35 - 0.1)
     assert m.errors[("fc.bias", "bit8")] == 0.04
@@ -141,15 +164,15 @@ def test_the_busy_factor_is_fitted_to_the_jobs_step_not_the_slowest_ranks():
     predicted at their mean, 0.6 s (the fast link alone predicts less, so k > 1)."""
     ranks = [rank_measurements(), rank_measurements()]
     ranks[1]["pace"]["step_s"] = 0.7
-    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
-    assert d["ok"] and d["measurements"]["busy_factor"] > 1
-    assert d["fixed_plans_s"][FLOAT32] == pytest.approx(0.6, rel=1e-6)
-    assert d["measurements"]["measured_on"] == [FLOAT32] * 2     # the plan the pace ran on
+    d = decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
+    assert d.ok and d.measurements.busy_factor > 1
+    assert d.fixed_plans_s[FLOAT32] == pytest.approx(0.6, rel=1e-6)
+    assert d.measurements.measured_on == (FLOAT32,) * 2        # the plan the pace ran on
 
 
 @pytest.mark.unit
 def test_combine_keeps_launch_order_ready_times_non_decreasing():
-    m = calibration.combine([rank_measurements(ready=(0.2, 0.1))], [link_rows(1e9)], 2)
+    m = calibration.combine(records([rank_measurements(ready=(0.2, 0.1))]), [link_rows(1e9)], 2)
     assert [b.ready_s for b in m.buckets] == [0.2, 0.2]
 
 
@@ -165,7 +188,7 @@ def test_combine_refuses_measurements_it_cannot_plan_from(spoil, match):
     ranks = [rank_measurements(), rank_measurements()]
     spoil(ranks)
     with pytest.raises(ValueError, match=match):
-        calibration.combine(ranks, [link_rows(1e9)] * 2, 2)
+        calibration.combine(records(ranks), [link_rows(1e9)] * 2, 2)
 
 
 # ---------------------------------------------------------------- the decision
@@ -175,41 +198,45 @@ def test_a_slow_link_compresses_the_big_bucket_a_fast_one_keeps_float32():
     # backward ends at 20 ms: the 4 MiB bucket's exchange (340 ms in float32 at 100 Mbit/s,
     # 84 ms as bit8 by allgather) is the exposed tail
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02))] * 2
-    slow = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
-    assert slow["ok"] and slow["labels"][0].startswith("bit8"), slow["labels"]
-    assert slow["predicted_s"] < slow["fixed_plans_s"][FLOAT32] / 1.5
-    fast = _decide(Auto(), ranks, [link_rows(100e9, alpha=1e-5)] * 2, [], 2)
-    assert fast["ok"] and fast["labels"] == [FLOAT32, FLOAT32], fast["labels"]
+    slow = decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert slow.ok and slow.labels[0].startswith("bit8"), slow.labels
+    assert slow.predicted_s < slow.fixed_plans_s[FLOAT32] / 1.5
+    fast = decide(Auto(), ranks, [link_rows(100e9, alpha=1e-5)] * 2, [], 2)
+    assert fast.ok and fast.labels == (FLOAT32, FLOAT32), fast.labels
     for d in (slow, fast):                            # never predicted slower than a fixed plan
-        assert d["predicted_s"] <= min(d["fixed_plans_s"].values()) * (1 + Auto().margin) + 1e-12
+        assert d.predicted_s <= min(d.fixed_plans_s.values()) * (1 + Auto().margin) + 1e-12
 
 
 @pytest.mark.unit
 def test_the_accuracy_guard_refuses_bit8_over_the_bound():
     ranks = [rank_measurements(err=0.2), rank_measurements(err=0.2)]
-    d = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
-    assert d["ok"] and not any(t.startswith("bit8") for t in d["labels"]), d["labels"]
-    assert "error 0.2 > bound" in d["refused"]["fc.bias bit8:allgather"]
+    d = decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert d.ok and not any(t.startswith("bit8") for t in d.labels), d.labels
+    assert "error 0.2 > bound" in d.refused["fc.bias bit8:allgather"]
 
 
 @pytest.mark.unit
 def test_a_failed_or_bad_calibration_is_a_fallback_with_its_reason_not_an_exception():
     ranks = [rank_measurements(), rank_measurements()]
-    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, ["rank 1: RuntimeError: boom"], 2)
-    assert d == {"ok": False, "reason": "calibration failed: rank 1: RuntimeError: boom"}
+    d = decide(Auto(), ranks, [link_rows(1e9)] * 2, ["rank 1: RuntimeError: boom"], 2)
+    assert d == Decision.fallback("calibration failed: rank 1: RuntimeError: boom")
+    assert d.to_dict() == {"ok": False, "reason": "calibration failed: rank 1: RuntimeError: boom"}
     ranks[1]["pace"]["step_s"] = math.nan
-    d = _decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
-    assert not d["ok"] and "ValueError" in d["reason"] and "median step" in d["reason"]
-    d = _decide(Auto(), [rank_measurements()] * 2, [[("allgather", 2, 4096, 1e-3)]] * 2, [], 2)
-    assert not d["ok"] and "no plan from the measurements" in d["reason"]
+    d = decide(Auto(), ranks, [link_rows(1e9)] * 2, [], 2)
+    assert not d.ok and "ValueError" in d.reason and "median step" in d.reason
+    d = decide(Auto(), [rank_measurements()] * 2, [[("allgather", 2, 4096, 1e-3)]] * 2, [], 2)
+    assert not d.ok and "no plan from the measurements" in d.reason
 
 
 @pytest.mark.unit
 def test_the_same_measurements_give_the_same_decision():
     ranks = [rank_measurements(), rank_measurements(step=0.55)]
-    a = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
-    b = _decide(Auto(), [dict(r) for r in ranks[::-1]], [link_rows(100e6)] * 2, [], 2)
+    a = decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)
+    b = decide(Auto(), [dict(r) for r in ranks[::-1]], [link_rows(100e6)] * 2, [], 2)
     assert a == b
+    # what rank 0 broadcasts (and a checkpoint keeps) reads back as the same decision
+    assert json.dumps(Decision.from_dict(json.loads(json.dumps(a.to_dict()))).to_dict()) == \
+        json.dumps(a.to_dict())
 
 
 @pytest.mark.unit
@@ -221,24 +248,26 @@ def test_a_plan_is_re_decided_from_its_record_alone(rate, tmp_path, capsys):
     from hvd_compress.auto import cli as plan_cli
     comm = AutoCommunicator(hc.Compression.auto())
     comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
-    sizes = [(b.name, 4 * b.numel) for b in comm._buckets]
+    sizes = [(b.name, b.bytes) for b in comm.plan_report().buckets]
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02)[-len(sizes):], sizes=sizes)] * 2
-    d = _decide(comm.settings, ranks, [link_rows(rate)] * 2, [], 2)
-    assert d["ok"]
-    comm._apply(d, 0.1)
+    d = decide(comm.settings, ranks, [link_rows(rate)] * 2, [], 2)
+    assert d.ok
+    comm.apply_decision(d, 0.1)
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(comm.plan_report()))
+    path.write_text(json.dumps(comm.plan_report().to_dict()))
+    again = PlanReport.from_dict(json.loads(path.read_text()))        # NaN: compare as JSON
+    assert json.dumps(again.to_dict()) == json.dumps(comm.plan_report().to_dict())
     m, busy, plan = planner_inputs.replay(json.loads(path.read_text()))
-    assert list(plan.schemes) == d["labels"] and plan.predicted_s == d["predicted_s"]
-    assert busy == d["measurements"]["busy_factor"]
+    assert plan.schemes == d.labels and plan.predicted_s == d.predicted_s
+    assert busy == d.measurements.busy_factor
     assert plan_cli.main(["--report", str(path), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["replayed"]["same_as_job"] and out["replayed"]["predicted_s"] == d["predicted_s"]
-    assert out["job"]["plan"] == d["labels"]
-    assert out["fixed"][FLOAT32] == d["fixed_plans_s"][FLOAT32]
+    assert out["replayed"]["same_as_job"] and out["replayed"]["predicted_s"] == d.predicted_s
+    assert out["job"]["plan"] == list(d.labels)
+    assert out["fixed"][FLOAT32] == d.fixed_plans_s[FLOAT32]
     assert out["job"]["chosen_by"] == "the search"
     if rate < 1e9:                            # the slow link compresses the 4 MiB bucket
-        assert d["labels"][0].startswith("bit8"), d["labels"]
+        assert d.labels[0].startswith("bit8"), d.labels
     # a trial that adopted a rival: the record says so, the search's plan is not the job's
     report = json.loads(path.read_text())
     report["trial"] = {"chosen": "fp16:allreduce everywhere", "reason": "fp16 adopted"}
@@ -255,16 +284,16 @@ def test_a_record_without_measurements_is_refused_with_its_reason(tmp_path):
     from hvd_compress.auto import cli as plan_cli
     comm = communicator()
     with pytest.warns(RuntimeWarning, match="boom"):
-        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.1)
+        comm.apply_decision(Decision.fallback("calibration failed: rank 1: boom"), 0.1)
     path = tmp_path / "manifest.json"
-    path.write_text(json.dumps({"plan_report": comm.plan_report()}))
+    path.write_text(json.dumps({"plan_report": comm.plan_report().to_dict()}))
     with pytest.raises(SystemExit, match="no measurements to plan from"):
         plan_cli.main(["--report", str(path)])
     path.write_text(json.dumps({"status": "complete"}))           # a run without auto
     with pytest.raises(SystemExit, match="no plan report in it"):
         plan_cli.main(["--report", str(path)])
     with pytest.raises(ValueError, match="not a plan report's measurements"):
-        planner_inputs.from_summary({"n": 2}, [("a", 4)])
+        MeasurementsRecord.from_dict({"n": 2})
 
 
 # ---------------------------------------------------------------- on this rank, real tensors
@@ -299,6 +328,11 @@ def communicator(fusion=4096, **options):
     return comm
 
 
+def plan(labels, predicted_s=0.2, **fields):
+    """A decision by hand: a plan of `labels` (rank 0's decide() makes them from measurements)."""
+    return Decision(tuple(labels), predicted_s, **fields)
+
+
 @pytest.mark.unit
 def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
     comm = communicator()
@@ -307,20 +341,19 @@ def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
     assert stats["plan"] == "" and math.isnan(stats["plan_predicted_s"])
     assert stats["plan_event"] == "calibrating"
     labels = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", FLOAT32]
-    decision = {"ok": True, "labels": labels, "predicted_s": 0.25, "measurements": {},
-                "refused": {}}
-    comm._apply(decision, 0.1)
+    comm.apply_decision(plan(labels, 0.25), 0.1)
     # each calibration's event says what it cost (their sum is the report's calibration_s)
-    assert comm.plan_report()["events"][-1] == {"step": 0, "event": "planned",
-                                                "calibration_s": 0.1}
+    assert comm.plan_report().events[-1].to_dict() == {"step": 0, "event": "planned",
+                                                        "calibration_s": 0.1}
     state = comm.state_dict()
     other = communicator()
     other.load_state_dict(state)
     assert other.labels == labels and other.pop_stats()["plan"] == " ".join(labels)
+    assert other.status.plan == comm.status.plan == plan(labels, 0.25)
     report = other.plan_report()
-    assert report["predicted_s"] == 0.25 and report["calibrations"] == 0
-    assert [b["label"] for b in report["buckets"]] == labels
-    assert report["events"][-1] == {"step": 0, "event": "planned: restored from a checkpoint"}
+    assert report.predicted_s == 0.25 and report.calibrations == 0 and report.labels == labels
+    assert report.events[-1].to_dict() == {"step": 0,
+                                           "event": "planned: restored from a checkpoint"}
     elsewhere = communicator(fusion=1 << 20)        # other buckets: the plan is not taken
     elsewhere.load_state_dict(state)
     assert elsewhere.labels == [FLOAT32] and elsewhere.state_dict() is None
@@ -328,23 +361,24 @@ def test_the_plan_survives_a_checkpoint_and_reset_forgets_it():
     stats = other.pop_stats()
     assert other.labels == [FLOAT32] * 4 and stats["plan"] == ""
     assert stats["plan_event"].endswith("calibrating (membership changed)")
+    assert other.phase == Phase.MEASURING and other.status.plan is None
 
 
 @pytest.mark.unit
 def test_a_fallback_keeps_the_last_good_plan_and_warns_once():
     comm = communicator()
     labels = ["bit8:allgather", FLOAT32, FLOAT32, FLOAT32]
-    comm._apply({"ok": True, "labels": labels, "predicted_s": 0.2}, 0.1)
+    comm.apply_decision(plan(labels), 0.1)
     with pytest.warns(RuntimeWarning, match="last good plan"):
-        comm._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.2)
-    assert comm.labels == labels
+        comm.apply_decision(Decision.fallback("calibration failed: rank 1: boom"), 0.2)
+    assert comm.labels == labels and comm.phase == Phase.FALLBACK
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        comm._apply({"ok": False, "reason": "again"}, 0.3)
+        comm.apply_decision(Decision.fallback("again"), 0.3)
     events = comm.pop_stats()["plan_event"].split("; ")
     assert events[-2:] == ["fallback: calibration failed: rank 1: boom", "fallback: again"]
-    assert [e.get("calibration_s") for e in comm.plan_report()["events"][-3:]] == [0.1, 0.2, 0.3]
+    assert [e.calibration_s for e in comm.plan_report().events[-3:]] == [0.1, 0.2, 0.3]
 
 
 @pytest.mark.unit
@@ -354,13 +388,16 @@ def test_the_empty_step_before_training_is_no_warm_up_step():
     real step, the slow one, is the sample that pace_summary discards."""
     comm = communicator()                                   # warmup_steps=3
     comm.end_step(None, None)                               # broadcast_optimizer_state's step
-    assert comm._samples == [] and comm.pop_stats()["plan_event"] == "calibrating"
+    assert comm.status.samples == () and comm.pop_stats()["plan_event"] == "calibrating"
     began = time.perf_counter() - 0.2
-    comm._launches = [(began + 0.05, 0.0)] * len(comm.labels)
+    for i in range(len(comm.labels)):                       # what start() records per bucket
+        comm.record_launch(i, began + 0.05, 0.0)
     comm.end_step(began, began + 0.1)                       # the first step of training
-    assert len(comm._samples) == 1 and comm._samples[0]["step_s"] > 0
+    samples = comm.status.samples
+    assert len(samples) == 1 and samples[0].step_s > 0
     comm.end_step(None, None)        # from then on an incomplete step counts (pace leaves it out)
-    assert len(comm._samples) == 2 and comm._samples[1] is None
+    assert len(comm.status.samples) == 2 and comm.status.samples[1] is None
+    assert comm.phase == Phase.MEASURING and comm.status.steps == 3
 
 
 @pytest.mark.unit
@@ -368,45 +405,50 @@ def test_a_paused_step_clock_leaves_the_next_step_out_of_what_the_plan_is_judged
     """After pause_step_clock (an evaluation, a benchmark's other rows) the next step's time is
     not a step's: out of the drift window and of the steps counted to the first check."""
     comm = communicator()
-    comm._apply({"ok": True, "labels": [FLOAT32] * 4, "predicted_s": 0.2}, 0.1)
+    comm.apply_decision(plan([FLOAT32] * 4), 0.1)
     comm.end_step(None, None)                  # the clock's first end: no step before it
-    comm._measured, comm._since_plan = [], 0
     for pause in (False, False, True, False, True, False):
         if pause:
             comm.pause_step_clock()
             time.sleep(0.05)                   # other work: it must not read as a step
         comm.end_step(None, None)
-    assert len(comm._measured) == 6 and comm._since_plan == 4
-    assert [math.isnan(t) for t in comm._measured] == [False, False, True, False, True, False]
-    assert all(t < 0.05 for t in comm._measured if not math.isnan(t))
-    assert comm.plan_report()["step_clock_pauses"] == 2
+    status = comm.status
+    assert len(status.measured) == 7 and status.since_plan == 4
+    assert [math.isnan(t) for t in status.measured] == [True, False, False, True, False, True,
+                                                        False]
+    assert all(t < 0.05 for t in status.measured if not math.isnan(t))
+    assert comm.plan_report().step_clock_pauses == 2
 
 
 @pytest.mark.unit
 def test_a_fallback_runs_on_the_kept_plan_as_adopting_it_does():
     """Falling back and adopting share one path (_run_on): after a failed re-calibration the
-    kept plan is in force exactly as if adopted again (labels, plan, phase, no trial, its
-    steps measured afresh), and with no good plan float32 is, with no plan to show or save."""
+    kept plan is in force exactly as if adopted again (labels, plan, no trial, its steps
+    measured afresh; the phase says which), and with no good plan float32 is, with no plan
+    to show or save."""
     labels = ["bit8:allgather", FLOAT32, "fp16:allreduce", FLOAT32]
-    good = {"ok": True, "labels": labels, "predicted_s": 0.2}
+    good = plan(labels)
     fell, adopted = communicator(), communicator()
     for comm in (fell, adopted):
-        comm._apply(good, 0.1)
+        comm.apply_decision(good, 0.1)
         for _ in range(3):
             comm.end_step(None, None)
     with pytest.warns(RuntimeWarning, match="last good plan"):
-        fell._apply({"ok": False, "reason": "calibration failed: rank 1: boom"}, 0.2)
-    adopted._adopt(good, "planned", calibration_s=0.2)
+        fell.apply_decision(Decision.fallback("calibration failed: rank 1: boom"), 0.2)
+    adopted.apply_decision(good, 0.2)
 
     def state(c):
-        return (c.labels, c._plan, c._good, c._phase, c._trial, c._measured, c._since_plan,
-                c.state_dict(), c.plan_report()["plan"])
+        return (dataclasses.replace(c.status, phase=None), c.state_dict(),
+                c.plan_report().plan)
     assert state(fell) == state(adopted) and fell.labels == labels
+    assert (fell.phase, adopted.phase) == (Phase.FALLBACK, Phase.PLANNED)
+    assert fell.status.last_good == good and fell.status.trial_times is None
     never = communicator()
     with pytest.warns(RuntimeWarning, match="float32 on every bucket"):
-        never._apply({"ok": False, "reason": "calibration failed: rank 0: boom"}, 0.1)
+        never.apply_decision(Decision.fallback("calibration failed: rank 0: boom"), 0.1)
     assert never.labels == [FLOAT32] * 4 and never.state_dict() is None
-    assert never.plan_report()["phase"] == "planned" and never.pop_stats()["plan"] == ""
+    assert never.plan_report().phase == "fallback" and never.pop_stats()["plan"] == ""
+    assert never.status.plan is None and never.status.last_good is None
 
 
 # ---------------------------------------------------------------- on real ranks
@@ -420,7 +462,7 @@ def test_auto_across_ranks(controller, np, request):
                  "trains.links_fitted", "trains.links_cpu_fitted_and_the_share_counted",
                  "links.grow_to_the_cap",
                  "links.grown_by_the_rule_alike_everywhere", "links.more_repetitions_where_cheap",
-                 "mixed.identical_weights",
+                 "mixed.identical_weights", "mixed.buckets_as_reported",
                  "mixed.plan_shown",
                  "replan.same_decision_on_every_rank", "replan.decided_at_the_window",
                  "replan.planned_again", "replan.errors_of_the_gradient_as_sent",
@@ -476,7 +518,7 @@ def test_cheap_link_sizes_get_more_repetitions_within_a_budget(reps, slowest_med
 def test_every_rank_reads_the_same_times_from_what_a_timed_collective_carried(collective, n):
     """The collective's own payload, done by hand (Horovod's average, its allgather and its
     alltoall of equal splits): every rank's median, in whole units, back on every rank."""
-    size = calibration._whole(4096, n)
+    size = calibration.whole_size(4096, n)
     seconds = [0.0, 1.2345e-3, 0.0299, 7.0][:n] + [3e-3] * max(0, n - 4)
     dtype = {"allreduce": torch.float32, "allreduce_fp16": torch.float16}.get(collective,
                                                                               torch.uint8)
@@ -484,7 +526,7 @@ def test_every_rank_reads_the_same_times_from_what_a_timed_collective_carried(co
     sent = []
     for rank, s in enumerate(seconds):
         t = torch.zeros(size // width, dtype=dtype)
-        calibration._carry(collective, t, rank, n, s)
+        calibration.carry(collective, t, rank, n, s)
         sent.append(t)
     if collective.startswith("allreduce"):
         output = (torch.stack(sent).float().sum(0) / n).to(dtype)
@@ -493,7 +535,7 @@ def test_every_rank_reads_the_same_times_from_what_a_timed_collective_carried(co
     else:                                            # rank 0's receipt: chunk 0 of each sender
         output = (torch.cat([t.view(n, -1)[0] for t in sent]), torch.full((n,), size // n))
     unit = calibration.CARRY_UNIT_S[collective]
-    assert calibration._carried(collective, output, n) == [
+    assert calibration.carried(collective, output, n) == [
         calibration.carried_units(collective, s) * unit for s in seconds]
     assert calibration.carried_units("allreduce_fp16", 7.0) == 2047      # held below 2048
 
@@ -514,7 +556,7 @@ def test_a_link_whose_bytes_cost_nothing_measurable_gets_the_floor_not_zero():
 
 @pytest.mark.unit
 def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
-    m = calibration.combine([rank_measurements(backward=0.02, ready=(0.01, 0.02))],
+    m = calibration.combine(records([rank_measurements(backward=0.02, ready=(0.01, 0.02))]),
                             [link_rows(100e6)], 2)
     labels = [FLOAT32, FLOAT32]
     idle_step = planner.predict(m, labels).step_s
@@ -528,38 +570,40 @@ def test_the_busy_link_is_the_one_that_predicts_the_measured_step():
 @pytest.mark.unit
 def test_cpu_share_counts_the_compute_threads_per_core_of_the_most_crowded_machine():
     def h(machine, cores=2, threads=1):
-        return {"machine": machine, "cores": cores, "threads": threads}
+        return Host(machine, cores, threads)
     assert calibration.cpu_share([h("a")] * 4) == 2.0           # 4 ranks on 2 cores
     assert calibration.cpu_share([h("a")] * 2) == 1.0
     assert calibration.cpu_share([h("a"), h("b")]) == 0.0       # a core left free on each
     assert calibration.cpu_share([h("a", 16, 4)] * 2 + [h("b")] * 3) == 1.5
     assert calibration.cpu_share([h("a"), None]) == 0.0         # a rank that did not say
     here = calibration.host()
-    assert here["cores"] >= 1 and here["threads"] >= 1 and here["machine"]
+    assert here.cores >= 1 and here.threads >= 1 and here.machine
 
 
 @pytest.mark.unit
 def test_combine_fits_each_collectives_cpu_from_the_ranks_medians():
     def with_cpu(rows, per_byte):
         return [(c, n, b, t, 1e-4 + per_byte * b) for c, n, b, t in rows]
-    ranks = [dict(rank_measurements(), host=calibration.host()) for _ in range(2)]
-    m = calibration.combine(ranks, [with_cpu(link_rows(1e9), 2e-9),
+    ranks = [dict(rank_measurements(), host=dataclasses.asdict(calibration.host()))
+             for _ in range(2)]
+    m = calibration.combine(records(ranks), [with_cpu(link_rows(1e9), 2e-9),
                                     with_cpu(link_rows(1e9), 4e-9)], 2)
     assert set(m.links_cpu) == set(calibration.LINK_COLLECTIVES)
     fit = m.links_cpu["allreduce"]                   # the median of the two ranks: 3e-9
     assert fit.a == pytest.approx(1e-4, rel=1e-6) and fit.b == pytest.approx(3e-9, rel=1e-6)
-    assert calibration.combine([rank_measurements()], [link_rows(1e9)], 2).links_cpu == {}
+    assert calibration.combine(records([rank_measurements()]), [link_rows(1e9)], 2).links_cpu == {}
     bad = with_cpu(link_rows(1e9), 2e-9)
     bad[0] = bad[0][:4] + (math.nan,)
     with pytest.raises(ValueError, match="CPU"):
-        calibration.combine(ranks, [bad, bad], 2)
+        calibration.combine(records(ranks), [bad, bad], 2)
 
 
 @pytest.mark.unit
 def test_the_pace_is_cleared_of_the_plan_in_forces_cpu_before_the_busy_link_is_fitted():
     rows = [(c, n, b, t, 5e-9 * b) for c, n, b, t in link_rows(1e9)]
     host = {"machine": "m", "cores": 2, "threads": 1}
-    m = calibration.combine([dict(rank_measurements(ready=(0.01, 0.3)), host=host)] * 4,
+    ranks = [dict(rank_measurements(ready=(0.01, 0.3)), host=host)] * 4
+    m = calibration.combine(records(ranks),
                             [rows] * 4, 2)
     assert m.cpu_share == 2.0
     labels = [FLOAT32, FLOAT32]
@@ -675,7 +719,7 @@ def test_a_trial_without_usable_times_keeps_the_plan_and_bad_input_is_refused():
 
 def planned_measurements(err=0.03):
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02), err=err)] * 2
-    return calibration.combine(ranks, [link_rows(100e6)] * 2, 2)
+    return calibration.combine(records(ranks), [link_rows(100e6)] * 2, 2)
 
 
 @pytest.mark.unit
@@ -716,13 +760,15 @@ def test_a_rival_never_takes_a_scheme_the_accuracy_guard_refuses():
 @pytest.mark.unit
 def test_the_decision_carries_the_rivals_to_try_and_trial_steps_0_tries_none():
     ranks = [rank_measurements(backward=0.02, ready=(0.01, 0.02))] * 2
-    d = _decide(Auto(trial_steps=5), ranks, [link_rows(100e6)] * 2, [], 2)
-    assert d["ok"] and d["trials"][0]["labels"] == d["labels"]
-    assert d["trials"][0]["predicted_s"] == pytest.approx(d["predicted_s"])
-    assert len(d["trials"]) >= 2
-    untried = _decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)     # the default: none
-    assert "trials" not in untried and untried["no_trial"] == "trial_steps=0"
-    assert untried["labels"] == d["labels"]
+    d = decide(Auto(trial_steps=5), ranks, [link_rows(100e6)] * 2, [], 2)
+    assert d.ok and d.rivals[0].labels == d.labels
+    assert d.rivals[0].predicted_s == pytest.approx(d.predicted_s)
+    assert len(d.rivals) >= 2 and d.no_trial is None
+    assert json.dumps(Decision.from_dict(json.loads(json.dumps(d.to_dict()))).to_dict()) == \
+        json.dumps(d.to_dict())
+    untried = decide(Auto(), ranks, [link_rows(100e6)] * 2, [], 2)     # the default: none
+    assert untried.rivals == () and untried.no_trial == "trial_steps=0"
+    assert untried.labels == d.labels
     with pytest.raises(ValueError, match="trial_steps"):
         Auto(trial_steps=-1)
 
@@ -730,35 +776,36 @@ def test_the_decision_carries_the_rivals_to_try_and_trial_steps_0_tries_none():
 @pytest.mark.unit
 def test_trial_steps_switch_plans_at_step_boundaries_with_no_plan_shown_meanwhile():
     comm = communicator(trial_steps=5)
-    labels = [["bit8:allgather"] * 4, [FLOAT32] * 4, ["fp16:allreduce"] * 4]
-    trials = [{"name": n, "labels": x, "predicted_s": 0.1, "loss": 0.0}
-              for n, x in zip(("plan", "a", "b"), labels)]
-    comm._apply({"ok": True, "labels": labels[0], "predicted_s": 0.1, "trials": trials}, 0.1)
-    assert comm.plan_report()["phase"] == "trial" and comm.labels == labels[0]
+    labels = [("bit8:allgather",) * 4, (FLOAT32,) * 4, ("fp16:allreduce",) * 4]
+    rivals = tuple(trial.Contender(n, x, 0.1, 0.0) for n, x in zip(("plan", "a", "b"), labels))
+    comm.apply_decision(plan(labels[0], 0.1, rivals=rivals), 0.1)
+    assert comm.plan_report().phase == "trial" and comm.phase == Phase.TRIAL
+    assert comm.labels == list(labels[0])
     stats = comm.pop_stats()
     assert stats["plan"] == "" and stats["plan_event"].endswith(
         "trial: the plan and 2 rival(s), 5 timed steps each")
     order = trial.schedule(3, 5)
     for k in range(1, len(order)):                       # all but the last (it gathers)
         comm.end_step(None, None)
-        assert comm.labels == labels[order[k]], k
+        assert comm.labels == list(labels[order[k]]), k
         assert comm.pop_stats()["plan"] == ""
-    assert len(comm._trial["times"]) == len(order) - 1
+    assert len(comm.status.trial_times) == len(order) - 1
 
 
 @pytest.mark.unit
 def test_rank_0s_verdict_takes_the_slowest_rank_each_step_and_never_raises():
-    from hvd_compress.auto.communicator import _judge
+
     c = tried(("plan", 0.2, 1.0), ("b", 0.3, 0.0))
     fast = times_for([0.10, 0.20], 2)
     slow = times_for([0.30, 0.20], 2)                     # rank 1 is slower on the plan's steps
-    v = _judge(c, torch.tensor([fast, slow], dtype=torch.float64), 2, fixed_s=1.0)
-    assert v["chosen"] == 1 and v["medians_s"] == pytest.approx([0.30, 0.20])
-    assert v["step_s"] == pytest.approx([max(a, b) for a, b in zip(fast, slow)])
-    assert v["shift_s"] == pytest.approx(((0.30 - 0.2) + (0.20 - 0.3)) / 2)
-    v = _judge(c, torch.tensor([fast[:-1]], dtype=torch.float64), 2)
-    assert v["chosen"] == 0 and v["reason"].startswith("the plan kept: no verdict (ValueError")
-    assert v["shift_s"] == 0.0
+    v = judge(c, torch.tensor([fast, slow], dtype=torch.float64), 2, fixed_s=1.0)
+    assert v.chosen == 1 and v.medians == pytest.approx((0.30, 0.20))
+    assert v.step_s == pytest.approx(tuple(max(a, b) for a, b in zip(fast, slow)))
+    assert v.shift_s == pytest.approx(((0.30 - 0.2) + (0.20 - 0.3)) / 2)
+    assert trial.Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v   # its broadcast
+    v = judge(c, torch.tensor([fast[:-1]], dtype=torch.float64), 2)
+    assert v.chosen == 0 and v.reason.startswith("the plan kept: no verdict (ValueError")
+    assert v.shift_s == 0.0
 
 
 @pytest.mark.unit
@@ -770,3 +817,110 @@ def test_the_trial_re_measures_the_fixed_time_common_to_every_plan():
     assert trial.fixed_shift(c, (0.020, 0.016, 0.021), fixed_s=0.010) == -0.010   # >= 0 left
     assert trial.fixed_shift(c, (0.050, math.nan, math.nan), fixed_s=0.026) == 0.0
     assert trial.fixed_shift(c, (0.046, 0.047, 0.050), fixed_s=0.026) == pytest.approx(0.010)
+
+
+# ---------------------------------------------------------------- the committed records
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+# The plans this version of the planner made, committed: re-decided from their records they
+# must give the same plan and the same predicted step, to the bit.
+CURRENT_PLANS = sorted((RESULTS / "step-auto-rerun" / "plans").glob("*.json")) + [
+    RESULTS / "lab-auto-head" / "xeon-reps" / "np4-auto" / "manifest.json"]
+
+
+def committed_report(path):
+    data = json.loads(path.read_text())
+    return PlanReport.from_dict(data.get("plan_report", data))
+
+
+@pytest.mark.unit
+def test_every_committed_plan_report_loads_as_a_record():
+    """Every plan report under results/ (bench_step's plans/, the lab's manifests), written by
+    earlier versions too, reads back as a records.PlanReport."""
+    paths = [p for p in RESULTS.rglob("*.json") if '"measured_step_s"' in p.read_text()]
+    assert len(paths) >= 100
+    for path in paths:
+        report = committed_report(path)
+        assert report.measurements is not None and report.buckets, path
+        assert report.labels == [b["label"] for b in json.loads(path.read_text()).get(
+            "plan_report", json.loads(path.read_text()))["buckets"]], path
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", CURRENT_PLANS, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_the_committed_plans_are_re_decided_to_the_bit(path):
+    """The 16 cells of results/step-auto-rerun and the lab's xeon-reps run: the record's own
+    measurements give its plan and its predicted step, bit for bit."""
+    report = committed_report(path)
+    _, busy, replayed = planner_inputs.replay(report)
+    assert list(replayed.schemes) == report.labels
+    assert replayed.predicted_s == report.predicted_s
+    assert busy == report.measurements.busy_factor
+
+
+# ---------------------------------------------------------------- a plugin's scheme
+
+@pytest.fixture
+def int4():
+    """tests/int4_scheme.py's sub-byte scheme, registered for this test only."""
+    import int4_scheme
+    int4_scheme.register()
+    yield int4_scheme
+    int4_scheme.unregister()
+
+
+@pytest.mark.unit
+def test_auto_takes_a_plugin_scheme_that_carries_values_and_guards_it_per_bucket(int4):
+    """A scheme registered the documented way that says `carries_values` is among auto's
+    candidates, by both its routes, with no edit to auto; its error is measured on each
+    bucket exactly as bit8's is (encode_chunks, decode_chunks of the bucket); and the guard
+    lets a bucket take it where that error is under the bound (the slow link then picks it:
+    half bit8's bytes) and refuses it on a bucket where it is over."""
+    candidates = hc.Compression.auto.candidates
+    assert candidates[:len(planner.DEFAULT_CANDIDATES)] == planner.DEFAULT_CANDIDATES
+    assert candidates[len(planner.DEFAULT_CANDIDATES):] == ("int4test:allgather",
+                                                            "int4test:alltoall")
+    assert hc.Compression.auto(candidates=["int4test"]).candidates == (FLOAT32,
+                                                                       "int4test:allgather")
+    # measured as the calibration measures every packet scheme
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.randint(-7, 8, (70_000,), generator=gen).float() * 1e-3  # on int4's grid
+    grid[::256] = 7e-3                                    # each block's amax: scale 1e-3 exact
+    normal = torch.randn(70_000, generator=gen) * 1e-3     # 4 bits cannot carry a Gaussian
+    errs = calibration.measure_errors([grid, normal], ["fc1.weight", "conv.weight"],
+                                      candidates, 256)
+    for x, name in ((grid, "fc1.weight"), (normal, "conv.weight")):
+        message = torch.zeros(int4.Int4Compressor.message_bytes(x.numel(), 256), dtype=torch.uint8)
+        int4.Int4Compressor.encode_chunks(x, message, [0, x.numel()], 256)
+        y = int4.Int4Compressor.decode_chunks(message, [0, x.numel()], torch.empty_like(x), 256)
+        assert errs[name]["int4test"] == float((y - x).norm()) / float(x.norm())
+    assert errs["fc1.weight"]["int4test"] < 1e-6 < planner.ERROR_BOUND
+    assert errs["conv.weight"]["int4test"] > planner.ERROR_BOUND
+    # the planner on a slow link, measurements by hand as tests/test_planner.py builds them
+    buckets = (planner.Bucket("fc1.weight", 4 * MiB, 0.010),
+               planner.Bucket("conv.weight", 4 * MiB, 0.020))
+    slow = Link.from_bandwidth(1e-3, 100e6 / 8)
+    cost = planner.CodecCost(planner.Affine(1e-4, 1e-10), planner.Affine(1e-4, 1e-10),
+                             planner.Affine(1e-4, 1e-10))
+    errors = {(b.name, s): 2e-4 for b in buckets for s in ("fp16", "bit16")}
+    errors.update({(b.name, "bit8"): 0.03 for b in buckets})
+    errors.update({(name, "int4test"): row["int4test"] for name, row in errs.items()})
+    m = planner.Measurements(2, buckets, 0.020, {c: slow for c in calibration.LINK_COLLECTIVES},
+                             {t: cost for t in candidates if t != FLOAT32}, errors)
+    plan = planner.search(m, candidates)
+    assert plan.schemes[0].startswith("int4test:"), plan.schemes
+    assert plan.schemes[1].startswith("bit8:"), plan.schemes
+    assert "> bound" in plan.refused[("conv.weight", "int4test:allgather")]
+    assert ("fc1.weight", "int4test:allgather") not in plan.refused
+    # and the same measurements without the plugin among the candidates: bit8 on both
+    assert planner.search(m, planner.DEFAULT_CANDIDATES).schemes[0].startswith("bit8:")
+
+
+@pytest.mark.unit
+def test_the_default_candidates_are_the_registrys_schemes_that_carry_values():
+    from hvd_compress.auto.settings import NOT_BY_DEFAULT, default_candidates
+    assert default_candidates() == planner.DEFAULT_CANDIDATES
+    for name in NOT_BY_DEFAULT:                  # carry values, chosen only when named
+        assert hc.Compression.auto(candidates=[name]).candidates[1].startswith(name + ":")
+    with pytest.raises(ValueError, match="carries_values"):
+        hc.Compression.auto(candidates=["onebit"])

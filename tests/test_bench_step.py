@@ -157,7 +157,7 @@ def steps_frame():
                 auto = row == "ours:auto"
                 rows.append({"model": model, "link": link, "ranks": n, "row": row,
                              "round": 1 + i // 2, "step": i % 2, "step_ms": ms,
-                             "forward_backward_ms": 1.0, "compress_ms": 0.1,
+                             "forward_backward_ms": 1.0, "copy_ms": 0.05, "compress_ms": 0.1,
                              "communicate_ms": 0.2, "decompress_ms": 0.1, "overlap_ms": 0.0,
                              "bytes_sent": 100.0,
                              "plan": ("none:allreduce bit8:allgather" if i else "") if auto else "",

@@ -1,8 +1,8 @@
-"""The contract on 2 real ranks (tests/workers/contract_checks.py), and a compressor written in
-one file (docs/extending.md's) trained by the lab, labs/mnist.py, on 2 ranks."""
+"""The contract on 2 real ranks (tests/workers/contract_checks.py: the one-file examples of
+docs/extending.md, E5M2 and the sub-byte E2M1, among them), and a compressor written in one
+file (docs/examples/e5m2_example.py) trained by the lab, labs/mnist.py, on 2 ranks."""
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,20 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_contract_on_two_ranks(controller, np, request):
     names = passed_checks(request)
     for name in ("one_file.trains.loss_falls", "e5m2.alltoall.bytes_are_the_cost_models",
+                 "e2m1.trains.loss_falls", "e2m1.trains.identical_on_all_ranks",
+                 "e2m1.allgather.equals_the_formats_reference",
+                 "e2m1.alltoall.equals_the_formats_reference",
+                 "e2m1.allgather.bytes_are_the_cost_models",
+                 "e2m1.alltoall.bytes_are_the_cost_models",
                  "bf16.alltoall.tensor1.equals_float32_sum", "hook_error.step_raises_the_real_error",
                  "wrap_twice.only_the_new_hooks_fire", "close.same_bits_without_hooks"):
         assert name in names
 
 
 def test_a_one_file_compressor_in_a_lab_run(tmp_path, mnist_dir):
-    text = (ROOT / "docs" / "extending.md").read_text()
-    filename, source = re.search(r"<!-- example: (\S+) -->\s*```python\n(.*?)```", text, re.S).groups()
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / filename).write_text(source)
     env = launch_env()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), env.get("PYTHONPATH")]))
-    env["HVD_COMPRESS_SCHEMES"] = Path(filename).stem
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "docs" / "examples"),
+                                                      env.get("PYTHONPATH")]))
+    env["HVD_COMPRESS_SCHEMES"] = "e5m2_example"
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "labs" / "mnist.py"), "--e5m2-allreduce", "--out", str(out),
            "--data-dir", str(mnist_dir), "--split-test", "9000", "--epochs", "1",

@@ -52,13 +52,6 @@ def test_bit8_allgather_by_hand():
     assert c.seconds(LINK) == pytest.approx(3e-3 + 20.1326784e-3, rel=1e-12)
 
 
-def test_old_two_phase_name_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match="alltoall"):
-        old = model.predict("alltoall_allgather", 4, G, 8)
-    assert old == model.predict("alltoall", 4, G, 8)
-    assert "alltoall_allgather" not in model.EXCHANGES
-
-
 def test_header_bytes_come_from_the_registry():
     from hvd_compress import registry
     assert model.HEADER_BYTES == registry.HEADER_BYTES

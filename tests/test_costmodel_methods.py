@@ -10,6 +10,7 @@ import torch
 
 from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.exchange.routes import DEFAULT_FUSION_BYTES
+from hvd_compress import registry
 from hvd_compress.costmodel import methods
 from hvd_compress.exchange.fusion import buckets_by_size
 from labs.mnist import MODELS
@@ -80,7 +81,8 @@ def test_cli_methods_table():
     import io
     import pandas as pd
     rows = pd.read_csv(io.StringIO(out)).set_index("method")
-    assert set(rows.index) == {"none", "fp16", "bit16", "bit8", "int8", "onebit", "topk", "powersgd"}
+    assert list(rows.index) == list(registry.schemes())           # bf16 too: the registry's
+    assert rows.loc["bf16", "route"] == "alltoall" and rows.loc["topk", "route"] == "allgather"
     assert rows.loc["none", "bytes_vs_fp32"] == 1
     assert rows.loc["onebit", "bytes_vs_fp32"] < 1 / 28 and rows.loc["bit8", "bytes_vs_fp32"] < 0.26
     bad = subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"],

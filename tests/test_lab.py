@@ -246,8 +246,8 @@ def test_records_are_complete(runs, ranks, compression):
     # the plugin timed every step: no missing number, and the parts fit inside the step
     assert steps.notna().all().all()
     assert (steps["update_s"] > -1e-4).all()
-    inside = steps["forward_backward_s"] + steps["compress_s"] + steps["communicate_s"] \
-        + steps["decompress_s"] + steps["update_s"]
+    inside = steps["forward_backward_s"] + steps["copy_s"] + steps["compress_s"] \
+        + steps["communicate_s"] + steps["decompress_s"] + steps["update_s"]
     assert (inside <= steps["step_s"] + 1e-4).all()
     assert epochs[["epoch_s", "train_samples_per_s", "test_loss", "eval_s"]].gt(0).all().all()
     assert epochs["train_loss"].iloc[0] == pytest.approx(
@@ -326,8 +326,8 @@ def test_auto_trains_and_records_its_plan(shared_runs, batch):
         assert len(merged) == len(steps) and (merged["loss"] == merged["loss_fp32"]).all()
         assert accuracy == fp32
     # A lossy plan (a loaded machine's, say) moves this 63-step run's accuracy by a point or
-    # more either way, as any small change to its gradients does (docs/planner.md, "Measured:
-    # what the trial does to accuracy"): its bar is the one every scheme of this file passes.
+    # more either way, as any small change to its gradients does (results/step-auto-trial/
+    # README.md, "what the trial does to accuracy"): its bar is the one every scheme here passes.
     assert accuracy > 0.9
     row = run_matrix.summarize_run("np2-auto", folder)
     assert row["compression"] == "auto"
@@ -748,7 +748,7 @@ def test_model_basic_trains_serial_and_on_two_ranks(batch, defaults_run):
         assert rows["loss"].iloc[-10:].mean() < rows["loss"].iloc[:10].mean()    # it learns
     assert runlog.read_manifest(defaults_run)["config"] == "np2-bit8"      # basic: no suffix
     sizes = [p.numel() for p in BasicNet().parameters()]
-    # buckets of <= 1 MiB of float32, last layer first (communicators.DEFAULT_FUSION_BYTES)
+    # buckets of <= 1 MiB of float32, last layer first (exchange.bucketing.DEFAULT_FUSION_BYTES)
     from hvd_compress.exchange.fusion import buckets_by_size
     order = [torch.empty(n) for n in sizes[::-1]]
     expected = sum(Compression.bit8.message_bytes(sum(order[i].numel() for i in group))

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 
+from hvd_compress.auto.records import BucketLabel, PlanReport
 from hvd_compress.registry import parse_label
 from labs.kit import flags, job, manifest, matrix, network, recorder, report, runlog, table
 
@@ -98,8 +99,10 @@ def test_the_manifest_keeps_the_plan_report_of_auto_only():
 
     class Planning:
         def plan_report(self):
-            return {"buckets": [{"name": "fc2.bias", "bytes": 5736, "label": "none:allreduce"}]}
-    assert manifest.plan_report(Planning(), Args())["buckets"][0]["label"] == "none:allreduce"
+            return PlanReport("", "measuring", (BucketLabel("fc2.bias", 5736, "none:allreduce"),))
+    kept = manifest.plan_report(Planning(), Args())          # the record's dict, for the JSON
+    assert kept["buckets"][0]["label"] == "none:allreduce" and kept["phase"] == "measuring"
+    assert PlanReport.from_dict(kept).labels == ["none:allreduce"]
     with pytest.raises(RuntimeError, match="no plan_report"):
         manifest.plan_report(object(), Args())
     Args.compression = "bit8"

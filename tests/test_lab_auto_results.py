@@ -1,7 +1,7 @@
 """The committed lab run with the per-bucket plan (results/lab-auto/: np2/np4 x float32 and
 --auto-allreduce, Fashion-MNIST, 2 epochs, Gloo, loopback) against issue 25's lab targets,
 and its report against it: the numbers are recomputed from the run folders, not read from the
-report (docs/planner.md, "Measured: the lab with auto").
+report (results/lab-auto-head/README.md, "the lab with auto").
 
     results/lab-auto/summary.csv, matrix.json, <run>/manifest.json, epochs.csv, steps.csv
     results/lab-auto/report.md, *.png, load_average.csv (the machine's load during the runs)

@@ -47,7 +47,7 @@ def test_horovod_route_records_what_it_can_measure(routes):
     steps = pd.read_csv(routes["horovod"] / "steps.csv")
     plugin = pd.read_csv(routes["plugin"] / "steps.csv")
     # Horovod's optimizer works in hooks and synchronize(): no per-phase times, honestly NaN
-    for column in ("compress_s", "communicate_s", "decompress_s"):
+    for column in ("copy_s", "compress_s", "communicate_s", "decompress_s"):
         assert steps[column].isna().all()
     assert (steps["step_s"] > 0).all() and (steps["update_s"] > 0).all()
     assert (steps["forward_backward_s"] + steps["update_s"] <= steps["step_s"] + 1e-4).all()
@@ -96,28 +96,13 @@ def test_optimizer_and_route_flags_default_and_choices(lab, capsys):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("old,new,optimizer,route", [
-    (["--route", "horovod"], ["--optimizer horovod"], "horovod", None),
-    (["--route", "plugin"], ["--optimizer plugin"], "plugin", None),
-    (["--reduction", "alltoall"], ["--route alltoall"], "plugin", "alltoall"),
-    (["--route", "horovod", "--reduction", "allgather"],
-     ["--optimizer horovod", "--route allgather"], "horovod", "allgather"),
-])
-def test_old_spellings_still_work_and_name_the_new_ones(lab, old, new, optimizer, route):
-    """--route plugin|horovod was the optimizer, --reduction the collective: the values tell
-    them apart, and each old spelling warns once, with its new one."""
-    with pytest.warns(FutureWarning) as caught:
-        args = lab.parse_args(["--bit8-allreduce"] + old)
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == len(new), messages
-    for spelling, message in zip(new, messages):
-        assert spelling in message, (spelling, message)
-    assert (args.optimizer, args.route) == (optimizer, route)
-    assert not hasattr(args, "reduction")
-
-
-@pytest.mark.unit
-def test_old_and_new_spellings_that_disagree_are_refused(lab, capsys):
-    with pytest.raises(SystemExit), pytest.warns(FutureWarning):
-        lab.parse_args(["--bit8-allreduce", "--route", "allgather", "--reduction", "alltoall"])
-    assert "disagree" in capsys.readouterr().err
+@pytest.mark.parametrize("old", [["--route", "horovod"], ["--route", "plugin"],
+                                 ["--reduction", "alltoall"]])
+def test_the_first_versions_spellings_are_refused(lab, capsys, old):
+    """--route plugin|horovod (now --optimizer) and --reduction (now --route) are gone: a usage
+    error, not a silent other meaning."""
+    with pytest.raises(SystemExit) as stop:
+        lab.parse_args(["--bit8-allreduce"] + old)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err or "unrecognized arguments" in err

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from hvdrun import across_ranks, passed_checks
-from hvd_compress.methods.powersgd import (PowerSGD, approximate, initial_q, matrix_shape,
-                                           powersgd_bytes)
+from hvd_compress.methods.powersgd import PowerSGD, approximate, initial_q, matrix_shape
+from hvd_compress.registry import powersgd_step_bytes
 
 
 @pytest.mark.unit
@@ -35,8 +35,8 @@ def test_shapes_and_bytes():
     assert matrix_shape((5,)) is None and matrix_shape(()) is None
     assert matrix_shape((32, 1, 3, 3)) == (32, 9)
     # conv 32x1x3x3 (32 x 9, r 2): 82 floats; bias 32; one rank sends 2(n-1)/n of each
-    assert powersgd_bytes([(32, 1, 3, 3), (32,)], 2, 2) == 4 * (82 + 32)
-    assert powersgd_bytes([(32, 1, 3, 3)], 2, 1) == 0
+    assert powersgd_step_bytes([(32, 1, 3, 3), (32,)], 2, 2) == 4 * (82 + 32)
+    assert powersgd_step_bytes([(32, 1, 3, 3)], 1, 2) == 0
 
 
 @pytest.mark.unit

@@ -1,4 +1,4 @@
-"""int8 and onebit (hvd_compress/compressors/quantizers.py, codecs/onebit.py): the sign codec bit by bit,
+"""int8 and onebit (hvd_compress/compressors/int8.py and onebit.py, codecs/int8.py and onebit.py): the sign codec bit by bit,
 packets and messages, corrupt input, and both on real ranks under horovodrun, with the
 optimizer's default error feedback (tests/workers/quantizer_checks.py, in the shared job of each
 configuration: tests/hvdrun.py)."""

@@ -8,7 +8,8 @@ import torch
 
 from hvdrun import across_ranks, passed_checks
 from hvd_compress.exchange.memory import ResidualMemory
-from hvd_compress.methods.topk import TopK, scatter_sum, select, topk_bytes
+from hvd_compress.methods.topk import TopK, scatter_sum, select
+from hvd_compress.registry import topk_step_bytes
 
 
 @pytest.mark.unit
@@ -61,9 +62,9 @@ def test_sparse_sum_equals_the_dense_sum_of_what_was_sent():
 
 @pytest.mark.unit
 def test_bytes_and_bad_ratio():
-    assert topk_bytes([1000, 10], 0.01, 2) == 8 * (10 + 1)
-    assert topk_bytes([1000], 0.01, 4) == 3 * 8 * 10
-    assert topk_bytes([1000], 0.01, 1) == 0
+    assert topk_step_bytes([(1000,), (10,)], 2, 0.01) == 8 * (10 + 1)
+    assert topk_step_bytes([(1000,)], 4, 0.01) == 3 * 8 * 10
+    assert topk_step_bytes([(1000,)], 1, 0.01) == 0
     for bad in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match="ratio must be in"):
             TopK(bad)

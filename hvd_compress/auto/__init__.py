@@ -1,6 +1,8 @@
 """Compression.auto: the job measures itself and chooses each bucket's scheme and route.
 
-    settings.py      Auto, the method's settings (what Compression.auto(...) returns)
+    settings.py      Auto, the method's settings (what Compression.auto(...) returns); it
+                     declares its communicator, as top-k and PowerSGD do
+    records.py       what it decides and shows: measurements, decision, trial, plan report
     calibration.py   what the job measures in its first steps: links, backward's pace, codecs
     inputs.py        the planner's inputs as the job saw them, and their record (plan_report)
     planner.py       the plan with the smallest predicted step, on the cost model's timeline

@@ -28,6 +28,7 @@ from .. import registry
 from ..exchange.bucketing import chunk_bounds
 from ..registry import Route, parse_label
 from . import planner
+from .records import Host, Pace, RankMeasurements, StepSample
 
 __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REPS",
            "CODEC_REPS", "DISAGREE_FACTOR", "step_sample", "pace_summary", "time_codecs",
@@ -35,7 +36,7 @@ __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REP
            "LINK_REPS_MAX", "LINK_REP_BUDGET_S", "more_link_reps", "carried_units",
            "fastest_repetitions",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "host",
-           "cpu_share"]
+           "cpu_share", "whole_size", "carry", "carried"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -43,29 +44,18 @@ LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # small enough that a 10 Mbit/s link times it in ~0.2 s.
 LINK_SMALL_BYTES = 4 << 10
 LINK_LARGE_BYTES = (64 << 10, 256 << 10)
-# Where the larger message takes under LINK_RESOLVED_RATIO times the small one's time, the
-# message's cost hides the byte's: on the emulated 1 Gbit/s link at 4 ranks a 256 KiB allreduce
-# took 5 ms, as long as a 4 KiB one, a 4 MiB one 58 ms, and the fit of the two small sizes
-# made the job's 4.7 MB bucket nearly free (docs/planner.md, "In the job", calibration step 2).
-# Then the collective is timed again 4x larger, up to the largest message the job's plans send
-# through it and while the last size took under LINK_GROW_MAX_S (a 10 Mbit/s link never grows:
-# 256 KiB takes ~0.2 s there).
+# Where the larger size took under LINK_RESOLVED_RATIO times the small one's time, the message's
+# cost hides the byte's, so it is timed again LINK_GROW_FACTOR larger, up to the job's largest
+# message and while a size takes under LINK_GROW_MAX_S (results/calibration-spread/README.md).
 LINK_RESOLVED_RATIO = 4.0
 LINK_GROW_MAX_S = 0.05
 LINK_GROW_FACTOR = 4
 # Timed repetitions after one untimed (Horovod negotiates a new name once, then caches it, as
 # it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
-# Where a size's repetitions are cheap, more: up to LINK_REPS_MAX in all, as many as
-# LINK_REP_BUDGET_S holds at the slowest rank's median of the first ones (all six more up to
-# 10 ms a repetition; a 10 Mbit/s link's 256 KiB, ~0.2 s, none). On 4 ranks sharing 2 cores
-# over the emulated 1 Gbit/s link (results/calibration-spread), the fitted alpha of allgather
-# less allreduce's (what decides between a bit8 allgather and float32 on the lab net) was over
-# 1 ms in 17 of 110 calibrations with 3 repetitions and 2 of 110 with this rule (standard
-# deviation 0.48-0.85 ms against 0.31-0.43), for 0.3 s more a calibration. The step grid's lab
-# net once fitted 2.3 ms there with 3 and sent its bucket as float32, 1.13x the fastest row.
-# A 30 ms budget did no better than 3 (14 of 100 against 9): our reading, a calibration whose
-# first repetitions ran slow, the one that needs more, got fewer.
+# Where a size's repetitions are cheap, more, up to LINK_REPS_MAX, as many as LINK_REP_BUDGET_S
+# holds at the slowest rank's median: three left allgather's alpha a millisecond off often
+# enough to flip a plan (results/calibration-spread/README.md).
 LINK_REPS_MAX = 9
 LINK_REP_BUDGET_S = 0.06
 CODEC_REPS = 3
@@ -79,7 +69,7 @@ _POLL_S = 50e-6
 
 # ---------------------------------------------------------------- the pace (each rank)
 
-def step_sample(step_s, backward_start, backward_end, now, launches):
+def step_sample(step_s, backward_start, backward_end, now, launches) -> StepSample | None:
     """One step's pace, times from time.perf_counter(). launches: per bucket (launch order),
     (when its start() began, how long it took), or None if it never launched. Times are from
     backward's start, taken as the step's first gradient hook (what precedes it -- the loss's
@@ -96,24 +86,23 @@ def step_sample(step_s, backward_start, backward_end, now, launches):
         work += cost
     span = backward_end - backward_start
     wait = now - backward_end
-    return {"step_s": step_s, "backward_s": max(span - work, 0.0), "wait_s": wait,
-            "fixed_s": step_s - span - wait, "ready_s": ready}
+    return StepSample(step_s, max(span - work, 0.0), wait, step_s - span - wait, tuple(ready))
 
 
-def pace_summary(samples):
+def pace_summary(samples) -> Pace:
     """The median of each quantity over the samples but the first (discarded: first-touch
     allocations, Horovod's first negotiation of each name); incomplete steps left out."""
-    usable = [s for s in samples[1:] if s is not None and math.isfinite(s["step_s"])]
+    usable = [s for s in samples[1:] if s is not None and math.isfinite(s.step_s)]
     if not usable:
         raise ValueError(f"no complete step among the {len(samples)} measured (a step without "
                          "backward, or a bucket that never launched)")
-    out = {k: statistics.median(s[k] for s in usable)
-           for k in ("step_s", "backward_s", "wait_s", "fixed_s")}
-    out["ready_s"] = [statistics.median(s["ready_s"][i] for s in usable)
-                      for i in range(len(usable[0]["ready_s"]))]
-    out["steps"] = len(usable)
-    out["fixed_s"] = max(out["fixed_s"], 0.0)
-    return out
+
+    def median(field):
+        return statistics.median(getattr(s, field) for s in usable)
+    ready = tuple(statistics.median(s.ready_s[i] for s in usable)
+                  for i in range(len(usable[0].ready_s)))
+    return Pace(median("step_s"), median("backward_s"), median("wait_s"),
+                max(median("fixed_s"), 0.0), ready, len(usable))
 
 
 # ---------------------------------------------------------------- codecs (each rank)
@@ -258,7 +247,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
         sizes_here = list(sizes)
         medians = []
         while sizes_here:
-            size = _whole(sizes_here.pop(0), n)
+            size = whole_size(sizes_here.pop(0), n)
             if collective == "allreduce":
                 tensor = torch.zeros(size // 4, dtype=torch.float32)
                 launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
@@ -276,7 +265,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
             times, cpus, total, rep = [], [], reps, 0
-            # each call carries this rank's median so far to every rank (_carry): after the
+            # each call carries this rank's median so far to every rank (carry): after the
             # last of the first `reps`, every rank reads the same times and adds as many
             # repetitions, with no collective of its own between them
             # (the two sizes asked for only: a grown one is large, its bytes' cost far above
@@ -284,7 +273,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             carries = budget_s > 0 and reps >= 2 and size >= 4 * n and len(medians) < len(sizes)
             while rep <= total:
                 if carries and rep <= reps:        # read once, after call `reps`
-                    _carry(collective, tensor, hvd.rank(), n,
+                    carry(collective, tensor, hvd.rank(), n,
                            statistics.median(times) if times else 0.0)
                 began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
                 handle = launch(tensor, name)
@@ -297,7 +286,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                     # transport's -- what the collective takes from backward's cores
                     cpus.append(max(0.0, (time.process_time() - cpu) - (time.thread_time() - mine)))
                 if carries and rep == reps:
-                    total += more_link_reps(reps, max(_carried(collective, output, n)), budget_s)
+                    total += more_link_reps(reps, max(carried(collective, output, n)), budget_s)
                 rep += 1
             rows += [(collective, n, size, t, c) for t, c in zip(times, cpus)]
             medians.append(statistics.median(times))
@@ -307,7 +296,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
                                   name=f"hvdc.auto.link.grow.{collective}.{size}")
             small_s, large_s = every.min(dim=0).values.tolist()
             grown = next_link_size(size, small_s, large_s, caps[collective])
-            if grown is not None and _whole(grown, n) > size:
+            if grown is not None and whole_size(grown, n) > size:
                 sizes_here.append(grown)
     return rows
 
@@ -327,8 +316,8 @@ def carried_units(collective, seconds):
     return min(round(seconds / CARRY_UNIT_S[collective]), CARRY_MOST[collective])
 
 
-def _carry(collective, tensor, rank, n, seconds):
-    """Write `seconds` where `collective` takes it to every rank (read by _carried)."""
+def carry(collective, tensor, rank, n, seconds):
+    """Write `seconds` where `collective` takes it to every rank (read by carried)."""
     units = carried_units(collective, seconds)
     if collective in ("allreduce", "allreduce_fp16"):
         tensor[rank] = float(units)
@@ -337,7 +326,7 @@ def _carry(collective, tensor, rank, n, seconds):
         tensor.view(-1, chunk)[:, :4] = torch.tensor([units], dtype=torch.int32).view(torch.uint8)
 
 
-def _carried(collective, output, n):
+def carried(collective, output, n):
     """Every rank's seconds as `collective`'s output brought them (the same on every rank)."""
     if collective in ("allreduce", "allreduce_fp16"):
         units = [round(float(v) * n) for v in output[:n]]
@@ -348,7 +337,7 @@ def _carried(collective, output, n):
     return [u * CARRY_UNIT_S[collective] for u in units]
 
 
-def _whole(size, n):
+def whole_size(size, n):
     """`size` bytes rounded down to whole float32 values split equally over n ranks."""
     return max(n, size // (4 * n) * 4 * n)
 
@@ -368,37 +357,36 @@ def job_step_s(steps):
     takes as much from the next. The slowest rank's time of each step (or the largest of the
     ranks' medians) keeps only the additions: on 4 ranks sharing 2 cores, where a rank waits
     for a core, it read the lab net's steps up to ~20% long and re-planned on drift that was
-    not there (results/step-auto-grid/np4-lab-job-step, docs/planner.md "Measured: the step
-    benchmark")."""
+    not there (results/step-auto-grid/np4-lab-job-step)."""
     steps = list(steps)
     return math.fsum(steps) / len(steps)
 
 
 def combine(ranks, link_rows, n):
-    """One planner.Measurements from every rank's measurements (`ranks`: per rank, the dict
-    the runtime gathered: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
+    """One planner.Measurements from every rank's measurements (`ranks`: per rank, its
+    records.RankMeasurements: buckets, pace, codecs, errors) and timed collectives (`link_rows`:
     per rank, its rows). Per quantity the slowest rank's: its pace sets the timeline, its
     codecs the hooks' cost. Per collective repetition the fastest rank's: every rank times the
     same collective, and those that arrived earlier add their wait for the last to it.
     Raises ValueError where they cannot be planned from: ranks with other buckets, times that
     are not finite, ranks whose steps differ by more than DISAGREE_FACTOR, a link that does not
     fit."""
-    layouts = {tuple(tuple(b) for b in r["buckets"]) for r in ranks}
+    layouts = {tuple(tuple(b) for b in r.buckets) for r in ranks}
     if len(layouts) != 1:
         raise ValueError("ranks' buckets differ: " + "; ".join(
-            f"rank {i}: {r['buckets']}" for i, r in enumerate(ranks)))
-    layout = ranks[0]["buckets"]
-    steps = [_finite(r["pace"]["step_s"], f"rank {i}'s median step")
+            f"rank {i}: {[list(b) for b in r.buckets]}" for i, r in enumerate(ranks)))
+    layout = ranks[0].buckets
+    steps = [_finite(r.pace.step_s, f"rank {i}'s median step")
              for i, r in enumerate(ranks)]
     if min(steps) <= 0 or max(steps) > DISAGREE_FACTOR * min(steps):
         raise ValueError(f"ranks disagree: median steps {', '.join(f'{s:.4g}' for s in steps)} s "
                          f"differ by more than {DISAGREE_FACTOR:g}x")
-    pace = {k: max(_finite(r["pace"][k], f"rank {i}'s {k}") for i, r in enumerate(ranks))
+    pace = {k: max(_finite(getattr(r.pace, k), f"rank {i}'s {k}") for i, r in enumerate(ranks))
             for k in ("backward_s", "fixed_s")}
     ready, last = [], 0.0
     for j in range(len(layout)):
         # launch order: a bucket leaves no sooner than the one before it
-        last = max(last, max(_finite(r["pace"]["ready_s"][j], f"rank {i}'s ready time")
+        last = max(last, max(_finite(r.pace.ready_s[j], f"rank {i}'s ready time")
                              for i, r in enumerate(ranks)))
         ready.append(last)
     buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
@@ -407,12 +395,12 @@ def combine(ranks, link_rows, n):
     links = planner.fit_links(fastest_repetitions(link_rows))
 
     codecs = {}
-    for text in sorted({t for r in ranks for t in r["codecs"]}):
+    for text in sorted({t for r in ranks for t in r.codecs}):
         parts = {}
         for op in ("encode", "reduce", "decode"):
             worst = {}
             for i, r in enumerate(ranks):
-                for nbytes, seconds in r["codecs"].get(text, {}).get(op, []):
+                for nbytes, seconds in r.codecs.get(text, {}).get(op, ()):
                     worst[nbytes] = max(worst.get(nbytes, 0.0),
                                         _finite(seconds, f"rank {i}'s {text} {op}"))
             if worst:
@@ -420,7 +408,7 @@ def combine(ranks, link_rows, n):
         codecs[text] = planner.CodecCost(**parts)
     errors = {}
     for r in ranks:
-        for bucket, row in r["errors"].items():
+        for bucket, row in r.errors.items():
             for scheme_name, err in row.items():
                 key = (bucket, scheme_name)
                 err = float(err) if err is not None else math.nan
@@ -428,7 +416,7 @@ def combine(ranks, link_rows, n):
                 errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
                                 fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
-                                cpu_share=cpu_share([r.get("host") for r in ranks]))
+                                cpu_share=cpu_share([r.host for r in ranks]))
 
 
 def fastest_repetitions(link_rows):
@@ -457,7 +445,7 @@ def host():
     except OSError:
         machine = os.uname().nodename
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"machine": machine, "cores": int(cores or 1), "threads": torch.get_num_threads()}
+    return Host(machine, int(cores or 1), torch.get_num_threads())
 
 
 def cpu_share(hosts):
@@ -466,12 +454,12 @@ def cpu_share(hosts):
     cores/threads of a core, so work added to one rank's process delays its backward by
     threads/cores of itself (4 ranks of one thread on 2 cores: 2); where a core is left free,
     Horovod's thread runs there (0). The most crowded machine's; 0 where a rank did not say."""
-    if not hosts or any(not isinstance(h, dict) for h in hosts):
+    if not hosts or any(not isinstance(h, Host) for h in hosts):
         return 0.0
     machines = {}
     for h in hosts:
-        threads, cores = machines.get(h["machine"], (0, h["cores"]))
-        machines[h["machine"]] = (threads + h["threads"], min(cores, h["cores"]))
+        threads, cores = machines.get(h.machine, (0, h.cores))
+        machines[h.machine] = (threads + h.threads, min(cores, h.cores))
     return max((t / c if t >= c else 0.0) for t, c in machines.values())
 
 

@@ -9,7 +9,7 @@ Or ask after: why a job took its plan, re-decided from the measurements its reco
 
 The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
 sibling of it rather than a flag of it because the planner imports the cost model, and the
-cost model never imports what sits above it (DESIGN.md).
+cost model never imports what sits above it (docs/architecture.md).
 
 Where each input comes from (docs/planner.md):
 - buckets: the lab net's parameter shapes (costmodel.methods.MODEL_SHAPES) fused in backward
@@ -31,7 +31,7 @@ Where each input comes from (docs/planner.md):
   size per collective but allgather's two, so b alone where only one was measured.
 With --report, every input is the job's own: its plan_report() (scripts/bench_step.py's
 plans/<cell>.json, or the lab's manifest.json, which holds it), read back by
-planner_inputs.replay.
+inputs.replay.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from ..costmodel import methods, units
 from ..costmodel.model import Link
 from ..registry import parse_label
 from . import planner as pl
-from . import inputs as planner_inputs
+from . import inputs as planner_inputs, records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
@@ -364,16 +364,16 @@ def print_tables(m, plan, timeline, fixed, margin):
 
 
 def read_report(path):
-    """A plan_report() dict from PLAN.json: the report itself, or a lab manifest holding it."""
+    """The records.PlanReport in PLAN.json: the report itself, or a lab manifest holding it."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: --report {path}: {e}") from None
     report = data.get("plan_report", data) if isinstance(data, dict) else None
-    if not isinstance(report, dict) or "buckets" not in report or "measurements" not in report:
-        raise SystemExit(f"error: --report {path}: no plan report in it (a plan_report() dict, "
-                         "or a manifest with one: a run with --auto-allreduce)")
-    return report
+    try:
+        return records.PlanReport.from_dict(report)
+    except ValueError as e:
+        raise SystemExit(f"error: --report {path}: {e}") from None
 
 
 def explain(path, fmt="table", margin=None):
@@ -385,21 +385,20 @@ def explain(path, fmt="table", margin=None):
         m, busy, plan = planner_inputs.replay(report, margin)
     except ValueError as e:
         raise SystemExit(f"error: --report {path}: {e}") from None
-    labels = [b.get("label") for b in report["buckets"]]
-    fixed = fixed_steps(m, (report.get("settings") or {}).get("candidates",
-                                                           pl.DEFAULT_CANDIDATES))
+    labels = report.labels
+    fixed = fixed_steps(m, report.settings.get("candidates", pl.DEFAULT_CANDIDATES))
     timeline = pl.predict(m, plan.schemes)
-    trial = report.get("trial") or {}
-    job_margin = (report.get("settings") or {}).get("margin", pl.TIE_MARGIN)
+    trial = report.trial
+    job_margin = report.settings.get("margin", pl.TIE_MARGIN)
     same = list(plan.schemes) == labels
-    rival = trial.get("chosen") not in (None, "plan")       # trial.Contender("plan", ...)
-    measured = report.get("measurements") or {}
+    rival = trial is not None and trial.chosen not in (None, "plan")   # trial.Contender("plan")
+    measured = report.measurements
     out = {"report": str(path), "n": m.n, "busy_factor": busy,
-           "measured_on": measured.get("measured_on"),
-           "measured_step_s": measured.get("measured_step_s"),
-           "job": {"plan": labels, "predicted_s": report.get("predicted_s"),
-                   "measured_s": report.get("measured_s"),
-                   "chosen_by": f"trial: {trial.get('reason')}" if rival else "the search"},
+           "measured_on": None if measured.measured_on is None else list(measured.measured_on),
+           "measured_step_s": measured.measured_step_s,
+           "job": {"plan": labels, "predicted_s": report.predicted_s,
+                   "measured_s": report.measured_s,
+                   "chosen_by": f"trial: {trial.reason}" if rival else "the search"},
            "replayed": dict(plan.as_dict(), same_as_job=same),
            "fixed": {t: v for t, v in fixed},
            "links": {c: {"alpha_s": f.alpha, "beta_s_per_byte": f.beta}
@@ -414,21 +413,21 @@ def explain(path, fmt="table", margin=None):
     ms = 1e3
     print(f"{path}: n = {m.n}, {len(m.buckets)} buckets")
     print(f"  pace: backward {m.backward_s * ms:.2f} ms, the rest of the step "
-          f"{m.fixed_s * ms:.2f} ms (measured on {' '.join(measured.get('measured_on') or [])}, "
-          f"step {measured.get('measured_step_s', math.nan) * ms:.2f} ms)")
+          f"{m.fixed_s * ms:.2f} ms (measured on {' '.join(measured.measured_on or [])}, "
+          f"step {measured.measured_step_s * ms:.2f} ms)")
     print(f"  links as the step runs them: timed alone, x {busy:.3f} (the busy factor that "
           "predicts that step); bytes as costmodel.fit counts them")
     for c, f in sorted(m.links.items()):
         print(f"    {c}: alpha {f.alpha * ms:.3f} ms, {1 / f.beta / 1e6:.2f} MB/s")
-    predicted, measured_s = (report.get(k, math.nan) for k in ("predicted_s", "measured_s"))
-    shift = trial.get("fixed_shift_s") or 0.0
+    predicted, measured_s = report.predicted_s, report.measured_s
+    shift = trial.fixed_shift_s if trial is not None else 0.0
     print(f"  the job's plan: {' '.join(labels)}, predicted {predicted * ms:.2f} ms"
           + (f" (the trial's shift of the fixed time, {shift * ms:+.2f} ms, included)"
              if shift else "") + f", measured {measured_s * ms:.2f} ms")
     print(f"  re-decided:     {' '.join(plan.schemes)}, predicted {plan.predicted_s * ms:.2f} ms"
           + ("" if same else "  (not the job's: "
              + (f"--margin {margin:g}, the job's {job_margin:g})" if margin is not None
-                else f"its trial adopted a rival: {trial.get('reason')})" if rival
+                else f"its trial adopted a rival: {trial.reason})" if rival
                 else "decided by another version of the planner?)")))
     print_tables(m, plan, timeline, fixed, job_margin if margin is None else margin)
     return 0

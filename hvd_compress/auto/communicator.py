@@ -8,12 +8,14 @@ bucket's buffer; bit16/bit8: the packet allgather or two-phase), so a bucket's e
 bit for bit what that fixed scheme's would be. Every collective's name carries its label, so
 ranks that disagreed on a plan would never match each other's collectives silently.
 
-The life of a plan, at step boundaries (end_step, which every rank reaches at the same count):
+The life of a plan (Phase), at step boundaries (end_step, which every rank reaches at the same
+count):
   measuring   `warmup_steps` steps on the current plan (float32 at first): their pace
   calibrate   this rank's codecs and errors (no collective), gathered; the collectives timed
               (all ranks, same order), gathered; rank 0 combines and searches; the plan and its
               rivals (trial.contenders) are broadcast. Any failure: every rank still joins each
-              gather, and all keep the last good plan (float32 at first), warn once, record why
+              gather, and all keep the last good plan (float32 at first), warn once, record why:
+              fallback
   trial       the plan and its rivals in interleaved steps, the same schedule on every rank,
               switched at step boundaries; the step times gathered (the slowest rank's each
               step), rank 0 judges (trial.verdict), broadcasts; the kept plan applies from the
@@ -22,11 +24,19 @@ The life of a plan, at step boundaries (end_step, which every rank reaches at th
               ranks' mean) and planner.should_replan decides, identically everywhere; a drift
               -> measuring again. The first plan since the start (a restore, a membership
               change) is also judged once after planner.REPLAN_FIRST of its steps
+  fallback    as planned, on the last good plan (or float32) after a calibration that failed
+
+Its state is a few typed objects: the plan in force and the last good one (records.Decision),
+the warm-up's samples (_Warmup), the step clock (_Clock), the planned steps judged for drift
+(_Judging), a trial under way (_TrialRun), what it shows (_Log); `status` is a frozen snapshot
+of them for a reader (tests, a debugger), plan_report() the record of the whole.
 """
 import math
 import statistics
 import time
 import warnings
+from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 import horovod.torch as hvd
@@ -38,10 +48,93 @@ from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
 from . import calibration, planner, inputs as planner_inputs, trial
+from .records import (BucketLabel, Decision, Event, PlanReport, RankMeasurements, ReplanCheck,
+                      TriedPlan, TrialRecord)
 
-__all__ = ["AutoCommunicator", "FLOAT32"]
+__all__ = ["AutoCommunicator", "FLOAT32", "Phase", "Status", "decide", "judge"]
 
 FLOAT32 = "none:allreduce"
+
+
+class Phase(str, Enum):
+    """Where the communicator is in the life of a plan (module docstring). A str: the plan
+    report's `phase` is its value."""
+    MEASURING = "measuring"      # warm-up steps on the plan in force; a calibration ends them
+    TRIAL = "trial"              # the plan and its rivals in turn, step by step
+    PLANNED = "planned"          # exchanging by a plan, judged for drift
+    FALLBACK = "fallback"        # a calibration failed: the last good plan (or float32)
+
+    def __str__(self):
+        return self.value
+
+
+@dataclass
+class _Warmup:
+    """The steps measured since the last calibration (or the start): their pace samples
+    (calibration.step_sample, None for an incomplete step) and, in the step that may end the
+    warm-up, each bucket's gradient as this rank sent it."""
+    samples: list = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)     # bucket index -> float32 copy
+
+
+@dataclass
+class _Clock:
+    """The step clock: steps ended, when the last one ended (None: not a step's end to time
+    from, after pause_step_clock or a change of plan), this step's launches per bucket
+    ((began, took) or None), and how often it was paused."""
+    steps: int = 0
+    last_end: float | None = None
+    launches: list = field(default_factory=list)
+    pauses: int = 0
+
+
+@dataclass
+class _Judging:
+    """The steps of the plan in force, for the re-plan rule: their times (NaN after a pause),
+    how many were real steps, the early check's step (planner.REPLAN_FIRST, a first plan's)."""
+    measured: list = field(default_factory=list)
+    since_plan: int = 0
+    early_check: int | None = None
+
+
+@dataclass
+class _TrialRun:
+    """A trial under way: rank 0's decision, its contenders, the schedule, the step times so
+    far, and what the calibration before it cost."""
+    decision: Decision
+    tried: list
+    order: list
+    times: list = field(default_factory=list)
+    cost: float = 0.0
+
+
+@dataclass
+class _Log:
+    """What the communicator shows: events not yet popped (pop_stats), the history
+    (plan_report), the calibrations' cost, the last re-plan check, whether it warned."""
+    pending: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+    calibration_s: float = 0.0
+    calibrations: int = 0
+    last_replan: ReplanCheck | None = None
+    warned: bool = False
+
+
+@dataclass(frozen=True)
+class Status:
+    """A snapshot of the communicator's state, read-only: the phase, the labels in force, the
+    plan in force and the last good one (None: float32), the warm-up's samples, the planned
+    steps measured (NaN: after a pause) and how many counted, the trial's step times so far
+    (None: no trial under way), the steps ended."""
+    phase: Phase
+    labels: tuple
+    plan: Decision | None
+    last_good: Decision | None
+    samples: tuple
+    measured: tuple
+    since_plan: int
+    trial_times: tuple | None
+    steps: int
 
 
 class AutoCommunicator(CommunicatorBase):
@@ -50,7 +143,6 @@ class AutoCommunicator(CommunicatorBase):
     fuses = True
     takes_memory = True          # the packet labels compensate; an allreduce label carries the
                                  # residual once, exactly (_carry_residual)
-    per_bucket = True
 
     def __init__(self, auto, op=hvd.Average, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK):
@@ -58,7 +150,7 @@ class AutoCommunicator(CommunicatorBase):
         if scale_block is None:
             raise ValueError("Compression.auto needs block scales (scale_block values per "
                              "scale), not one scale per tensor")
-        self.settings = auto
+        self.settings = auto(candidates=auto.candidates)   # the candidates, fixed now
         self.scale_block = int(scale_block)
         self.fusion_threshold_bytes = (DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None
                                        else int(fusion_threshold_bytes))
@@ -72,47 +164,32 @@ class AutoCommunicator(CommunicatorBase):
                 comm.tagged = True           # the label in the collective's name
             self._subs[text] = comm
         self._buckets, self._index, self._active = [], {}, {}
-        self._inputs = {}                    # while measuring: each bucket's gradient as sent
-        self._events, self._history = [], []
-        self._warned = False
-        self._calibration_s, self._calibrations = 0.0, 0
-        self._measurements = {}
-        self._refused = {}
-        self._last_replan = None
-        self._trial = None
-        self._clock_pauses = 0               # pause_step_clock() calls, shown in plan_report()
+        self._clock, self._log = _Clock(), _Log()
+        self._adopted = None                 # the last decision adopted: its measurements
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
     def _forget_plan(self, event):
         self._labels = [FLOAT32] * len(self._buckets)
-        self._plan = None                    # the decision applied: labels, predicted_s, ...
+        self._plan = None                    # the decision in force (None: float32)
         self._good = None                    # the last plan that was not a fallback
-        self._measured, self._since_plan = [], 0
+        self._judging = _Judging()
         self._first_plan = True              # the next plan is judged early (REPLAN_FIRST)
-        self._early_check = None
         self._start_measuring()
         self._event(event)
 
     def _start_measuring(self):
-        self._phase = "measuring"
+        self._phase = Phase.MEASURING
         self._trial = None
-        self._samples = []                   # the plan in force stays, and its steps
-        self._inputs = {}
-        self._last_end = None
-        self._launches = [None] * len(self._buckets)
+        self._warmup = _Warmup()             # the plan in force stays, and its steps
+        self._clock.last_end = None
+        self._clock.launches = [None] * len(self._buckets)
 
     def _event(self, text, calibration_s=None):
         """Note an event for pop_stats() and the history; a calibration's event carries what
         that calibration cost (the sum over all is plan_report()'s calibration_s)."""
-        self._events.append(text)
-        entry = {"step": self._steps_total(), "event": text}
-        if calibration_s is not None:
-            entry["calibration_s"] = calibration_s
-        self._history.append(entry)
-
-    def _steps_total(self):
-        return getattr(self, "_total", 0)
+        self._log.pending.append(text)
+        self._log.history.append(Event(self._clock.steps, text, calibration_s))
 
     def describe(self):
         return "auto/per-bucket"
@@ -122,7 +199,7 @@ class AutoCommunicator(CommunicatorBase):
         self._buckets = [bucket for _, bucket in planned]
         self._index = {id(b): i for i, b in enumerate(self._buckets)}
         self._labels = [FLOAT32] * len(self._buckets)
-        self._launches = [None] * len(self._buckets)
+        self._clock.launches = [None] * len(self._buckets)
         return planned
 
     @property
@@ -130,20 +207,34 @@ class AutoCommunicator(CommunicatorBase):
         """The current plan: a label per bucket, in launch order."""
         return list(self._labels)
 
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def status(self) -> Status:
+        """The state now, as a frozen snapshot (Status)."""
+        return Status(self._phase, tuple(self._labels), self._plan, self._good,
+                      tuple(self._warmup.samples), tuple(self._judging.measured),
+                      self._judging.since_plan,
+                      None if self._trial is None else tuple(self._trial.times),
+                      self._clock.steps)
+
     # ---- the exchange -------------------------------------------------------------------
     def start(self, bucket, memory=None):
         i = self._index[id(bucket)]
         sub = self._subs[self._labels[i]]
         began = time.perf_counter()
-        if self._phase == "measuring" and len(self._samples) + 1 >= self.settings.warmup_steps:
+        if self._phase == Phase.MEASURING and \
+                len(self._warmup.samples) + 1 >= self.settings.warmup_steps:
             # The calibration's errors and codec times are taken on the gradient as this rank
             # sends it: after the exchange the buffer holds the reduced result, which under a
             # lossy plan in force has been through its codec already (a bucket on fp16 then
             # measured an fp16 error of 0 at a re-plan). Only in a step that may end the
             # warm-up (the calibration follows it). Hook work: the pace subtracts it.
-            kept = self._inputs.get(i)
+            kept = self._warmup.inputs.get(i)
             if kept is None or kept.shape != bucket.buffer.shape:
-                self._inputs[i] = bucket.buffer.clone()
+                self._warmup.inputs[i] = bucket.buffer.clone()
             else:
                 kept.copy_(bucket.buffer)
         if sub.route == Route.ALLREDUCE:
@@ -154,8 +245,13 @@ class AutoCommunicator(CommunicatorBase):
         else:
             exchange = sub.start(bucket, memory)
         self._active[id(bucket)] = sub
-        self._launches[i] = (began, time.perf_counter() - began)
+        self.record_launch(i, began, time.perf_counter() - began)
         return exchange
+
+    def record_launch(self, index, began, took):
+        """Bucket `index` was launched this step at `began` (time.perf_counter()), its hook
+        work taking `took` s: what the warm-up's pace is taken from (start() calls it)."""
+        self._clock.launches[index] = (began, took)
 
     def progress(self, exchange):
         self._active[id(exchange.bucket)].progress(exchange)
@@ -183,46 +279,50 @@ class AutoCommunicator(CommunicatorBase):
         the step's pace; calibrate, or decide whether to re-plan, at the same step on every
         rank. Times from time.perf_counter(); backward_start None if no hook fired."""
         now = time.perf_counter()
-        self._total = self._steps_total() + 1
-        step_s = now - self._last_end if self._last_end is not None else math.nan
-        if self._phase == "measuring":            # the pace is only needed while measuring
+        clock = self._clock
+        clock.steps += 1
+        step_s = now - clock.last_end if clock.last_end is not None else math.nan
+        if self._phase == Phase.MEASURING:        # the pace is only needed while measuring
             sample = calibration.step_sample(step_s, backward_start, backward_end, now,
-                                             self._launches)
+                                             clock.launches)
             # Horovod's broadcast_optimizer_state steps once, with zero gradients and no
             # backward, before training: that is no warm-up step. Counted, it would take the
             # place of the slow first real step that pace_summary discards.
-            if sample is not None or self._samples:
-                self._samples.append(sample)
-            if len(self._samples) >= self.settings.warmup_steps:
+            samples = self._warmup.samples
+            if sample is not None or samples:
+                samples.append(sample)
+            if len(samples) >= self.settings.warmup_steps:
                 self._calibrate()
-        elif self._phase == "trial":
+        elif self._phase == Phase.TRIAL:
             self._trial_step(step_s)
-        else:
-            self._measured.append(step_s)
-            del self._measured[:-1000]
+        else:                                     # planned, or on a fallback
+            judging = self._judging
+            judging.measured.append(step_s)
+            del judging.measured[:-1000]
             if math.isfinite(step_s):             # not after pause_step_clock (every rank alike)
-                self._since_plan += 1
-                predicted = self._plan["predicted_s"] if self._plan else math.nan
-                due = (self._since_plan % self.settings.replan_every == 0
-                       or self._since_plan == self._early_check)
+                judging.since_plan += 1
+                predicted = self._plan.predicted_s if self._plan else math.nan
+                due = (judging.since_plan % self.settings.replan_every == 0
+                       or judging.since_plan == judging.early_check)
                 if due and math.isfinite(predicted):
                     self._check_drift(predicted)
-        self._launches = [None] * len(self._buckets)
-        self._last_end = time.perf_counter()
+        clock.launches = [None] * len(self._buckets)
+        clock.last_end = time.perf_counter()
 
     def _check_drift(self, predicted):
         """Every rank: gather the ranks' last steps (each step the job's: the ranks' mean,
         calibration.job_step_s), decide."""
         window = planner.REPLAN_WINDOW
-        recent = [t for t in self._measured if math.isfinite(t)][-window:]
+        judging = self._judging
+        recent = [t for t in judging.measured if math.isfinite(t)][-window:]
         recent = [0.0] * (window - len(recent)) + recent
         gathered = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
                                  name="hvdc.auto.replan")
         steps = [calibration.job_step_s(column) for column in gathered.t().tolist()]
-        every = min(self.settings.replan_every, self._early_check or math.inf)
-        decision = planner.should_replan(predicted, steps, self._since_plan, every=every)
-        self._last_replan = {"step": self._total, "now": decision.now, "reason": decision.reason,
-                             "drift": decision.drift}
+        every = min(self.settings.replan_every, judging.early_check or math.inf)
+        decision = planner.should_replan(predicted, steps, judging.since_plan, every=every)
+        self._log.last_replan = ReplanCheck(self._clock.steps, decision.now, decision.reason,
+                                            decision.drift)
         if decision:
             self._event(f"replanned: {decision.reason}")
             self._start_measuring()
@@ -232,8 +332,8 @@ class AutoCommunicator(CommunicatorBase):
         model's steps in a benchmark's round): the next step's time, measured from the last
         one's end, is not a training step's. It is left out of the pace, of the drift check and
         of the steps counted since the plan. Call it on every rank at the same step."""
-        self._last_end = None
-        self._clock_pauses += 1
+        self._clock.last_end = None
+        self._clock.pauses += 1
 
     def _calibrate(self):
         """Measure, gather, decide on rank 0, broadcast, apply: the same collectives on every
@@ -241,7 +341,8 @@ class AutoCommunicator(CommunicatorBase):
         began = time.perf_counter()
         n, rank = hvd.size(), hvd.rank()
         local = self._measure_here(rank, n)
-        ranks = hvd.allgather_object(local, name="hvdc.auto.measurements")
+        ranks = hvd.allgather_object(local.to_dict() if isinstance(local, RankMeasurements)
+                                     else {"error": local}, name="hvdc.auto.measurements")
         problems = [r["error"] for r in ranks if "error" in r]
         links = [[] for _ in ranks]
         if not problems and n > 1:
@@ -255,54 +356,56 @@ class AutoCommunicator(CommunicatorBase):
             problems = [r["error"] for r in links if isinstance(r, dict)]
         decision = None
         if rank == 0:
-            decision = _decide(self.settings, ranks, links, problems, n)
-        decision = hvd.broadcast_object(decision, root_rank=0, name="hvdc.auto.plan")
+            decision = decide(self.settings, ranks, links, problems, n).to_dict()
+        decision = Decision.from_dict(hvd.broadcast_object(decision, root_rank=0,
+                                                           name="hvdc.auto.plan"))
         cost = time.perf_counter() - began
-        self._calibration_s += cost
-        self._calibrations += 1
-        self._apply(decision, cost)
+        self._log.calibration_s += cost
+        self._log.calibrations += 1
+        self.apply_decision(decision, cost)
 
     def _measure_here(self, rank, n):
-        """This rank's measurements, or {'error': why}: no collective in here."""
+        """This rank's records.RankMeasurements, or why there are none (a str): no collective
+        in here."""
         try:
-            buffers = [self._inputs.get(i, b.buffer) for i, b in enumerate(self._buckets)]
-            self._inputs = {}
-            return {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
-                    "labels": list(self._labels),           # the plan the pace was taken on
-                    "host": calibration.host(),
-                    "pace": calibration.pace_summary(self._samples),
-                    "codecs": calibration.time_codecs(buffers, self.settings.candidates, n,
-                                                      self.scale_block),
-                    "errors": calibration.measure_errors(buffers, [b.name for b in self._buckets],
-                                                         self.settings.candidates,
-                                                         self.scale_block)}
+            buffers = [self._warmup.inputs.get(i, b.buffer) for i, b in enumerate(self._buckets)]
+            self._warmup.inputs = {}
+            return RankMeasurements(
+                tuple((b.name, 4 * b.numel) for b in self._buckets),
+                tuple(self._labels),                        # the plan the pace was taken on
+                calibration.host(),
+                calibration.pace_summary(self._warmup.samples),
+                calibration.time_codecs(buffers, self.settings.candidates, n, self.scale_block),
+                calibration.measure_errors(buffers, [b.name for b in self._buckets],
+                                           self.settings.candidates, self.scale_block))
         except Exception as err:
-            return {"error": f"rank {rank}: {_say(err)}"}
+            return f"rank {rank}: {_say(err)}"
 
-    def _apply(self, decision, cost):
-        if decision.get("ok"):
-            if len(decision.get("trials") or ()) > 1:
-                self._start_trial(decision, cost)
+    def apply_decision(self, decision: Decision, calibration_s=0.0):
+        """What every rank does with rank 0's decision (after a calibration that cost
+        `calibration_s`): a plan with rivals starts the trial, a plan without is adopted, no
+        plan falls back to the last good one (or float32), warning once. From the next step on."""
+        if decision.ok:
+            if len(decision.rivals) > 1:
+                self._start_trial(decision, calibration_s)
             else:
-                self._adopt(decision, "planned", calibration_s=cost)
+                self._adopt(decision, "planned", calibration_s=calibration_s)
             return
-        reason = decision.get("reason", "no decision")
         keep = self._good
-        self._run_on(keep, f"fallback: {reason}", calibration_s=cost)
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"hvd_compress Compression.auto: {reason}; training goes on with "
-                          f"{'the last good plan' if keep else 'float32 on every bucket'} "
+        self._run_on(keep, f"fallback: {decision.reason}", calibration_s, Phase.FALLBACK)
+        if not self._log.warned:
+            self._log.warned = True
+            warnings.warn(f"hvd_compress Compression.auto: {decision.reason}; training goes on "
+                          f"with {'the last good plan' if keep else 'float32 on every bucket'} "
                           "(optimizer.plan_report() keeps the reason)", RuntimeWarning,
                           stacklevel=2)
 
     # ---- the trial: the plan against its rivals, measured -------------------------------------
     def _start_trial(self, decision, cost=0.0):
-        tried = [trial.Contender.from_dict(d) for d in decision["trials"]]
+        tried = list(decision.rivals)
         order = trial.schedule(len(tried), self.settings.trial_steps)
-        self._trial = {"decision": decision, "tried": tried, "order": order, "times": [],
-                       "cost": cost}
-        self._phase = "trial"
+        self._trial = _TrialRun(decision, tried, order, cost=cost)
+        self._phase = Phase.TRIAL
         self._labels = list(tried[order[0]].labels)
         self._event(f"trial: the plan and {len(tried) - 1} rival(s), "
                     f"{self.settings.trial_steps} timed steps each")
@@ -311,10 +414,10 @@ class AutoCommunicator(CommunicatorBase):
         """A trial step ended (every rank, the same count): the next contender's labels, or,
         after the last, the verdict."""
         t = self._trial
-        t["times"].append(step_s)
-        done = len(t["times"])
-        if done < len(t["order"]):
-            self._labels = list(t["tried"][t["order"][done]].labels)
+        t.times.append(step_s)
+        done = len(t.times)
+        if done < len(t.order):
+            self._labels = list(t.tried[t.order[done]].labels)
         else:
             self._finish_trial()
 
@@ -322,76 +425,74 @@ class AutoCommunicator(CommunicatorBase):
         """Every rank: gather the trial's step times, rank 0 judges, broadcast, apply."""
         began = time.perf_counter()
         t = self._trial
-        times = [x if math.isfinite(x) else math.nan for x in t["times"]]
+        times = [x if math.isfinite(x) else math.nan for x in t.times]
         every = hvd.allgather(torch.tensor([times], dtype=torch.float64), name="hvdc.auto.trial")
         verdict = None
         if hvd.rank() == 0:
-            fixed = t["decision"].get("measurements", {}).get("fixed_s", 0.0)
-            verdict = _judge(t["tried"], every, self.settings.trial_steps, fixed)
-        verdict = hvd.broadcast_object(verdict, root_rank=0, name="hvdc.auto.trial_verdict")
-        kept = t["tried"][verdict["chosen"]]
-        record = {"contenders": [dict(c.as_dict(), measured_s=m, low_s=q) for c, m, q in
-                                 zip(t["tried"], verdict["medians_s"], verdict["lows_s"])],
-                  "chosen": kept.name, "steps": len(t["order"]),
-                  "timed_steps_each": self.settings.trial_steps,
-                  "schedule": list(t["order"]), "step_s": verdict["step_s"],
-                  "wall_s": sum(x for x in verdict["step_s"] if math.isfinite(x)),
-                  "cost_s": verdict["cost_s"], "reason": verdict["reason"],
-                  "fixed_shift_s": verdict["shift_s"], "predicted_untried_s": kept.predicted_s}
+            fixed = t.decision.measurements.fixed_s if t.decision.measurements else 0.0
+            verdict = judge(t.tried, every, self.settings.trial_steps, fixed).to_dict()
+        verdict = trial.Verdict.from_dict(hvd.broadcast_object(
+            verdict, root_rank=0, name="hvdc.auto.trial_verdict"))
+        kept = t.tried[verdict.chosen]
+        record = TrialRecord(
+            tuple(TriedPlan(c.name, tuple(c.labels), c.predicted_s, c.loss, m, q)
+                  for c, m, q in zip(t.tried, verdict.medians, verdict.lows)),
+            kept.name, len(t.order), self.settings.trial_steps, tuple(t.order),
+            tuple(verdict.step_s), sum(x for x in verdict.step_s if math.isfinite(x)),
+            verdict.cost_s, verdict.reason, verdict.shift_s, kept.predicted_s)
         # the model's predictions, its fixed time re-measured by the trial (trial.fixed_shift)
-        shift = verdict["shift_s"]
-        decision = {k: v for k, v in t["decision"].items() if k != "trials"}
-        decision.update(labels=list(kept.labels), predicted_s=kept.predicted_s + shift,
-                        fastest_s=decision.get("fastest_s", math.nan) + shift,
-                        fixed_plans_s={k: v + shift for k, v in
-                                       decision.get("fixed_plans_s", {}).items()},
-                        trial=record)
-        trial_cost = verdict["cost_s"] + time.perf_counter() - began
-        self._calibration_s += trial_cost
+        shift = verdict.shift_s
+        d = t.decision
+        decision = Decision(tuple(kept.labels), kept.predicted_s + shift, d.fastest_s + shift,
+                            d.exact, d.measurements, d.refused,
+                            {k: v + shift for k, v in d.fixed_plans_s.items()},
+                            no_trial=d.no_trial, trial=record, note=d.note)
+        trial_cost = verdict.cost_s + time.perf_counter() - began
+        self._log.calibration_s += trial_cost
         self._trial = None
-        self._event("trial: " + verdict["reason"].replace("; ", ", "))   # events join by "; "
-        self._adopt(decision, "planned", calibration_s=t["cost"] + trial_cost)
+        self._event("trial: " + verdict.reason.replace("; ", ", "))   # events join by "; "
+        self._adopt(decision, "planned", calibration_s=t.cost + trial_cost)
 
     # ---- what it shows --------------------------------------------------------------------
     def measured_s(self):
-        steps = [t for t in self._measured if math.isfinite(t)]
+        steps = [t for t in self._judging.measured if math.isfinite(t)]
         return statistics.median(steps) if steps else math.nan
 
     def pop_stats(self):
         out = super().pop_stats()
-        out.update(plan=" ".join(self._plan["labels"]) if self._plan else "",
-                   plan_predicted_s=self._plan["predicted_s"] if self._plan else math.nan,
+        out.update(plan=" ".join(self._plan.labels) if self._plan else "",
+                   plan_predicted_s=self._plan.predicted_s if self._plan else math.nan,
                    plan_measured_s=self.measured_s() if self._plan else math.nan,
-                   plan_event="; ".join(self._events))
-        self._events = []
+                   plan_event="; ".join(self._log.pending))
+        self._log.pending = []
         return out
 
-    def plan_report(self):
-        """The plan and what it was chosen from, JSON-able (the lab's manifest). During a trial,
-        `plan` and the buckets' labels are the plan in force before it (phase "trial")."""
-        labels = self._plan["labels"] if self._plan else self._labels
-        return {
-            "plan": " ".join(labels) if self._plan else "",
-            "phase": self._phase,
-            "buckets": [{"name": b.name, "bytes": 4 * b.numel, "label": t}
-                        for b, t in zip(self._buckets, labels)],
-            "predicted_s": self._plan["predicted_s"] if self._plan else math.nan,
-            "fastest_s": self._plan.get("fastest_s", math.nan) if self._plan else math.nan,
-            "measured_s": self.measured_s() if self._plan else math.nan,
-            "settings": {k: (list(v) if isinstance(v, tuple) else v)
-                         for k, v in self.settings.options().items()},
-            "measurements": self._measurements,
-            "refused": self._refused,
-            "fixed_plans_s": self._plan.get("fixed_plans_s", {}) if self._plan else {},
-            "trial": (self._plan.get("trial") or ({"skipped": self._plan["no_trial"]}
-                                                   if "no_trial" in self._plan else None))
-            if self._plan else None,
-            "calibration_s": self._calibration_s,
-            "calibrations": self._calibrations,
-            "last_replan_check": self._last_replan,
-            "step_clock_pauses": self._clock_pauses,
-            "events": list(self._history),
-        }
+    def plan_report(self) -> PlanReport:
+        """The plan and what it was chosen from (records.PlanReport; its to_dict() is the lab's
+        manifest's). During a trial, `plan` is "" and the buckets' labels are the plan in
+        force before it (phase "trial")."""
+        plan, adopted = self._plan, self._adopted
+        labels = plan.labels if plan else self._labels
+        return PlanReport(
+            plan=" ".join(labels) if plan else "",
+            phase=self._phase.value,
+            buckets=tuple(BucketLabel(b.name, 4 * b.numel, t)
+                          for b, t in zip(self._buckets, labels)),
+            predicted_s=plan.predicted_s if plan else math.nan,
+            fastest_s=plan.fastest_s if plan else math.nan,
+            measured_s=self.measured_s() if plan else math.nan,
+            settings={k: (list(v) if isinstance(v, tuple) else v)
+                      for k, v in self.settings.options().items()},
+            measurements=adopted.measurements if adopted else None,
+            refused=dict(adopted.refused) if adopted else {},
+            fixed_plans_s=dict(plan.fixed_plans_s) if plan else {},
+            trial=plan.trial if plan else None,
+            trial_skipped=plan.no_trial if plan and plan.trial is None else None,
+            calibration_s=self._log.calibration_s,
+            calibrations=self._log.calibrations,
+            last_replan_check=self._log.last_replan,
+            step_clock_pauses=self._clock.pauses,
+            events=tuple(self._log.history))
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self):
@@ -400,7 +501,7 @@ class AutoCommunicator(CommunicatorBase):
         if not self._plan:
             return None
         return {"auto_plan": {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
-                              "decision": self._plan}}
+                              "decision": self._plan.to_dict()}}
 
     def load_state_dict(self, state):
         """Take up a saved plan from the next step. Every rank must load the state of the same
@@ -413,26 +514,24 @@ class AutoCommunicator(CommunicatorBase):
         if [list(x) for x in saved["buckets"]] != layout:
             self._forget_plan("calibrating (the saved plan is for other buckets)")
             return
-        self._adopt(dict(saved["decision"]), "planned: restored from a checkpoint")
+        self._adopt(Decision.from_dict(saved["decision"]), "planned: restored from a checkpoint")
 
     def _adopt(self, decision, event, calibration_s=None):
         """Run on `decision`'s plan from the next step on (also the last good one to fall back to)."""
-        self._good = decision
-        self._measurements = decision.get("measurements", {})
-        self._refused = decision.get("refused", {})
+        self._good = self._adopted = decision
         self._run_on(decision, event, calibration_s)
 
-    def _run_on(self, decision, event, calibration_s=None):
+    def _run_on(self, decision, event, calibration_s=None, phase=Phase.PLANNED):
         """From the next step on, exchange by `decision`'s labels (None: float32 on every
         bucket), its steps measured afresh for the re-plan rule: what adopting a plan and
         falling back to the last good one (or to none) share."""
         self._plan = decision
         self._trial = None
-        self._labels = (list(decision["labels"]) if decision
+        self._labels = (list(decision.labels) if decision
                         else [FLOAT32] * len(self._buckets))
-        self._phase = "planned"
-        self._measured, self._since_plan = [], 0
-        self._early_check = planner.REPLAN_FIRST if self._first_plan and decision else None
+        self._phase = phase
+        self._judging = _Judging(early_check=planner.REPLAN_FIRST
+                                 if self._first_plan and decision else None)
         self._first_plan = False
         self._event(event, calibration_s)
 
@@ -454,33 +553,34 @@ def _carry_residual(bucket, memory):
     memory.remember(bucket.name, bucket.buffer, bucket.buffer)
 
 
-def _decide(settings, ranks, links, problems, n):
-    """Rank 0: the plan from every rank's measurements, or why there is none. Never raises
-    (the other ranks wait for its broadcast)."""
+def decide(settings, ranks, links, problems, n) -> Decision:
+    """Rank 0: the plan from every rank's measurements (records.RankMeasurements, or their
+    dicts as gathered), or why there is none. Never raises (the other ranks wait for its
+    broadcast)."""
     if problems:
-        return {"ok": False, "reason": "calibration failed: " + "; ".join(problems)}
+        return Decision.fallback("calibration failed: " + "; ".join(problems))
     try:
-        layout = ranks[0]["buckets"]
+        ranks = [r if isinstance(r, RankMeasurements) else RankMeasurements.from_dict(r)
+                 for r in ranks]
+        layout = ranks[0].buckets
         if n == 1:
-            return {"ok": True, "labels": [FLOAT32] * len(layout),
-                    "predicted_s": ranks[0]["pace"]["step_s"], "fastest_s": math.nan,
-                    "measurements": {}, "refused": {}, "note": "one rank: nothing travels"}
+            return Decision((FLOAT32,) * len(layout), ranks[0].pace.step_s,
+                            note="one rank: nothing travels")
         timed = calibration.combine(ranks, links, n)
-        step = calibration.job_step_s(r["pace"]["step_s"] for r in ranks)
-        in_force = ranks[0].get("labels", [FLOAT32] * len(layout))
+        step = calibration.job_step_s(r.pace.step_s for r in ranks)
+        in_force = ranks[0].labels or (FLOAT32,) * len(layout)
         m, busy = planner_inputs.busy_links(timed, in_force, step)
         plan = planner.search(m, settings.candidates, settings.error_bound, settings.margin)
         tried, why = _rivals(settings, m, plan.schemes)
-        return {"ok": True, "labels": list(plan.schemes), "predicted_s": plan.predicted_s,
-                **({"trials": [c.as_dict() for c in tried]} if len(tried) > 1 else
-                   {"no_trial": why}),
-                "fastest_s": plan.fastest_s, "exact": plan.exact,
-                "measurements": dict(planner_inputs.summary(timed), busy_factor=busy,
-                                     measured_step_s=step, measured_on=list(in_force)),
-                "refused": {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
-                "fixed_plans_s": {t: _predicted(m, t) for t in settings.candidates}}
+        return Decision(
+            tuple(plan.schemes), plan.predicted_s, plan.fastest_s, plan.exact,
+            planner_inputs.summary(timed, busy, step, in_force),
+            {f"{b} {t}": r for (b, t), r in sorted(plan.refused.items())},
+            {t: _predicted(m, t) for t in settings.candidates},
+            rivals=tuple(tried) if len(tried) > 1 else (),
+            no_trial=None if len(tried) > 1 else why)
     except Exception as err:
-        return {"ok": False, "reason": f"no plan from the measurements: {_say(err)}"}
+        return Decision.fallback(f"no plan from the measurements: {_say(err)}")
 
 
 def _rivals(settings, m, plan):
@@ -497,7 +597,7 @@ def _rivals(settings, m, plan):
         f"no fixed plan predicted within {trial.TRIAL_MARGIN:.0%} of the plan"
 
 
-def _judge(tried, every, steps, fixed_s=0.0):
+def judge(tried, every, steps, fixed_s=0.0) -> trial.Verdict:
     """Rank 0: the trial's verdict from every rank's step times (a row per rank), the slowest
     rank's each step, and the model's fixed time re-measured (trial.fixed_shift). Never raises
     (the other ranks wait for its broadcast): no verdict keeps the plan, unshifted."""
@@ -505,15 +605,11 @@ def _judge(tried, every, steps, fixed_s=0.0):
     try:
         slowest = every.max(dim=0).values.tolist()
         v = trial.verdict(tried, slowest, steps)
-        return {"chosen": v.chosen, "medians_s": list(v.medians), "lows_s": list(v.lows),
-                "cost_s": v.cost_s,
-                "reason": v.reason, "step_s": slowest,
-                "shift_s": trial.fixed_shift(tried, v.medians, fixed_s)}
+        return trial.Verdict(v.chosen, v.medians, v.lows, v.cost_s, v.reason, tuple(slowest),
+                             trial.fixed_shift(tried, v.medians, fixed_s))
     except Exception as err:
-        return {"chosen": 0, "medians_s": [math.nan] * len(tried),
-                "lows_s": [math.nan] * len(tried), "cost_s": 0.0,
-                "reason": f"the plan kept: no verdict ({_say(err)})", "step_s": slowest,
-                "shift_s": 0.0}
+        return trial.Verdict(0, (math.nan,) * len(tried), (math.nan,) * len(tried), 0.0,
+                             f"the plan kept: no verdict ({_say(err)})", tuple(slowest), 0.0)
 
 
 def _predicted(m, text):

@@ -1,16 +1,14 @@
 """The planner's inputs as a job last saw them: the links as its own steps run them
-(busy_links, after without_steal), and the record of them that plan_report() keeps (summary)
-read back into planner.Measurements (from_summary), so that `python -m hvd_compress.auto
---report` re-decides a job's plan from its record, exactly (docs/planner.md, "In the job" and
-"The command"). Pure: no torch, no Horovod."""
+(busy_links, after without_steal), and the record of them that plan_report() keeps (summary,
+a records.MeasurementsRecord) read back into planner.Measurements, so that
+`python -m hvd_compress.auto --report` re-decides a job's plan from its record, exactly
+(docs/planner.md, "In the job" and "The command"). Pure: no torch, no Horovod."""
 import dataclasses
 import math
 
-from ..costmodel.model import Link
-from . import planner
+from . import planner, records
 
-__all__ = ["BUSY_FACTOR_MAX", "without_steal", "busy_links", "summary", "from_summary",
-           "replay"]
+__all__ = ["BUSY_FACTOR_MAX", "without_steal", "busy_links", "summary", "replay"]
 
 # The most the busy link (while backward computes) is taken slower than the idle one.
 BUSY_FACTOR_MAX = 20.0
@@ -62,69 +60,36 @@ def busy_links(m: planner.Measurements, labels, measured_step_s):
     return with_factor(high), high
 
 
-def summary(m: planner.Measurements):
-    """The measurements as JSON-able numbers, for plan_report() and the lab's manifest."""
-    def affine(x):
-        return {"a": x.a, "b": x.b}
-    return {
-        "n": m.n, "backward_s": m.backward_s, "fixed_s": m.fixed_s,
-        "ready_s": {b.name: b.ready_s for b in m.buckets},
-        "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": getattr(f, "r2", math.nan)}
-                  for c, f in m.links.items()},
-        "codecs": {t: {"encode": affine(c.encode), "reduce": affine(c.reduce),
-                       "decode": affine(c.decode)} for t, c in m.codecs.items()},
-        "errors": {f"{b} {s}": e for (b, s), e in sorted(m.errors.items())},
-        "links_cpu": {c: affine(x) for c, x in m.links_cpu.items()}, "cpu_share": m.cpu_share,
-    }
-
-
-def from_summary(measurements, buckets):
-    """planner.Measurements from summary()'s dict (`measurements`, as plan_report() and the
-    lab's manifest keep it) and the report's buckets ([{name, bytes}] or [(name, bytes)], in
-    launch order): the links timed alone, as `combine` gave them to busy_links. Raises
-    ValueError where the record is not one (a key missing, a bucket without a ready time)."""
-    try:
-        ready = measurements["ready_s"]
-        layout = [(b["name"], b["bytes"]) if isinstance(b, dict) else tuple(b) for b in buckets]
-        order = [planner.Bucket(name, int(nbytes), float(ready[name])) for name, nbytes in layout]
-
-        def affine(x):
-            return planner.Affine(float(x["a"]), float(x["b"]))
-
-        codecs = {t: planner.CodecCost(encode=affine(c["encode"]), reduce=affine(c["reduce"]),
-                                       decode=affine(c["decode"]))
-                  for t, c in measurements["codecs"].items()}
-        errors = {}
-        for key, err in measurements["errors"].items():
-            bucket, scheme_name = key.rsplit(" ", 1)
-            errors[(bucket, scheme_name)] = math.nan if err is None else float(err)
-        return planner.Measurements(
-            int(measurements["n"]), tuple(order), float(measurements["backward_s"]),
-            {c: Link(float(f["alpha"]), float(f["beta"]))
-             for c, f in measurements["links"].items()},
-            codecs, errors, fixed_s=float(measurements["fixed_s"]),
-            links_cpu={c: affine(x) for c, x in measurements.get("links_cpu", {}).items()},
-            cpu_share=float(measurements.get("cpu_share", 0.0)))
-    except (KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"not a plan report's measurements: {err!r} missing or malformed") \
-            from None
+def summary(m: planner.Measurements, busy_factor=math.nan, measured_step_s=math.nan,
+            measured_on=None) -> records.MeasurementsRecord:
+    """The measurements as plan_report() keeps them (the links timed alone), with the busy
+    factor and the step on the plan in force (`measured_on`) it was fitted to."""
+    return records.MeasurementsRecord(
+        m.n, m.backward_s, m.fixed_s, {b.name: b.ready_s for b in m.buckets},
+        {c: records.LinkRecord(f.alpha, f.beta, getattr(f, "r2", math.nan))
+         for c, f in m.links.items()},
+        dict(m.codecs), dict(m.errors), dict(m.links_cpu), m.cpu_share, busy_factor,
+        measured_step_s, None if measured_on is None else tuple(measured_on))
 
 
 def replay(report, margin=None):
-    """(measurements as the search saw them, busy factor, planner.Plan) re-decided from a
-    plan_report() dict: its measurements read back, the busy factor fitted again to the step
-    it was measured at on the plan then in force, searched with the report's candidates, error
-    bound and margin (or `margin`). The same inputs give the same plan (planner, "Determinism"), so this is
-    the job's decision, unless a trial then kept a rival. Raises ValueError where the report
-    holds no measurements (one rank, or no calibration succeeded)."""
-    measurements = report.get("measurements") or {}
-    if not measurements.get("links"):
+    """(measurements as the search saw them, busy factor, planner.Plan) re-decided from a plan
+    report (records.PlanReport, or its dict): its measurements read back, the busy factor
+    fitted again to the step it was measured at on the plan then in force, searched with the
+    report's candidates, error bound and margin (or `margin`). The same inputs give the same
+    plan (planner, "Determinism"), so this is the job's decision, unless a trial then kept a
+    rival. Raises ValueError where the report holds no measurements (one rank, or no
+    calibration succeeded)."""
+    if not isinstance(report, records.PlanReport):
+        report = records.PlanReport.from_dict(report)
+    measured = report.measurements
+    if measured is None or not measured.links:
         raise ValueError("the report holds no measurements to plan from (one rank, or no "
                          "calibration succeeded: see its events)")
-    settings = report.get("settings") or {}
-    timed = from_summary(measurements, report["buckets"])
-    in_force = measurements.get("measured_on") or ["none:allreduce"] * len(timed.buckets)
-    m, busy = busy_links(timed, in_force, float(measurements["measured_step_s"]))
+    settings = report.settings
+    timed = measured.planner_measurements([(b.name, b.bytes) for b in report.buckets])
+    in_force = list(measured.measured_on or ["none:allreduce"] * len(timed.buckets))
+    m, busy = busy_links(timed, in_force, measured.measured_step_s)
     plan = planner.search(m, tuple(settings.get("candidates", planner.DEFAULT_CANDIDATES)),
                           settings.get("error_bound", planner.ERROR_BOUND),
                           settings.get("margin", planner.TIE_MARGIN) if margin is None

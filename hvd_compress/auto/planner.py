@@ -4,7 +4,7 @@ Pure (no torch, no Horovod; NumPy, as the cost model's fit): from a job's measur
 when backward makes each bucket ready, each collective's fitted link, each codec's cost, each
 scheme's error on each bucket's gradients -- predict the step of any plan on the exchange's
 timeline, and search for the best one. The same measurements give the same plan on every
-rank (docs/planner.md).
+rank (docs/planner.md, "The search").
 
 The timeline, per step, times from the start of backward (a plan changes nothing before it):
 
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,7 +66,7 @@ __all__ = ["Affine", "CodecCost", "Bucket", "Measurements", "Timeline", "Plan",
            "DEFAULT_CANDIDATES", "ERROR_BOUND", "TIE_MARGIN", "REPLAN_MARGIN",
            "REPLAN_EVERY", "REPLAN_WINDOW", "REPLAN_FIRST", "MAX_FRONT", "EXHAUSTIVE_PLANS", "candidates_for",
            "wire_units", "predict", "fixed_plan", "search", "exhaustive", "should_replan",
-           "Replan", "fit_affine", "fit_links"]
+           "Replan", "Ranked", "fit_affine", "fit_links"]
 
 # The candidates, in the fixed order that breaks every tie: least lossy first.
 # int8 is left out: it sends exactly bit8's bytes (so it never moves less), its stochastic
@@ -80,40 +81,28 @@ DEFAULT_CANDIDATES = ("none:allreduce", "fp16:allreduce", "bit16:alltoall", "bit
 # (docs/codecs.md). Above it some of the bucket's values fell below the format's normal range
 # after scaling (flushed or coarsely rounded): the scale does not fit the bucket.
 ERROR_BOUND = 2.0 ** -4
-# Plans predicted within this fraction of the fastest count as tied: the least lossy of them is
-# taken (the accuracy guard has already admitted every scheme in them). 0.5%, not the 2% it was:
-# with 2% auto took plans predicted 1.0-1.9% slower than the fastest in 7 of the basic net's 8
-# cells of results/step-auto-grid/basic-margin-2pct, and at 1 Gbit/s, 4 ranks, the one it took
-# (fc1.weight bit16 two-phase, predicted 1.7% slower) measured 7% slower than bit8 by
-# allgather, the model's fastest: the model's gaps between plans were smaller than the measured
-# ones, so a margin that wide trades real time (docs/planner.md, "The margin").
+# Plans predicted within this fraction of the fastest are tied, the least lossy taken: small,
+# since the model's gaps between plans are smaller than the measured ones
+# (results/step-auto-grid/basic-margin-2pct).
 TIE_MARGIN = 0.005
-# Re-plan when the median measured step of the last REPLAN_WINDOW steps is off the prediction by
-# more than REPLAN_MARGIN, at most once every REPLAN_EVERY steps. 15%: the accuracy the
-# prediction is held to (issue 25); a drift inside it is no evidence that anything changed.
+# Re-plan when the median of the last REPLAN_WINDOW steps is off the prediction by more than
+# REPLAN_MARGIN (the accuracy the prediction is held to: a drift inside it is no evidence),
+# at most once every REPLAN_EVERY steps.
 REPLAN_MARGIN = 0.15
 REPLAN_WINDOW = 20
 REPLAN_EVERY = 100
-# A job's first plan (and the first after a restore or a membership change) is also judged
-# once as soon as a window of its own steps exists: it was predicted from warm-up steps run on
-# float32 at the job's start, the least settled pace of the run. In results/step-auto-grid
-# (83eb296) the first plans of two 4-rank basic-net cells ran 15-21% over their predictions
-# until the check at step 106 re-planned them; more than half the timed steps ran before it.
+# A first plan is also judged once a window of its own steps exists: it was predicted from the
+# run's least settled steps (results/step-auto-reps/README.md, "re-planning").
 REPLAN_FIRST = REPLAN_WINDOW
-# The search keeps at most this many plan prefixes per bucket. Below it, it is exact (the tests
-# hold it to brute force); a front wider than this (tens of buckets whose trade-offs all
-# differ) keeps the prefixes with the smallest lower bound on their step (a beam), and the plan
-# says it is not proven optimal; it is still never slower than the best fixed plan, which is
-# always a candidate.
+# The most plan prefixes the DP keeps per bucket: exact below it (tests/test_planner.py holds it
+# to brute force), a beam above, which the plan then says.
 MAX_FRONT = 128
-# Up to this many allowed plans the search predicts every one on the timeline (6 candidates
-# on 5 buckets: 7,776 plans, 0.08 s measured in pure Python); beyond, the DP on the fold
-# shortlists them.
+# Up to this many allowed plans every one is predicted on the timeline (6 candidates on 5
+# buckets: 7,776, under 0.1 s in pure Python); beyond, the DP shortlists.
 EXHAUSTIVE_PLANS = 8192
-# Beyond, the timeline improves the IMPROVE_STARTS fastest plans of the shortlist one bucket at
-# a time, predicting at most IMPROVE_PLANS plans: on 300 random instances it then found the
-# exhaustive optimum every time (one start: 5 misses, up to 4.8% slower), and a 60-bucket
-# search took under 0.25 s (docs/planner.md, "The search").
+# Then the timeline improves the IMPROVE_STARTS fastest shortlisted plans one bucket at a time,
+# at most IMPROVE_PLANS predicted: enough to find the exhaustive optimum on 300 random instances
+# where one start missed 5 (tests/test_planner.py holds 25 of them).
 IMPROVE_STARTS = 16
 IMPROVE_PLANS = 2000
 
@@ -452,12 +441,36 @@ class Plan:
                 "refused": {f"{b} {t}": r for (b, t), r in sorted(self.refused.items())}}
 
 
+class Ranked(NamedTuple):
+    """A whole plan as the search ranks it: its predicted step, its loss (bytes x measured
+    error, summed), each bucket's index in the candidate order, and its labels. Two orders,
+    both ending in the indices so that every rank breaks a tie alike (the candidates run
+    from the least lossy, so the earlier is also the safer):
+
+    by_speed()  step, loss, indices: the fastest first; how the search improves a plan and
+                which plans it starts from (_improve)
+    by_loss()   loss, step, indices: among the plans within the tie margin of the fastest,
+                the least lossy, then the faster (_choose): the margin admits plans the model
+                cannot tell apart, and the less lossy of them costs no measured time
+    """
+    step_s: float
+    loss: float
+    indices: tuple
+    labels: tuple
+
+    def by_speed(self):
+        return (self.step_s, self.loss, self.indices)
+
+    def by_loss(self):
+        return (self.loss, self.step_s, self.indices)
+
+
 def _choose(finals, margin):
     """The least lossy of the plans within `margin` of the fastest; then the faster; then the
-    earlier in the candidate order, bucket by bucket. finals: [(step, loss, indices, labels)]."""
-    fastest = min(f[0] for f in finals)
-    tied = [f for f in finals if f[0] <= fastest * (1 + margin)]
-    return min(tied, key=lambda f: (f[1], f[0], f[2])), fastest
+    earlier in the candidate order, bucket by bucket (Ranked.by_loss). finals: [Ranked]."""
+    fastest = min(f.step_s for f in finals)
+    tied = [f for f in finals if f.step_s <= fastest * (1 + margin)]
+    return min(tied, key=Ranked.by_loss), fastest
 
 
 def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
@@ -484,13 +497,13 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
     fixed = [[next((o for o in per if o.index == i), per[0]) for per in opts] for i in indices]
     upper = min(_fold(m, f) for f in fixed)      # the best plan taking one scheme everywhere
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
-    fastest = min([f[0] for f in finals] + [upper])
+    fastest = min([f.step_s for f in finals] + [upper])
     finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
     # the fold times neither a waiting later phase nor the collectives' CPU
     phased = any(len(o.phases) > 1 or any(o.cpu) for per in opts for o in per)
     by_label = [{o.label: o for o in per} for per in opts]
-    shortlist = {tuple(f[2]) for f in finals + finals2} | {tuple(o.index for o in f)
-                                                           for f in fixed}
+    shortlist = {tuple(f.indices) for f in finals + finals2} | {tuple(o.index for o in f)
+                                                                for f in fixed}
     rows = {}
     for idx in sorted(shortlist):
         chosen = [next(o for o in per if o.index == i) for per, i in zip(opts, idx)]
@@ -498,11 +511,11 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
             key = tuple(o.label for o in plan)
             if key not in rows:
                 t = _timeline(m, plan)
-                rows[key] = (t.step_s, t.loss, tuple(o.index for o in plan), key)
+                rows[key] = Ranked(t.step_s, t.loss, tuple(o.index for o in plan), key)
     if phased:
         _improve(m, opts, rows)
     best, fastest = _choose(list(rows.values()), margin)
-    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+    return Plan(tuple(b.name for b in m.buckets), best.labels, best.step_s, fastest, best.loss,
                 max(w1, w2), refused, exact1 and exact2 and not phased)
 
 
@@ -510,24 +523,24 @@ def _improve(m, opts, rows):
     """Where the fold and the timeline differ (a later phase waits for a hook), the fold's best
     need not be the timeline's: from each of the IMPROVE_STARTS fastest plans found, move one
     bucket at a time to another option while that makes the predicted step shorter, for at
-    most IMPROVE_PLANS plans predicted (every plan tried is added to `rows`)."""
+    most IMPROVE_PLANS plans predicted (every plan tried is added to `rows`: {labels: Ranked})."""
     by_index = [{o.index: o for o in per} for per in opts]
     budget = IMPROVE_PLANS
-    for start in sorted(rows.values(), key=lambda r: (r[0], r[1], r[2]))[:IMPROVE_STARTS]:
+    for start in sorted(rows.values(), key=Ranked.by_speed)[:IMPROVE_STARTS]:
         current, better = start, True
         while better and budget > 0:
             better = False
             for i, per in enumerate(opts):
                 for o in per:
-                    key = current[3][:i] + (o.label,) + current[3][i + 1:]
+                    key = current.labels[:i] + (o.label,) + current.labels[i + 1:]
                     if key not in rows:
                         if budget <= 0:
                             return
                         budget -= 1
-                        idx = current[2][:i] + (o.index,) + current[2][i + 1:]
+                        idx = current.indices[:i] + (o.index,) + current.indices[i + 1:]
                         t = _timeline(m, [by_index[j][x] for j, x in enumerate(idx)])
-                        rows[key] = (t.step_s, t.loss, idx, key)
-                    if rows[key][:3] < current[:3]:
+                        rows[key] = Ranked(t.step_s, t.loss, idx, key)
+                    if rows[key].by_speed() < current.by_speed():
                         current, better = rows[key], True
 
 
@@ -546,7 +559,7 @@ def _fold(m, opts):
 
 
 def _front(m, opts, limit, with_loss):
-    """The DP: [(step, loss, indices, labels)] of the plans left on the final front, and the
+    """The DP: [Ranked] of the plans left on the final front, and the
     widest front. A prefix whose step must end above `limit` is dropped: what is left can only
     add, at least the cheapest remaining encodes and decodes (backward's end, the decode
     fold); with_loss=False keeps loss out of the dominance test (the first pass)."""
@@ -579,7 +592,7 @@ def _front(m, opts, limit, with_loss):
             lower = {k: (max(m.backward_s + k[0] + k[3] + rest_enc[i + 1] + rest_dec[i + 1],
                              k[2] + rest_dec[i + 1]), k[4], front[k][0]) for k in front}
             front = {k: front[k] for k in sorted(front, key=lower.get)[:MAX_FRONT]}
-    return [(m.fixed_s + _finish(k[:4], m.backward_s), loss, idx, labels)
+    return [Ranked(m.fixed_s + _finish(k[:4], m.backward_s), loss, idx, labels)
             for k, (idx, labels, loss) in sorted(front.items())], widest, exact
 
 
@@ -615,10 +628,10 @@ def exhaustive(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND
                for b, texts in zip(m.buckets, allowed)]
     for labels in itertools.product(*allowed):
         t = _timeline(m, [per[x] for per, x in zip(options, labels)])
-        finals.append((t.step_s, t.loss, tuple(order.get(x, len(order)) for x in labels),
-                       labels))
+        finals.append(Ranked(t.step_s, t.loss, tuple(order.get(x, len(order)) for x in labels),
+                             labels))
     best, fastest = _choose(finals, margin)
-    return Plan(tuple(b.name for b in m.buckets), best[3], best[0], fastest, best[1],
+    return Plan(tuple(b.name for b in m.buckets), best.labels, best.step_s, fastest, best.loss,
                 len(finals), refused)
 
 

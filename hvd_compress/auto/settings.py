@@ -1,54 +1,60 @@
 """Compression.auto: the optimizer chooses each bucket's scheme and route from what the job
-measures (docs/planner.md). This module is only the method's settings, a value like
-Compression.topk(0.01): the communicator that measures, plans and applies the plan
-(autocomm.AutoCommunicator) stands above the route communicators it composes, so the optimizer
-builds it, not this value (compressors imports this module; a `communicator()` method here
-would close an import circle through communicators).
+measures (docs/planner.md). This module is the method's settings, a value like
+Compression.topk(0.01), and, as top-k and PowerSGD do, it names its communicator
+(`communicator()`, communicator.AutoCommunicator: measure, plan, exchange by the plan), imported
+only when the optimizer asks for it: the planner and its CLI never import this module.
 
     compression=hc.Compression.auto                      the defaults below
     compression=hc.Compression.auto(warmup_steps=10, margin=0.0)
     compression=hc.Compression.auto(trial_steps=5)       # time the plan against its rivals
+    compression=hc.Compression.auto(candidates=("bit8", "e2m1"))   # a plugin scheme
+
+A candidate is any registered scheme whose entry says `carries_values` (registry.Scheme; the
+plugins of $HVD_COMPRESS_SCHEMES included), by any of its routes; the error guard then decides
+per bucket whether a lossy one may be taken (planner.candidates_for).
 """
 import math
 
+from .. import registry
 from ..registry import label, parse_label
 from . import planner
 
-__all__ = ["Auto", "WARMUP_STEPS"]
+__all__ = ["Auto", "WARMUP_STEPS", "NOT_BY_DEFAULT", "default_candidates"]
 
-# Steps measured before the first plan: the first is discarded (first-touch allocations,
-# Horovod's first negotiation of every name), the median of the other five sets the pace. Five:
-# a median that one slow step (a GC pause, a neighbour's burst) cannot move, at a cost of five
-# float32 steps, 0.3% of the lab's 2-epoch run at 2 ranks.
+# Steps measured before the first plan: the first discarded (first touches, Horovod's first
+# negotiation), the median of five, which one slow step cannot move (results/lab-auto-head).
 WARMUP_STEPS = 6
-# The trial (hvd_compress/auto/trial.py) is asked for, not the default: it fixed two of the three
-# cells where the model's plan lost on slow links (results/step-auto-trial), but it changes
-# training by the schemes it runs and nothing else (replayed bit for bit), and those are lossy
-# rivals for 24 steps and, on a machine whose load swings, lossy verdicts: the lab's one-epoch
-# run with it ended 0.39 points under float32's (the issue asks 0.3), with 452 of 469 steps
-# lossy; its 63-step test run's -2.25 points was that run's noise (one fp16 step moves it by
-# 1.1). docs/planner.md, "Measured: what the trial does to accuracy".
+# Off by default: the trial's rivals are lossy steps, whose verdicts on a loaded machine cost
+# accuracy (docs/planner.md, "The trial"; results/step-auto-trial/README.md).
 DEFAULT_TRIAL_STEPS = 0
+# Schemes that carry values but are candidates only when named: int8 sends bit8's bytes with
+# more codec time and a coarser error on small values; bf16 sends bit16's bytes with a coarser
+# rounding (8 significant bits against 11), and no auto grid has measured it
+# (results/step-auto-rerun).
+NOT_BY_DEFAULT = ("int8", "bf16")
+_DEFAULT = object()             # Auto.communicator's scale block when none is passed
+
+
+def default_candidates():
+    """Every route of every registered scheme that carries values (registry order: the least
+    lossy first, plugins last), but those in NOT_BY_DEFAULT: planner.DEFAULT_CANDIDATES, and a
+    plugin's scheme that declares `carries_values`."""
+    return tuple(label(s.name, r) for s in registry.schemes().values()
+                 if s.carries_values and s.name not in NOT_BY_DEFAULT for r in s.routes)
 
 
 class Auto:
     """The planner's settings; call it with options for another value. Equal settings compare
-    equal (the ranks' agreement check at construction compares them)."""
+    equal (the ranks' agreement check at construction compares them). `candidates` None: the
+    defaults (default_candidates()), read from the registry when asked, so a plugin loaded
+    after this value was made is among them."""
     name = "auto"
-    per_bucket = True             # no single communicator: the optimizer builds autocomm's
     error_feedback = False        # as bit8/bit16: off unless asked (docs/planner.md says why)
 
-    def __init__(self, candidates=planner.DEFAULT_CANDIDATES, warmup_steps=WARMUP_STEPS,
+    def __init__(self, candidates=None, warmup_steps=WARMUP_STEPS,
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
                  replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS):
-        texts = tuple(label(*parse_label(str(t))) for t in candidates)
-        if "none:allreduce" not in texts:
-            texts = ("none:allreduce",) + texts     # float32 is always a candidate (fallback)
-        for text in texts:
-            scheme, _ = parse_label(text)
-            if scheme not in ("none", "fp16", "bit16", "bit8", "int8", "bf16"):
-                raise ValueError(f"Compression.auto: {text} is not a codec of values the "
-                                 "per-bucket exchange can carry")
+        texts = None if candidates is None else _checked(candidates)
         if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 2:
             raise ValueError(f"warmup_steps must be an integer >= 2 (the first is discarded), "
                              f"got {warmup_steps!r}")
@@ -63,18 +69,35 @@ class Auto:
         if isinstance(trial_steps, bool) or int(trial_steps) != trial_steps or trial_steps < 0:
             raise ValueError(f"trial_steps must be an integer >= 0 (0: no trial), "
                              f"got {trial_steps!r}")
-        self.candidates = texts
+        self._candidates = texts
         self.warmup_steps = int(warmup_steps)
         self.error_bound = float(error_bound)
         self.margin = float(margin)
         self.replan_every = replan_every if replan_every == math.inf else int(replan_every)
         self.trial_steps = int(trial_steps)
 
+    @property
+    def candidates(self):
+        """The labels auto may choose from, float32 first."""
+        return _checked(default_candidates()) if self._candidates is None else self._candidates
+
+    def communicator(self, op=None, fusion_threshold_bytes=None, scale_block=_DEFAULT):
+        """The communicator these settings exchange by (make_communicator calls it, as it does
+        top-k's and PowerSGD's, with the optimizer's op, fusion threshold and scale block):
+        AutoCommunicator, which composes the route communicators of its candidates. Imported
+        here, when asked: it needs torch and Horovod."""
+        from ..codecs import SCALE_BLOCK
+        from .communicator import AutoCommunicator
+        return AutoCommunicator(self, **({} if op is None else {"op": op}),
+                                fusion_threshold_bytes=fusion_threshold_bytes,
+                                scale_block=SCALE_BLOCK if scale_block is _DEFAULT else scale_block)
+
     def __call__(self, **options):
         """Compression.auto(warmup_steps=10, ...): these settings with some changed."""
-        return Auto(**{**self.options(), **options})
+        return Auto(**{**self.options(), "candidates": self._candidates, **options})
 
     def options(self):
+        """The settings by name, as Compression.auto(...) takes them (candidates resolved)."""
         return {"candidates": self.candidates, "warmup_steps": self.warmup_steps,
                 "error_bound": self.error_bound, "margin": self.margin,
                 "replan_every": self.replan_every, "trial_steps": self.trial_steps}
@@ -87,3 +110,17 @@ class Auto:
 
     def __hash__(self):
         return hash((Auto, tuple(self.options().items())))
+
+
+def _checked(candidates):
+    """The labels, normalised, float32 first; each a scheme that carries values."""
+    texts = tuple(label(*parse_label(str(t))) for t in candidates)
+    if "none:allreduce" not in texts:
+        texts = ("none:allreduce",) + texts     # float32 is always a candidate (fallback)
+    for text in texts:
+        scheme, _ = parse_label(text)
+        if not registry.scheme(scheme).carries_values:
+            raise ValueError(f"Compression.auto: {text} is not a codec of values the "
+                             "per-bucket exchange can carry (its registry entry does not say "
+                             "carries_values)")
+    return texts

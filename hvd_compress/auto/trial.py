@@ -7,7 +7,7 @@ alpha, a busy factor fitted on warm-up steps that ran slower than the later ones
 Pure (no torch, no Horovod): which plans to try (`contenders`), in which order (`schedule`),
 which one the step times say to keep (`verdict`), and the fixed time the trial's steps show
 (`fixed_shift`: what no plan moves, re-measured on steps later than the warm-up's). The
-runtime (autocomm) runs the schedule on every rank alike, gathers the step times, decides on
+runtime (communicator.py) runs the schedule on every rank alike, gathers the step times, decides on
 rank 0 and broadcasts.
 """
 from __future__ import annotations
@@ -65,13 +65,26 @@ class Contender:
 class Verdict:
     """Which contender the trial keeps (its index), each contender's median and `low` timed
     step (NaN: no usable step; `low` decides), what the trial cost over running the kept plan
-    throughout, and why."""
+    throughout, and why; as rank 0 broadcasts it, also the slowest rank's time of each step and
+    the fixed time's shift (`fixed_shift`)."""
 
     chosen: int
     medians: tuple
     lows: tuple
     cost_s: float
     reason: str
+    step_s: tuple = ()
+    shift_s: float = 0.0
+
+    def to_dict(self):
+        return {"chosen": self.chosen, "medians_s": list(self.medians), "lows_s": list(self.lows),
+                "cost_s": self.cost_s, "reason": self.reason, "step_s": list(self.step_s),
+                "shift_s": self.shift_s}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(int(d["chosen"]), tuple(d["medians_s"]), tuple(d["lows_s"]),
+                   float(d["cost_s"]), d["reason"], tuple(d["step_s"]), float(d["shift_s"]))
 
 
 def contenders(m: planner.Measurements, plan, candidates=planner.DEFAULT_CANDIDATES,

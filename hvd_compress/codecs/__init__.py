@@ -1,4 +1,6 @@
-"""Pure functions on bits: float32 <-> 8-bit floats (E4M3, E5M2) and float16, NumPy and torch.
+"""The codecs: pure functions on bits, float32 <-> E4M3, E5M2, float16, bfloat16, int8 and signs.
+
+The float codecs in NumPy and torch:
 
     from hvd_compress.codecs import E4M3, E5M2, fp8_torch, scaling
     s = scaling.pow2_scale(float(g.abs().max()), E4M3.max_finite)

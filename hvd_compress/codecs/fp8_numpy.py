@@ -36,13 +36,6 @@ from .reference import encode_bits_block, overflow_code
 
 __all__ = ["encode", "decode", "decode_bits", "overflow_code", "effective_scale"]
 
-# ---- constants derived from the format (overflow_code: reference.py) -----------------------
-@functools.lru_cache(maxsize=None)
-def encode_constants(fmt: Float8Format) -> dict:
-    """The integer constants of the encoder (FloatFormat derives them), MAGIC as np.float32."""
-    return dict(shift=fmt.shift, rebias_round=fmt.rebias_round, min_normal_bits=fmt.min_normal_bits,
-                magic=np.float32(fmt.magic), magic_bits=fmt.magic_bits)
-
 
 # ---- encode ---------------------------------------------------------------------------------
 def encode(x: np.ndarray, fmt: Float8Format, saturate: bool = True, out=None, *,

@@ -5,6 +5,12 @@
         --latency 50us --bits 32 8 --format csv > predicted.csv
     python -m hvd_compress.costmodel --fit runs/bench_collectives.csv
     python -m hvd_compress.costmodel --fit runs/bench.csv --nodes 8 64 --size 32MiB   # fitted link
+    python -m hvd_compress.costmodel --methods basic --nodes 2 4 --bandwidth 100Mbit/s \
+        --latency 50us [--schemes bit8 bf16:allgather]    # every registered scheme by default
+
+The compression schemes and their bit widths come from hvd_compress.registry (plugins of
+$HVD_COMPRESS_SCHEMES included): a scheme registered in one file appears in --methods, and its
+bits in --bits, with no edit here.
 
 Every quantity takes an explicit unit (see units.py); output prints units, and CSV/JSON use
 SI base units named in the column (time_s, bytes_per_rank in bytes).
@@ -18,6 +24,7 @@ import json
 import math
 import sys
 
+from .. import registry
 from . import methods, model, units
 
 # ---------------------------------------------------------------- argument types
@@ -52,6 +59,24 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
+def bit_widths() -> list[int]:
+    """Every bit width some exchange carries (the packet exchanges: every registered packet
+    scheme's), widest first."""
+    return sorted({k for name in model.EXCHANGES for k in model.carried_bits(name)}, reverse=True)
+
+
+def method_rows(chosen=None) -> list[tuple]:
+    """(scheme, route or None) of the --methods table: the schemes named (a name, its default
+    route; or name:route), else every registered scheme at its default route, registry order."""
+    if not chosen:
+        return [(name, None) for name in registry.schemes()]
+    rows = []
+    for text in chosen:
+        name, route = registry.parse_label(text)
+        rows.append((name, route.value if ":" in text else None))
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m hvd_compress.costmodel",
@@ -71,11 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="link bandwidth 1/beta, e.g. 10Gbit/s or 1.25GB/s")
     p.add_argument("--latency", type=_typed(units.parse_time),
                    help="per-message latency alpha, e.g. 1ms or 50us")
-    p.add_argument("--bits", type=int, nargs="+", choices=(32, 16, 8), default=[32, 16, 8],
-                   help="gradient bit widths k to show (default: 32 16 8)")
-    p.add_argument("--schemes", nargs="+", choices=[*model.EXCHANGES, *model.DEPRECATED_NAMES],
-                   metavar="SCHEME", help="schemes to show (default: all): "
-                   + ", ".join(model.EXCHANGES) + " (alltoall_allgather: old name of alltoall)")
+    widths = bit_widths()
+    p.add_argument("--bits", type=int, nargs="+", choices=widths, default=[32, 16, 8],
+                   metavar="K", help="gradient bit widths k to show (default: 32 16 8; any of "
+                   f"{' '.join(map(str, widths))}: the registered schemes' widths)")
+    p.add_argument("--schemes", nargs="+", metavar="SCHEME",
+                   help="what to show (default: all). Predicting collectives: exchanges of "
+                   + ", ".join(model.EXCHANGES) + ". With --methods: registered compression schemes, NAME or "
+                   "NAME:ROUTE (" + ", ".join(registry.schemes()) + ")")
     p.add_argument("--tensors", type=_positive_int, default=1,
                    help="packets per rank that each carry a header: tensors for allgather "
                         "(one scale per tensor), fusion buckets for alltoall "
@@ -234,10 +262,6 @@ def _csv(rows: list[dict]) -> str:
 # ---------------------------------------------------------------- methods
 
 
-METHOD_ROWS = [("none", None), ("fp16", None), ("bit16", "alltoall"), ("bit8", "allgather"),
-               ("int8", "allgather"), ("onebit", "allgather"), ("topk", None), ("powersgd", None)]
-
-
 def methods_command(args, link: model.Link) -> str:
     """One row per (n, method) for a lab network: bytes one rank sends per step and the
     predicted exchange time, each also as a ratio to float32 allreduce."""
@@ -245,12 +269,12 @@ def methods_command(args, link: model.Link) -> str:
     rows = []
     for n in args.nodes:
         ref = methods.step_cost("none", shapes, n)
-        for name, route in METHOD_ROWS:
+        for name, route in method_rows(args.schemes):
             cost = methods.step_cost(name, shapes, n, route=route)
             t, t_ref = cost.seconds(link), ref.seconds(link)
-            parameter = methods.METHOD_DEFAULTS.get(name)
+            parameter = registry.scheme(name).parameter
             rows.append(dict(model=args.methods, n=n, method=name, parameter=parameter,
-                             route=route or ("allgather" if name == "topk" else "allreduce"),
+                             route=registry.resolve_route(name, route).value,
                              messages=cost.messages, bytes_per_rank=cost.bytes, time_s=t,
                              bytes_vs_fp32=cost.bytes / ref.bytes if ref.bytes else math.nan,
                              time_vs_fp32=t / t_ref if t_ref else math.nan))
@@ -340,17 +364,26 @@ def main(argv=None) -> int:
     predicting = args.nodes is not None or args.size is not None
     if args.size is not None and args.size <= 0:
         parser.error("--size must be greater than 0 bytes")
-    chosen = [model.EXCHANGES[model.scheme_name(s)] for s in (args.schemes or model.EXCHANGES)]
-    if not any(k in s.bits for s in chosen for k in args.bits):
-        parser.error("none of the chosen schemes carries the chosen bit widths ("
-                     + "; ".join(f"{s.name}: {', '.join(map(str, s.bits))}" for s in chosen) + ")")
-
     if args.methods:
+        try:
+            method_rows(args.schemes)
+        except ValueError as err:
+            parser.error(f"--schemes with --methods: {err}")
         missing = [f"--{k}" for k in ("nodes", "bandwidth", "latency") if getattr(args, k) is None]
         if missing:
             parser.error(f"--methods needs {', '.join(missing)}")
         print(methods_command(args, model.Link.from_bandwidth(args.latency, args.bandwidth)))
         return 0
+    known = list(model.EXCHANGES)
+    wrong = [s for s in args.schemes or () if s not in known]
+    if wrong:
+        parser.error(f"--schemes {' '.join(wrong)}: predicting collectives, the schemes are the "
+                     f"exchanges {', '.join(known)} (compression schemes go with --methods)")
+    chosen = args.schemes or list(model.EXCHANGES)
+    if not any(k in model.carried_bits(s) for s in chosen for k in args.bits):
+        parser.error("none of the chosen schemes carries the chosen bit widths ("
+                     + "; ".join(f"{s}: {', '.join(map(str, model.carried_bits(s)))}"
+                                 for s in chosen) + ")")
 
     if args.fit is None:
         if args.link_rate is not None:

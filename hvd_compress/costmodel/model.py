@@ -22,17 +22,17 @@ Communication Operations in MPICH" (IJHPCA 2005).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
-from ..registry import HEADER_BYTES
+from ..registry import HEADER_BYTES, Route, schemes as registered_schemes
 
 __all__ = [
     "Link", "Cost",
     "ring_allreduce", "reduce_scatter", "allgather", "alltoall", "broadcast_tree",
     "tree_allreduce", "double_binary_tree_allreduce", "parameter_server",
     "compressed_allgather", "compressed_two_phase", "wire_bytes",
-    "EXCHANGES", "REFERENCE", "DEPRECATED_NAMES", "scheme_name", "predict", "predict_table",
+    "EXCHANGES", "REFERENCE", "carried_bits", "predict",
+    "predict_table",
     "course_allreduce_time", "lumped_latency",
     "bandwidth_crossover", "allgather_crossover", "first_n_not_faster",
 ]
@@ -268,37 +268,28 @@ EXCHANGES = {
     ]
 }
 REFERENCE = ("allreduce_ring", 32)  # Horovod's default: what every speed-up is measured against
-# Old scheme names, still read: the two-phase exchange is named as its route (registry.Route).
-DEPRECATED_NAMES = {"alltoall_allgather": "alltoall"}
 
 
-def __getattr__(name):
-    # SCHEMES was this table's first name; the one SCHEMES is now registry.SCHEMES.
-    if name == "SCHEMES":
-        warnings.warn("costmodel.model.SCHEMES is now EXCHANGES (registry.SCHEMES names the "
-                      "compression schemes)", DeprecationWarning, stacklevel=2)
-        return EXCHANGES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def scheme_name(scheme: str) -> str:
-    """`scheme`, or the current name of a deprecated one (with a DeprecationWarning)."""
-    if scheme in DEPRECATED_NAMES:
-        warnings.warn(f"cost-model scheme {scheme!r} is now {DEPRECATED_NAMES[scheme]!r}",
-                      DeprecationWarning, stacklevel=3)
-        return DEPRECATED_NAMES[scheme]
-    return scheme
+def carried_bits(exchange: str) -> tuple:
+    """The bit widths `exchange` carries: its own, and for the packet exchanges (allgather,
+    alltoall) every registered packet scheme's that travels by that route (plugins included:
+    a 4-bit scheme registered in one file is priced here without another edit)."""
+    own = EXCHANGES[exchange].bits
+    if exchange not in (Route.ALLGATHER.value, Route.ALLTOALL.value):
+        return own
+    packet = {s.bits for s in registered_schemes().values()
+              if s.packet and Route(exchange) in s.routes and 1 <= s.bits <= 32}
+    return tuple(sorted(set(own) | packet, reverse=True))
 
 
 def predict(scheme: str, n: int, g: float, bits: int, *, header_bytes: float = HEADER_BYTES,
             tensors: int = 1, servers: int = 1) -> Cost:
     """Cost coefficients of `scheme` for n ranks, g fp32 bytes per rank, k = bits."""
-    scheme = scheme_name(scheme)
     if scheme not in EXCHANGES:
         raise ValueError(f"unknown scheme {scheme!r}; known: {', '.join(EXCHANGES)}")
     s = EXCHANGES[scheme]
-    if _bits(bits) not in s.bits:
-        raise ValueError(f"scheme {scheme!r} carries {s.bits} bits, not {bits}")
+    if _bits(bits) not in carried_bits(scheme):
+        raise ValueError(f"scheme {scheme!r} carries {carried_bits(scheme)} bits, not {bits}")
     return s.cost(_ranks(n), _nbytes(g, "gradient size"), bits,
                   header_bytes=header_bytes, tensors=tensors, servers=servers)
 
@@ -311,9 +302,9 @@ def predict_table(nodes, g: float, link: Link, bits=(32, 16, 8), schemes=None, *
     for n in nodes:
         ref_scheme, ref_bits = REFERENCE
         ref = predict(ref_scheme, n, g, ref_bits).seconds(link, gamma)
-        for name in [scheme_name(s) for s in schemes or EXCHANGES]:
+        for name in schemes or EXCHANGES:
             for k in bits:
-                if k not in EXCHANGES[name].bits:
+                if k not in carried_bits(name):
                     continue
                 c = predict(name, n, g, k, header_bytes=header_bytes, tensors=tensors,
                             servers=servers)

@@ -6,11 +6,10 @@ PowerSGD) build on this one module, so neither imports the other.
 """
 import os
 import time
-from contextlib import contextmanager
 
 import horovod.torch as hvd
 
-from ..roles import Communicator
+from ..roles import Communicator, Stats
 from .fusion import Bucket
 
 __all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
@@ -86,38 +85,6 @@ def launch_next_phases(communicator, exchanges):
                 time.sleep(next(sleeps))
 
 
-class Stats:
-    """Seconds spent compressing, waiting for communication, decompressing; bytes sent; how
-    long collectives were in flight while backward still ran (overlap_s); how much of the
-    work was done inside backward, in gradient hooks (in_backward_s, part of compress_s and
-    decompress_s); the span of each step's exchange, first launch to last result (exchange_s,
-    the optimizer's) and first launch to last launch (launch_span_s), since the last pop. The
-    two-phase route's middle step (decode, sum and re-encode a chunk, one native call) counts
-    as decompress_s."""
-    FIELDS = ("compress_s", "communicate_s", "decompress_s", "bytes_sent", "overlap_s",
-              "in_backward_s", "exchange_s", "launch_span_s")
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.values = {f: 0.0 for f in self.FIELDS}
-        self.values["bytes_sent"] = 0
-
-    @contextmanager
-    def timing(self, field):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.values[field] += time.perf_counter() - start
-
-    def pop(self):
-        out = dict(self.values)
-        self.reset()
-        return out
-
-
 class Exchange:
     """One bucket's (or tensor's) collective in flight: its handle, phase, launch time, what
     the route keeps between phases (ctx) and the memory it compensated with, if any."""
@@ -155,11 +122,6 @@ class CommunicatorBase(Communicator):
         """'native' (the C++ kernel) or 'torch': which implementation codes the gradients."""
         return "torch"
 
-    @property
-    def reduction(self):
-        """The route's name: the first version's word for it, kept for its callers."""
-        return self.route.value
-
     def describe(self):
         return f"{self.describe_method(self.compression)}/{self.route.value}"
 
@@ -181,7 +143,7 @@ class CommunicatorBase(Communicator):
         planned = self.plan(names, tensors)
         exchanges = []
         for group, bucket in planned:
-            with self.stats.timing("compress_s"):
+            with self.stats.timing("copy_s"):
                 for j, i in enumerate(group):
                     bucket.put(j, tensors[i])
             exchanges.append(self.start(bucket, memory))

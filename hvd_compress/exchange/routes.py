@@ -22,6 +22,8 @@ Every rank ends with bit-identical results: all decode the same codes in rank or
 communicator counts the bytes this rank sends, so the lab and the benchmarks never estimate
 what they can count.
 """
+import inspect
+
 import torch
 import horovod.torch as hvd
 from horovod.torch.compression import FP16Compressor
@@ -30,10 +32,10 @@ from ..codecs import SCALE_BLOCK
 from ..compressors import compressor_name
 from ..registry import SCHEMES, Route, load_plugins, resolve_route
 from ..roles import PacketCompressor
-from .base import POLL_SLEEP_S, CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
+from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 
-__all__ = ["make_communicator", "AllreduceCommunicator", "AllgatherCommunicator",
+__all__ = ["make_communicator", "route_of", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
            "DEFAULT_FUSION_BYTES", "wait_for", "launch_next_phases"]
 
@@ -82,8 +84,8 @@ class AllreduceCommunicator(_Base):
         name = self._tag(bucket.name) if self.tagged else bucket.name
         handle = hvd.allreduce_async_(compressed, name=name, op=self.op,
                                       prescale_factor=1.0, postscale_factor=1.0)
-        self.stats.values["bytes_sent"] += int(2 * (n - 1) * compressed.numel()
-                                               * compressed.element_size() // n)
+        self.stats.add("bytes_sent", int(2 * (n - 1) * compressed.numel()
+                                         * compressed.element_size() // n))
         return Exchange(bucket, handle, (ctx, restore))
 
     def finish(self, exchange):
@@ -156,7 +158,7 @@ class AllgatherCommunicator(_PacketBase):
         with self.stats.timing("compress_s"):
             message, _ = self._encode(bucket, [(0, bucket.numel)], memory)
         handle = hvd.allgather_async(message, name=self._tag(bucket.name))
-        self.stats.values["bytes_sent"] += (hvd.size() - 1) * message.numel()
+        self.stats.add("bytes_sent", (hvd.size() - 1) * message.numel())
         return Exchange(bucket, handle)
 
     def finish(self, exchange):
@@ -185,7 +187,7 @@ class AlltoallCommunicator(_PacketBase):
             message, sizes = self._encode(bucket, chunks, memory)
         splits = bucket.cached(("splits", tuple(sizes)), lambda: torch.tensor(sizes, dtype=torch.int32))
         handle = hvd.alltoall_async(message, splits=splits, name=self._tag(bucket.name))
-        self.stats.values["bytes_sent"] += message.numel() - sizes[hvd.rank()]
+        self.stats.add("bytes_sent", message.numel() - sizes[hvd.rank()])
         return Exchange(bucket, handle, (chunks, sizes))
 
     def progress(self, exchange, wait=False):
@@ -203,7 +205,7 @@ class AlltoallCommunicator(_PacketBase):
                                            self._divisor(n))
         exchange.handle = hvd.allgather_async(reduced, name=self._tag(bucket.name + ".gather"))
         exchange.phase = 2
-        self.stats.values["bytes_sent"] += (n - 1) * reduced.numel()
+        self.stats.add("bytes_sent", (n - 1) * reduced.numel())
 
     def advance(self, exchanges):
         launch_next_phases(self, exchanges)
@@ -223,43 +225,70 @@ _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCom
 
 
 def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
-                      scale_block=SCALE_BLOCK, *, reduction=None):
+                      scale_block=SCALE_BLOCK):
     """The communicator for `compression` over `route` (None: the scheme's default, see
-    registry.SCHEMES). The one place where a route is chosen. A method that is not a codec of
-    values (top-k, PowerSGD) declares its own: `compression.communicator(op)`. `reduction=` is
-    the old name of `route=`, still accepted."""
-    if reduction is not None:
-        if route is not None and Route.parse(route) != Route.parse(reduction):
-            raise ValueError(f"route={route!r} and reduction={reduction!r} disagree; pass route= only")
-        route = reduction
-    if getattr(compression, "per_bucket", False):
-        raise ValueError("Compression.auto chooses a scheme per bucket inside "
-                         "hvd_compress.DistributedOptimizer, which builds its communicator "
-                         "(auto/communicator.py); make_communicator takes one scheme")
-    own = getattr(compression, "communicator", None)
-    if callable(own):                            # a method with a collective of its own
-        comm = own(op=op)
-        if route is not None and Route.parse(route) != comm.route:
-            raise ValueError(f"{compressor_name(compression)} travels by {comm.route.value}, "
-                             f"not {route!r}")
-        return comm
+    registry.SCHEMES). The one place where a route is chosen. A method that is not one codec of
+    values (top-k, PowerSGD, Compression.auto) declares its own: `compression.communicator(op)`,
+    with the fusion threshold and scale block where its factory takes them (auto's buckets); one
+    whose route is None chooses a route per bucket and takes no `route`."""
+    if callable(getattr(compression, "communicator", None)):
+        return own_communicator(compression, route, op, fusion_threshold_bytes, scale_block)
+    route = route_of(compression, route)
+    check_scale_block(scale_block)
+    return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
+                          scale_block=scale_block)
+
+
+def own_communicator(method, route, op, fusion_threshold_bytes=None, scale_block=SCALE_BLOCK):
+    """The communicator a method with a collective of its own declares, checked against the
+    route asked for."""
+    comm = _declared(method.communicator, op, fusion_threshold_bytes, scale_block)
+    if route is not None and comm.route is None:
+        raise ValueError(f"{compressor_name(method)} chooses each bucket's route: pass no route")
+    if route is not None and Route.parse(route) != comm.route:
+        raise ValueError(f"{compressor_name(method)} travels by {comm.route.value}, "
+                         f"not {route!r}")
+    return comm
+
+
+def route_of(compression, route=None) -> Route:
+    """The route a codec takes: a registered scheme's (registry.py, plugins included) checked
+    or defaulted there; a user's unregistered compressor's by what it can do."""
     name = compressor_name(compression)
-    packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
     if name not in SCHEMES:
         load_plugins()
     if name in SCHEMES:
-        route = resolve_route(name, route)
-    else:                                        # a user's compressor: by what it can do
-        route = Route.parse(route) if route is not None else (
-            Route.ALLGATHER if packet else Route.ALLREDUCE)
-        if packet == (route == Route.ALLREDUCE):
-            raise ValueError(f"{name} cannot travel by {route.value}: packet compressors take "
-                             "'allgather' or 'alltoall', others 'allreduce'")
+        return resolve_route(name, route)
+    return route_by_capability(compression, route)
+
+
+def route_by_capability(compression, route=None) -> Route:
+    """An unregistered compressor: a PacketCompressor travels by allgather (or alltoall),
+    anything else by Horovod's allreduce."""
+    packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
+    route = Route.parse(route) if route is not None else (
+        Route.ALLGATHER if packet else Route.ALLREDUCE)
+    if packet == (route == Route.ALLREDUCE):
+        raise ValueError(f"{compressor_name(compression)} cannot travel by {route.value}: "
+                         "packet compressors take 'allgather' or 'alltoall', others 'allreduce'")
+    return route
+
+
+def check_scale_block(scale_block):
+    """scale_block: a positive number of values per scale, or None (one scale per tensor)."""
     if scale_block is not None and int(scale_block) < 1:
         raise ValueError(f"scale_block must be >= 1 values or None (one scale per tensor), "
                          f"got {scale_block!r}")
-    return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
-                          scale_block=scale_block)
+
+
+def _declared(factory, op, fusion_threshold_bytes, scale_block):
+    """A method's own communicator: factory(op), and the fusion threshold and scale block by
+    name where the factory takes them (Compression.auto fuses buckets; top-k and PowerSGD
+    exchange per tensor and take op alone, as docs/extending.md documents)."""
+    takes = inspect.signature(factory).parameters
+    layout = {k: v for k, v in (("fusion_threshold_bytes", fusion_threshold_bytes),
+                                ("scale_block", scale_block)) if k in takes}
+    return factory(op=op, **layout)
 
 
 def start_packet_exchange(compression, tensor, name, op=hvd.Average):

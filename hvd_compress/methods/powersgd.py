@@ -26,10 +26,10 @@ import torch
 import horovod.torch as hvd
 
 from ..exchange.base import Exchange, launch_next_phases, wait_for
-from ..registry import Route, powersgd_step_bytes
+from ..registry import Route
 from .tensorwise import TensorwiseCommunicator, check_device
 
-__all__ = ["PowerSGD", "PowerSGDCommunicator", "powersgd_bytes", "approximate"]
+__all__ = ["PowerSGD", "PowerSGDCommunicator", "approximate"]
 
 
 class PowerSGD:
@@ -62,13 +62,6 @@ def matrix_shape(shape):
         return None
     n = shape[0]
     return n, int(torch.Size(shape).numel()) // n if n else 0
-
-
-def powersgd_bytes(shapes, rank, world):
-    """Bytes one rank sends per step (ring allreduce: 2(N-1)/N of each tensor): (n + m) r float32
-    per matrix, every value of every vector; the cost model's formula (costmodel/methods.py),
-    which the communicator's own count must equal (registry.powersgd_step_bytes)."""
-    return powersgd_step_bytes([tuple(s) for s in shapes], world, rank)
 
 
 def initial_q(name, m, r, seed, device="cpu"):
@@ -113,7 +106,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
 
     def _count(self, tensor):
         n = hvd.size()
-        self.stats.values["bytes_sent"] += 2 * (n - 1) * tensor.numel() * 4 // n if n > 1 else 0
+        self.stats.add("bytes_sent", 2 * (n - 1) * tensor.numel() * 4 // n if n > 1 else 0)
 
     def start(self, bucket, memory=None):
         """Vectors: launch their allreduce (phase 0). Matrices: compensate, P = M Q, launch P's."""

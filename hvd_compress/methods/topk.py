@@ -22,10 +22,10 @@ import torch
 import horovod.torch as hvd
 
 from ..exchange.base import Exchange, wait_for
-from ..registry import Route, topk_count, topk_step_bytes
+from ..registry import Route, topk_count
 from .tensorwise import TensorwiseCommunicator, check_device
 
-__all__ = ["TopK", "TopKCommunicator", "select", "topk_bytes", "scatter_sum"]
+__all__ = ["TopK", "TopKCommunicator", "select", "scatter_sum"]
 
 
 class TopK:
@@ -53,12 +53,6 @@ class TopK:
 
     def __hash__(self):
         return hash((TopK, self.ratio, self.error_feedback))
-
-
-def topk_bytes(numels, ratio, world):
-    """Bytes one rank sends per step: (n-1) x 8k per tensor (int32 index + float32 value);
-    the registry's formula, which the cost model reads and the communicator's count must equal."""
-    return topk_step_bytes([(n,) for n in numels], world, TopK(ratio).ratio)
 
 
 def select(flat, k):
@@ -110,7 +104,7 @@ class TopKCommunicator(TensorwiseCommunicator):
                 kept[idx] = flat[idx]
                 memory.remember(bucket.name, flat, kept)
         handle = hvd.allgather_async(message, name=self._tag(bucket.name))
-        self.stats.values["bytes_sent"] += (hvd.size() - 1) * 8 * k
+        self.stats.add("bytes_sent", (hvd.size() - 1) * 8 * k)
         return Exchange(bucket, handle, ctx=k, memory=memory)
 
     def finish(self, step):

@@ -2,13 +2,11 @@
 ranges and combinations, each refused with a message that says what to do instead."""
 import argparse
 import math
-import warnings
 
 from hvd_compress import registry
 
-__all__ = ["DEFAULTS", "FLAGS", "TENSORWISE", "OLD_OPTIMIZER_VALUES", "AUTO", "AUTO_FLAG",
-           "scale_block", "add_compression_flags", "check_args", "compression_of",
-           "auto_compression"]
+__all__ = ["DEFAULTS", "AUTO", "AUTO_FLAG", "compression_flags", "scale_block",
+           "add_compression_flags", "check_args", "compression_of", "auto_compression"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
@@ -27,14 +25,11 @@ def compression_flags():
     return {s.name: _dest(s.flag) for s in registry.schemes().values() if s.flag}
 
 
-FLAGS = compression_flags()             # the built-in schemes' (plugins: compression_flags())
 # Compression.auto (issue 25, docs/planner.md): not one scheme but a per-bucket plan the
 # optimizer measures and chooses inside the job, so it has no registry entry of its own (no
 # bits, no bytes formula); its name is a run name all the same ('np2-auto'), and its switch
 # sits beside the schemes' in the same exclusive group.
 AUTO, AUTO_FLAG = "auto", "--auto-allreduce"
-# Methods that take a parameter and keep their own error feedback.
-TENSORWISE = tuple(s.name for s in registry.SCHEMES.values() if s.parameter is not None)
 
 
 def add_compression_flags(group):
@@ -67,40 +62,8 @@ def scale_block(text):
     return int(text)
 
 
-# --route once named the optimizer (plugin | horovod) and --reduction the collective; the words
-# are now the API's: --optimizer, and --route as in DistributedOptimizer(route=). The old
-# spellings still work, with a warning naming the new one: --route takes no value of both.
-OLD_OPTIMIZER_VALUES = ("plugin", "horovod")
-
-
-def _renamed(old, new):
-    warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=3)
-
-
-def new_spellings(parser, args):
-    """args.optimizer ('plugin' or 'horovod') and args.route (the collective or None), from
-    the flags or their old spellings (--route plugin|horovod, --reduction)."""
-    if args.route in OLD_OPTIMIZER_VALUES:
-        _renamed(f"--route {args.route}", f"--optimizer {args.route}")
-        if args.optimizer not in (None, args.route):
-            parser.error(f"--route {args.route} (the old spelling of --optimizer) and "
-                         f"--optimizer {args.optimizer} disagree")
-        args.optimizer, args.route = args.route, None
-    if getattr(args, "reduction", None) is not None:
-        _renamed(f"--reduction {args.reduction}", f"--route {args.reduction}")
-        if args.route not in (None, args.reduction):
-            parser.error(f"--reduction {args.reduction} (the old spelling of --route) and "
-                         f"--route {args.route} disagree")
-        args.route = args.reduction
-    if hasattr(args, "reduction"):
-        del args.reduction
-    args.optimizer = args.optimizer or "plugin"
-
-
 def check_args(parser, args):
-    """Values and combinations argparse cannot check; adds args.compression, and reads the
-    old spellings of --optimizer and --route."""
-    new_spellings(parser, args)
+    """Values and combinations argparse cannot check; adds args.compression."""
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
                  "max_steps", "split_test", "steps_per_epoch"):
         value = getattr(args, flag)

@@ -31,7 +31,8 @@ def plan_report(optimizer, args):
     if report is None:
         raise RuntimeError("--auto-allreduce: the optimizer has no plan_report(); this "
                            "hvd_compress's Compression.auto cannot say what it chose")
-    return report()
+    report = report()
+    return None if report is None else report.to_dict()     # the manifest's JSON
 
 
 def collective(optimizer, args, world_size):

@@ -3,7 +3,7 @@
     python -m labs.kit.matrix --epochs 3                     # Fashion-MNIST, 9 runs
     python -m labs.kit.matrix --only 'serial,np2-*'          # a subset
     python -m labs.kit.matrix --extras                       # + bit8 alltoall / error feedback
-    python -m labs.kit.matrix --methods                      # + int8, onebit, topk, powersgd
+    python -m labs.kit.matrix --methods                      # + every other registered scheme
     python -m labs.kit.matrix --auto                         # + np2-auto, np4-auto (the plan)
     python -m labs.kit.matrix --summary-only                 # rebuild summary.csv only
     python -m labs.kit.matrix --netem-rate 1gbit             # over an emulated 1 Gbit/s net
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hvd_compress.auto.records import PlanReport
 from hvd_compress.costmodel import methods
 from labs import netem
 
@@ -286,7 +287,7 @@ def summarize_run(name, run_dir):
             for part in STEP_PARTS:
                 row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             row["bytes_per_step"] = steps["bytes_sent"].mean()
-            for part in ("exchange", "launch_span"):
+            for part in ("copy", "exchange", "launch_span"):
                 if f"{part}_s" in steps:
                     row[f"{part}_ms"] = 1000 * steps[f"{part}_s"].mean()
             if "launch_span_s" in steps:     # the rank whose backward launches last
@@ -294,9 +295,8 @@ def summarize_run(name, run_dir):
                     "launch_span_s"].mean().max()
             if "plan" in steps:
                 row.update(plan_summary(steps))
-    plan_report = manifest.get("plan_report")
-    if isinstance(plan_report, dict):   # what deciding cost: calibrations, rank 0's seconds
-        row["plan_calibration_s"] = float(plan_report.get("calibration_s", math.nan))
+    if manifest.get("plan_report"):     # what deciding cost: calibrations, rank 0's seconds
+        row["plan_calibration_s"] = PlanReport.from_dict(manifest["plan_report"]).calibration_s
     row["method_parameter"] = manifest.get("method_parameter")
     args = manifest.get("args") or {}
     row.update(model=args.get("model", "horovod"), lr=args.get("lr"),
@@ -398,9 +398,9 @@ def parse_args(argv=None):
     parser.add_argument("--extras", action="store_true",
                         help="add bit8 alltoall and bit8 error-feedback rows (2 and 4 ranks)")
     parser.add_argument("--methods", action="store_true",
-                        help="add the other methods (int8, onebit, topk 0.01, powersgd rank 2) "
-                             "at 2 and 4 processes; the report compares them in a table of "
-                             "their own")
+                        help="add every other registered scheme (int8, onebit, bf16, topk 0.01, "
+                             "powersgd rank 2 and any plugin's: registry.other_schemes) at 2 "
+                             "and 4 processes; the report compares them in a table of their own")
     parser.add_argument("--auto", action="store_true",
                         help="add the per-bucket plan (--auto-allreduce) at 2 and 4 processes; "
                              "the report sets its plan beside its predicted and measured step")

@@ -48,8 +48,8 @@ from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
 # most this long (test_dead_or_wedged_rank_ends_the_job[gloo-kill] once recorded no cause).
 DEAD_PEER_WAIT_S = 1.0
 
-NO_STATS = {"compress_s": math.nan, "communicate_s": math.nan, "decompress_s": math.nan,
-            "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
+NO_STATS = {"copy_s": math.nan, "compress_s": math.nan, "communicate_s": math.nan,
+            "decompress_s": math.nan, "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
 
 
 class Interrupted(Exception):
@@ -395,11 +395,12 @@ class RunRecorder:
         for.  The plugin compresses full buckets from gradient hooks while backward runs: that
         part (in_backward_s) moves from forward+backward to compress, so the columns add up."""
         in_backward = stats.get("in_backward_s", 0.0)
-        in_step = (stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"]
-                   - in_backward)
+        in_step = (stats["copy_s"] + stats["compress_s"] + stats["communicate_s"]
+                   + stats["decompress_s"] - in_backward)
         row = {"rank": self.rank, "epoch": epoch, "step": self.step, "batch": batch,
                "samples": samples, "loss": loss, "step_s": times["step"],
                "forward_backward_s": times["forward_backward"] - in_backward,
+               "copy_s": stats["copy_s"],
                "compress_s": stats["compress_s"], "communicate_s": stats["communicate_s"],
                "decompress_s": stats["decompress_s"],
                "update_s": times["optimizer"] - in_step if math.isfinite(in_step)

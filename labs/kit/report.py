@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from hvd_compress.registry import METHODS, run_name
+from hvd_compress.registry import other_schemes, run_name
 
 from . import network, runlog
 from .matrix import read_summary
@@ -204,17 +204,18 @@ def methods_section(frame):
     """The other methods (the matrix's --methods rows) beside float32 allreduce and Horovod's
     fp16 allreduce of the same matrix run: accuracy, bytes per step (counted, and the cost
     model's formula), step time, each as a ratio to both baselines."""
-    rows = frame[frame["compression"].isin(METHODS)]
+    methods = other_schemes()
+    rows = frame[frame["compression"].isin(methods)]
     if rows.empty:
         return ("Not run in this matrix: `python -m labs.kit.matrix --methods` (or "
-                "`bash scripts/run_lab.sh --methods`) adds int8, onebit, top-k and PowerSGD "
-                "at 2 and 4 processes.")
+                "`bash scripts/run_lab.sh --methods`) adds " + ", ".join(methods)
+                + " at 2 and 4 processes.")
     by_run = {row.run: row for row in frame.itertuples()}
     header = ("| 方法 / Method | 设备数 / Devices | 正确率 / Accuracy | vs fp32 (points) | "
               "每步发送 / Bytes per step | 公式 / Formula | bytes / fp32 | bytes / fp16 | "
               "每步 / Step (ms) | step / fp32 | step / fp16 | 运行 / Run |")
     lines = [header, "|" + "---|" * 12]
-    order = sorted(rows.itertuples(), key=lambda r: (r.ranks, METHODS.index(r.compression)))
+    order = sorted(rows.itertuples(), key=lambda r: (r.ranks, methods.index(r.compression)))
     for row in order:
         fp32, fp16 = by_run.get(run_name(row.ranks, "none")), by_run.get(run_name(row.ranks, "fp16"))
         if fp32 is None or fp16 is None:
@@ -592,7 +593,7 @@ def build_report(summary_path, template_path, network_summary=None, calibration=
         summary_path=str(Path(summary_path)),
         setup=setup_text(frame, manifests),
         epoch_size=epoch_size(frame, manifests),
-        results_table=results_table(frame[~frame["compression"].isin(METHODS)]),
+        results_table=results_table(frame[~frame["compression"].isin(other_schemes())]),
         methods_section=methods_section(frame),
         auto_section=auto_section(frame),
         findings=findings(frame, env.get("cpus_usable")),

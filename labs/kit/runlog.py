@@ -38,8 +38,9 @@ STEP_COLUMNS = [
     "rank", "epoch", "step", "batch", "samples", "loss",
     "step_s",               # wall time of the whole step on this rank
     "forward_backward_s",   # batch fetch + zero_grad + forward + backward
-    "compress_s", "communicate_s", "decompress_s",   # inside optimizer.step(), from pop_stats()
-    "update_s",             # optimizer.step() wall time minus the three above
+    "copy_s",               # gradients into their bucket, reduced values out (pop_stats())
+    "compress_s", "communicate_s", "decompress_s",   # the codec and the wait (pop_stats())
+    "update_s",             # optimizer.step() wall time minus the four above
     "bytes_sent",           # gradient bytes this rank sent in this step
     "exchange_s",           # first bucket launched -> last gradient reduced (may overlap backward)
     "launch_span_s",        # first bucket launched -> last bucket launched (backward's pace)

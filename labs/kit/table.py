@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hvd_compress.costmodel.methods import METHOD_DEFAULTS
-from hvd_compress.registry import COURSE_SCHEMES, METHODS, SCHEMES, run_name
+from hvd_compress.registry import COURSE_SCHEMES, SCHEMES, other_schemes, run_name
 
 from .flags import AUTO, AUTO_FLAG, DEFAULTS
 
@@ -27,8 +27,9 @@ def scheme_flags(name):
 
 # The trainer's flags for each scheme, in the order the matrix runs them.
 SCHEME_FLAGS = {name: scheme_flags(name) for name in COURSE_SCHEMES}
-# The other methods (issue 13), each at its default parameter: the matrix's --methods rows.
-METHOD_FLAGS = {name: scheme_flags(name) for name in METHODS}
+# Every other registered scheme with a flag (plugins of $HVD_COMPRESS_SCHEMES included), a
+# method at its default parameter: the matrix's --methods rows.
+METHOD_FLAGS = {name: scheme_flags(name) for name in other_schemes() if SCHEMES[name].flag}
 # The per-bucket plan (issue 25): the matrix's --auto rows, at 2 and 4 processes.
 AUTO_FLAGS = {AUTO: scheme_flags(AUTO)}
 RANKS = (2, 4)
@@ -65,7 +66,7 @@ class Run:
 def course_runs(extras=False, methods=False, auto=False):
     """The course's table in the order the matrix runs it: serial, then 2 and 4 processes x
     every scheme; `extras` adds bit8 by the two-phase route and bit8 with error feedback,
-    `methods` the other methods (int8, onebit, topk, powersgd) at 2 and 4 processes, `auto`
+    `methods` every other registered scheme (METHOD_FLAGS) at 2 and 4 processes, `auto`
     the per-bucket plan (np2-auto, np4-auto)."""
     runs = [Run(1)] + [Run(ranks, scheme) for ranks in RANKS for scheme in SCHEME_FLAGS]
     if extras:

@@ -6,7 +6,9 @@ or yields non-finite numbers, or disagrees wildly, makes every rank fall back an
 a re-plan decision is taken at the same step, alike, on every rank; the plan survives a
 checkpoint; reset (elastic) measures again; the trial runs the plan and its rivals step by step
 alike on every rank and keeps one of them, the same everywhere (the other checks run without
-it: trial_steps=0)."""
+it: trial_steps=0). Read through the optimizer's plan_report() (records.PlanReport) and the
+communicator's public `labels` and `phase`."""
+import dataclasses
 import math
 import statistics
 
@@ -14,6 +16,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.auto import calibration, planner, trial
+from hvd_compress.exchange.bucketing import groups_by_size
 import checks
 
 FLOAT32 = "none:allreduce"
@@ -71,7 +74,7 @@ def run(hvd):
     opt = optimizer(model, replan_every=planner.REPLAN_WINDOW)   # checked in 3. below
     stats = train(hvd, model, opt, WARMUP + 6)
     report = opt.plan_report()
-    checks.check("trains.four_buckets", len(report["buckets"]) == 4, str(report["buckets"]))
+    checks.check("trains.four_buckets", len(report.buckets) == 4, str(report.buckets))
     checks.check("trains.float32_before_the_plan",
                  all(s["plan"] == "" for s in stats[:WARMUP - 1]) and
                  math.isnan(stats[0]["plan_predicted_s"]), str(stats[:WARMUP]))
@@ -79,29 +82,29 @@ def run(hvd):
                  str(events(stats)))
     labels = stats[-1]["plan"].split(" ")
     checks.check("trains.plan_labels_legal", len(labels) == 4 and set(labels) <= legal, str(labels))
-    checks.check("trains.plan_in_report", report["plan"] == stats[-1]["plan"] and
-                 [b["label"] for b in report["buckets"]] == labels)
+    checks.check("trains.plan_in_report", report.plan == stats[-1]["plan"] and
+                 report.labels == labels and report.phase == "planned")
     checks.check("trains.prediction_and_measurement", math.isfinite(stats[-1]["plan_predicted_s"])
                  and stats[-1]["plan_predicted_s"] > 0 and stats[-1]["plan_measured_s"] > 0,
                  str(stats[-1]))
     agree, every = same_on_every_rank(hvd, (stats[-1]["plan"], stats[-1]["plan_predicted_s"]))
     checks.check("trains.same_plan_on_every_rank", agree, str(every))
     checks.check("trains.identical_weights", checks.same_everywhere(list(model.parameters())))
-    cost = report["calibration_s"]
-    checks.check("trains.calibration_cost_recorded", report["calibrations"] == 1 and 0 < cost < 30,
+    cost = report.calibration_s
+    checks.check("trains.calibration_cost_recorded", report.calibrations == 1 and 0 < cost < 30,
                  str(cost))
-    links = report["measurements"]["links"]
+    links = report.measurements.links
     checks.check("trains.links_fitted", set(links) == set(calibration.LINK_COLLECTIVES) and
-                 all(v["alpha"] >= 0 and v["beta"] >= 0 for v in links.values()), str(links))
-    cpu, hosts = report["measurements"]["links_cpu"], hvd.allgather_object(calibration.host())
+                 all(v.alpha >= 0 and v.beta >= 0 for v in links.values()), str(links))
+    cpu, hosts = report.measurements.links_cpu, hvd.allgather_object(calibration.host())
     checks.check("trains.links_cpu_fitted_and_the_share_counted",
                  set(cpu) == set(calibration.LINK_COLLECTIVES)
-                 and all(v["a"] >= 0 and v["b"] >= 0 and v["a"] + v["b"] > 0 for v in cpu.values())
-                 and report["measurements"]["cpu_share"] == calibration.cpu_share(hosts),
-                 f"{cpu} share {report['measurements']['cpu_share']} hosts {hosts}")
+                 and all(v.a >= 0 and v.b >= 0 and v.a + v.b > 0 for v in cpu.values())
+                 and report.measurements.cpu_share == calibration.cpu_share(hosts),
+                 f"{cpu} share {report.measurements.cpu_share} hosts {hosts}")
     hvd.allgather_object(cost, name="auto.cost")      # the cost, logged below by the test
     if hvd.rank() == 0:
-        print(f"auto calibration cost: {cost:.4f} s, plan {report['plan']}", flush=True)
+        print(f"auto calibration cost: {cost:.4f} s, plan {report.plan}", flush=True)
 
     # 1b. the link's sizes: grown past the two where those hide a byte's cost, alike everywhere
     caps = {c: 1 << 20 for c in calibration.LINK_COLLECTIVES}
@@ -112,7 +115,7 @@ def run(hvd):
     finally:
         calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO = saved
     n = hvd.size()
-    want = [calibration._whole(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
+    want = [calibration.whole_size(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
     sizes = {c: [b for c2, _, b, *_ in rows if c2 == c] for c in calibration.LINK_COLLECTIVES}
     checks.check("links.grow_to_the_cap", all(v == want for v in sizes.values()), str(sizes))
     rows = calibration.time_collectives(hvd, (4096, 65536), caps=caps)
@@ -134,7 +137,7 @@ def run(hvd):
     counts, want_counts = {}, {}
     for c, _, b, *_ in rows:
         counts[(c, b)] = counts.get((c, b), 0) + 1
-    asked = {calibration._whole(b, n) for b in (4096, 65536)}
+    asked = {calibration.whole_size(b, n) for b in (4096, 65536)}
     for (c, b) in counts:
         if b not in asked:
             want_counts[(c, b)] = calibration.LINK_REPS
@@ -155,14 +158,22 @@ def run(hvd):
         state["communicator"]["auto_plan"]["decision"], labels=mixed, predicted_s=1e-6)
     opt.load_compression_state_dict(state)
     x, y = data(hvd, 99)
-    params = [p for _, p in opt._params]
+    params = list(model.parameters())
     local = torch.autograd.grad((model(x) - y).square().mean(), params)   # no hooks fire
     ref = [hvd.allreduce(g, name=f"auto.ref.{i}") for i, g in enumerate(local)]
     opt.zero_grad()
     (model(x) - y).square().mean().backward()
     opt.synchronize()
     index = {p: i for i, p in enumerate(params)}
-    for b, (label, members) in enumerate(zip(mixed, opt._members)):
+    # each bucket's parameters: backward order fused at FUSION (exchange/bucketing.py's rule,
+    # the optimizer's), checked against the buckets the plan report names
+    order = list(model.named_parameters())[::-1]
+    buckets = [[order[i] for i in group]
+               for group in groups_by_size([p.numel() for _, p in order], FUSION)]
+    checks.check("mixed.buckets_as_reported",
+                 [(m[0][0], 4 * sum(p.numel() for _, p in m)) for m in buckets] ==
+                 [(b.name, b.bytes) for b in opt.plan_report().buckets], str(buckets))
+    for b, (label, members) in enumerate(zip(mixed, buckets)):
         got = torch.cat([p.grad.reshape(-1) for _, p in members])
         want = torch.cat([ref[index[p]].reshape(-1) for _, p in members])
         norms = hvd.allgather_object(float(torch.cat([local[index[p]].reshape(-1)
@@ -182,18 +193,18 @@ def run(hvd):
     opt.load_compression_state_dict(state)
     stats = train(hvd, model, opt, planner.REPLAN_WINDOW, first=200)
     replans = [i for i, s in enumerate(stats) if "replanned" in s["plan_event"]]
-    check = opt.plan_report()["last_replan_check"]
+    check = opt.plan_report().last_replan_check
     agree, every = same_on_every_rank(hvd, (replans, check))
     checks.check("replan.same_decision_on_every_rank", agree, str(every))
     checks.check("replan.decided_at_the_window", replans == [planner.REPLAN_WINDOW - 1]
-                 and check["now"], f"{replans} {check}")
+                 and check.now, f"{replans} {check}")
     stats = train(hvd, model, opt, WARMUP, first=300)
     checks.check("replan.planned_again", "planned" in events(stats), str(events(stats)))
     # measured under the mixed plan, each bucket's error for its own scheme is the gradient's
     # as sent, not the reduced result's (which has been through that codec: fp16 measured 0)
     report = opt.plan_report()
-    errs, names = report["measurements"]["errors"], [b["name"] for b in report["buckets"]]
-    own = {f"{name} {label.split(':')[0]}": errs.get(f"{name} {label.split(':')[0]}")
+    errs, names = report.measurements.errors, [b.name for b in report.buckets]
+    own = {(name, label.split(':')[0]): errs.get((name, label.split(':')[0]))
            for name, label in zip(names, mixed)}
     checks.check("replan.errors_of_the_gradient_as_sent",
                  all(e is not None and 1e-6 < e <= planner.ERROR_BOUND for e in own.values()),
@@ -233,7 +244,7 @@ def run(hvd):
     stats = train(hvd, model, other, 2, first=400)
     checks.check("resume.plan_restored", stats[0]["plan"] == " ".join(
         state["communicator"]["auto_plan"]["decision"]["labels"]) and
-        other.plan_report()["calibrations"] == 0, str(stats[0]))
+        other.plan_report().calibrations == 0, str(stats[0]))
 
     # 5. reset (elastic): float32, then measured and planned again
     other.reset_compression_state()
@@ -242,9 +253,9 @@ def run(hvd):
                  stats[-1]["plan_event"] == "planned", str(events(stats)))
     # the first plan after it is judged once after REPLAN_FIRST of its steps, not REPLAN_EVERY
     train(hvd, model, other, planner.REPLAN_FIRST - 1, first=450)
-    before = other.plan_report()["last_replan_check"]
+    before = other.plan_report().last_replan_check
     train(hvd, model, other, 1, first=450 + planner.REPLAN_FIRST)
-    check = other.plan_report()["last_replan_check"]
+    check = other.plan_report().last_replan_check
     agree, every = same_on_every_rank(hvd, check)
     checks.check("reset.first_plan_judged_early",
                  planner.REPLAN_FIRST < other.communicator.settings.replan_every
@@ -285,10 +296,10 @@ def run(hvd):
     finally:
         trial.contenders = real
     report = opt.plan_report()
-    record = report["trial"] or {}
-    tried = record.get("contenders", [])
+    record = report.trial
+    tried = record.contenders if record else ()
     steps = 2 * len(tried)
-    checks.check("trial.ran", len(tried) >= 2 and record["steps"] == steps, str(record))
+    checks.check("trial.ran", len(tried) >= 2 and record.steps == steps, str(record))
     flat = "; ".join(events(stats)).split("; ")
     checks.check("trial.events", flat[0] == "calibrating" and flat[1].startswith(
         f"trial: the plan and {len(tried) - 1} rival(s)") and flat[2].startswith("trial: ")
@@ -297,21 +308,22 @@ def run(hvd):
     checks.check("trial.plan_shown_once_kept", first == WARMUP + steps - 1, f"{first} {steps}")
     sent = {s["bytes_sent"] for s in stats[WARMUP:WARMUP + steps]}
     checks.check("trial.steps_ran_the_contenders", len(sent) >= 2, str(sent))
-    kept = next((c for c in tried if c["name"] == record.get("chosen")), {})
+    kept = next((c for c in tried if c.name == record.chosen), None)
     checks.check("trial.kept_a_contender_with_the_models_prediction",
-                 kept.get("labels") == report["plan"].split(" ") and
-                 record["predicted_untried_s"] == kept.get("predicted_s") and
-                 report["predicted_s"] == kept.get("predicted_s") + record["fixed_shift_s"],
+                 kept is not None and list(kept.labels) == report.plan.split(" ") and
+                 record.predicted_untried_s == kept.predicted_s and
+                 report.predicted_s == kept.predicted_s + record.fixed_shift_s,
                  str(record))
-    checks.check("trial.cost_counted", 0 <= record.get("cost_s", -1) <= report["calibration_s"],
-                 f"{record.get('cost_s')} {report['calibration_s']}")
-    agree, every = same_on_every_rank(hvd, (report["plan"], record.get("chosen"),
-                                            [c["measured_s"] for c in tried]))
+    checks.check("trial.cost_counted", record is not None
+                 and 0 <= record.cost_s <= report.calibration_s, f"{record} {report.calibration_s}")
+    agree, every = same_on_every_rank(hvd, (report.plan, record and record.chosen,
+                                            [c.measured_s for c in tried]))
     checks.check("trial.same_verdict_on_every_rank", agree, str(every))
     checks.check("trial.identical_weights", checks.same_everywhere(list(model.parameters())))
     # the trial changes nothing but each step's schemes: the same labels, forced step by step
     # on a fresh model (no calibration, no trial), give the very same weights (the lab's
-    # one-epoch run with the trial, replayed so, gave its losses bit for bit: docs/planner.md)
+    # one-epoch run with the trial, replayed so, gave its losses bit for bit:
+    # results/step-auto-trial/README.md)
     replay_model = net()
     replay = optimizer(replay_model)
     saved = opt.compression_state_dict()["communicator"]["auto_plan"]
@@ -349,8 +361,7 @@ def _disagreeing():
 
     def slow(samples):
         out = real(samples)
-        out["step_s"] *= 100
-        return out
+        return dataclasses.replace(out, step_s=out.step_s * 100)
     calibration.pace_summary = slow
 
 

@@ -5,7 +5,10 @@ MPI ranks interleaves on one line, so the tests read these files instead), and r
 CheckFailed on the first failure. The driver (suite.py) frames each module's checks with
 BEGIN/END lines and writes a FAILED line (and the traceback beside it) when a module raises,
 so the test side can tell a module that passed from one that failed, was cut short, or never
-ran (tests/hvdrun.py reads the logs).
+ran (tests/hvdrun.py reads the logs). Without $HVDC_CHECK_DIR (run by hand) each passed check
+is printed instead, one line per rank, so a compressor's author can run the checks alone:
+
+    PYTHONPATH=docs/examples horovodrun -np 2 python tests/workers/checks.py e2m1_example:E2M1Compressor
 """
 import os
 import time
@@ -28,14 +31,20 @@ class CheckFailed(AssertionError):
 def start(rank):
     global _rank
     _rank = rank
-    _path().write_text("")
+    if _path() is not None:
+        _path().write_text("")
 
 
 def _path(suffix="txt"):
-    return Path(os.environ["HVDC_CHECK_DIR"]) / f"rank{_rank}.{suffix}"
+    """This rank's log under $HVDC_CHECK_DIR, or None when the checks run by hand."""
+    folder = os.environ.get("HVDC_CHECK_DIR")
+    return Path(folder) / f"rank{_rank}.{suffix}" if folder else None
 
 
 def _write(line):
+    if _path() is None:
+        print(f"rank {_rank}: {line}", flush=True)
+        return
     with open(_path(), "a") as f:          # closed at once: a rank killed next still left it
         f.write(line + "\n")
 
@@ -63,7 +72,8 @@ def failed(module, err):
     else:
         what = f"{type(err).__name__}: {err}"
     _write(f"{FAILED}{time.time():.6f} {module}: " + " ".join(what.split()))
-    _path("traceback").write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+    if _path() is not None:
+        _path("traceback").write_text("".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
 def done():
@@ -100,6 +110,8 @@ def trains(tag, compression, steps=10):
     import torch
     import hvd_compress as hc
     import horovod.torch as hvd
+    if _rank is None:                      # called on its own, not from a job's module
+        start(hvd.rank())
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -115,3 +127,15 @@ def trains(tag, compression, steps=10):
         losses.append(float(loss))
     check(f"{tag}.identical_on_all_ranks", same_everywhere(list(model.parameters())))
     check(f"{tag}.loss_falls", losses[-1] < losses[0], f"{losses[0]} -> {losses[-1]}")
+
+
+if __name__ == "__main__":
+    # horovodrun -np 2 python tests/workers/checks.py MODULE:CLASS [STEPS]: a compressor of your
+    # own trained on every rank (its module on PYTHONPATH); a failed check raises CheckFailed
+    import importlib
+    import sys
+    import horovod.torch as hvd
+    hvd.init()
+    module, _, attr = sys.argv[1].partition(":")
+    compressor = getattr(importlib.import_module(module), attr)
+    trains(attr, compressor, steps=int(sys.argv[2]) if len(sys.argv) > 2 else 10)
