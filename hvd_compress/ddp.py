@@ -66,10 +66,12 @@ def resolve_compression(compression):
 
 
 class _Layout:
-    """One DDP bucket's layout (index, sizes, shapes) and the plugin's buckets that carry it."""
+    """One DDP bucket's layout (index, sizes, shapes), the plugin's buckets that carry it, and
+    its parameters' names and sizes (in the bucket's order)."""
 
-    def __init__(self, key, buckets, members):
+    def __init__(self, key, buckets, members, names, numels):
         self.key, self.buckets, self.members = key, buckets, members
+        self.names, self.numels = names, numels
 
 
 class HookState:
@@ -113,6 +115,9 @@ class HookState:
         self._layouts = {}                 # DDP bucket index -> _Layout in use
         self._checked = set()              # layout keys the ranks agreed on
         self._pending = []                 # (layout, exchanges, future, buffer) this step
+        self._changed = False              # a bucket's layout changed in this step
+        self._restored = None              # a checkpoint's communicator state, not yet taken
+        self._by_parameter = {}            # error feedback's residuals by parameter name
         self._first_hook = None
         self.steps = 0
 
@@ -155,11 +160,28 @@ class HookState:
                         if result is not view:
                             view.copy_(result.view(view.shape))
             future.set_result(buffer)
+        last = self._pending[-1][0].key[0]
         self._pending, first_hook, self._first_hook = [], self._first_hook, None
         self.steps += 1
+        if self._changed:
+            self._settle_layouts(last)
         end_step = getattr(comm, "end_step", None)
         if end_step is not None:
             end_step(first_hook, backward_end)
+
+    def _settle_layouts(self, last):
+        """After a step in which DDP's buckets changed: forget layouts past the last bucket,
+        tell auto its buckets (it plans again), take up a restored plan that fits them."""
+        self._changed = False
+        for index in [i for i in self._layouts if i > last]:
+            del self._layouts[index]
+        comm = self.communicator
+        if isinstance(comm, AutoCommunicator):
+            comm.use_buckets([self._layouts[i].buckets[0] for i in sorted(self._layouts)])
+        if self._restored is not None:
+            comm.load_state_dict(self._restored)
+            if comm.state_dict() is not None:
+                self._restored = None
 
     def _fail(self, err):
         """An exchange failed: complete DDP's futures with the error (no hang), forget the step."""
@@ -182,6 +204,7 @@ class HookState:
         layout = self._layouts.get(key[0])
         if layout is None or layout.key != key:
             layout = self._layouts[key[0]] = self._make_layout(key, buffer, params)
+            self._changed = True
         else:
             layout = self._rebind(layout, buffer)
         if key not in self._checked:
@@ -195,21 +218,24 @@ class HookState:
     def _make_layout(self, key, buffer, params):
         index, numel = key[0], key[1]
         comm = self.communicator
+        names, numels = self._param_names(index, params), [p.numel() for p in params]
+        self._keep_residuals()
         if not _tensorwise(comm):
             # the whole DDP bucket as one of ours: one flat buffer (packet routes, auto) or one
             # tensor (the allreduce route)
             name = f"ddp.{index}.{numel}"
             bucket = Bucket(name, [name], [buffer], flat=comm.fuses)
-            layout = _Layout(key, [bucket], [[buffer]])
+            layout = _Layout(key, [bucket], [[buffer]], names, numels)
+            self._take_residual(layout)
         else:                                  # top-k, PowerSGD: tensor by tensor
-            names, views, offset = self._param_names(index, params), [], 0
+            views, offset = [], 0
             for p in params:
                 views.append(buffer[offset:offset + p.numel()].view(p.shape))
                 offset += p.numel()
             buckets = [Bucket(n, [n], [v], flat=False) for n, v in zip(names, views)]
-            layout = _Layout(key, buckets, [[v] for v in views])
+            layout = _Layout(key, buckets, [[v] for v in views], names, numels)
         if isinstance(comm, AutoCommunicator):
-            comm.adopt(layout.buckets)
+            comm.use_bucket(index, layout.buckets[0])
         return layout
 
     def _rebind(self, layout, buffer):
@@ -226,6 +252,29 @@ class HookState:
             offset += old.numel()
         layout.members = [[v] for v in views]
         return layout
+
+    # ---- error feedback by parameter: what outlives DDP's buckets ------------------------------
+    def _keep_residuals(self):
+        """Each bucket residual, cut into its parameters' pieces (by name): a new layout (DDP's
+        rebuild, a restart) takes up its parameters' residuals from here."""
+        if self.memory is None:
+            return
+        for layout in self._layouts.values():
+            residual = self.memory.residuals.get(layout.buckets[0].name)
+            if residual is not None and len(layout.buckets) == 1:
+                for name, piece in zip(layout.names, residual.split(layout.numels)):
+                    self._by_parameter[name] = piece
+
+    def _take_residual(self, layout):
+        """A new bucket's residual from its parameters' pieces, where every one is known (and
+        named by the model: DDP's positions are not stable across layouts)."""
+        name = layout.buckets[0].name
+        if self.memory is None or name in self.memory.residuals:
+            return
+        pieces = [self._by_parameter.get(n) for n in layout.names]
+        if all(p is not None and p.numel() == k for p, k in zip(pieces, layout.numels)) and \
+                all(not n.startswith("ddp.") for n in layout.names):
+            self.memory.residuals[name] = torch.cat(pieces).to(layout.members[0][0].device)
 
     def _check_ranks_agree(self, key):
         if self.engine.size() == 1:
@@ -244,8 +293,10 @@ class HookState:
         """This rank's compression state: error-feedback residuals, the communicator's own
         (PowerSGD's Q and residuals, top-k's residuals, auto's plan). Differs by rank: save one
         per rank."""
+        self._keep_residuals()
         state = {"scheme": self.describe(), "steps": self.steps,
-                 "residuals": self.memory.state_dict() if self.memory is not None else {}}
+                 "residuals": {k: v.clone() for k, v in self._by_parameter.items()},
+                 "bucket_residuals": self.memory.state_dict() if self.memory is not None else {}}
         own = self.communicator.state_dict()
         if own is not None:
             state["communicator"] = own
@@ -256,15 +307,30 @@ class HookState:
             raise ValueError(f"this checkpoint's hook state is for {state.get('scheme')!r}, "
                              f"not {self.describe()!r}")
         if self.memory is not None:
-            self.memory.load_state_dict(state["residuals"])
-        if "communicator" in state:
-            self.communicator.load_state_dict(state["communicator"])
+            self._by_parameter = {k: v.clone() for k, v in state["residuals"].items()}
+            # the same buckets take their own residuals; others, their parameters' pieces
+            self.memory.load_state_dict(state.get("bucket_residuals", {}))
+            for layout in self._layouts.values():
+                self._take_residual(layout)
+        own = state.get("communicator")
+        if own is not None:
+            if isinstance(self.communicator, AutoCommunicator):
+                # auto's plan is for DDP's buckets, which the hook learns in the first step
+                # after a restart: taken up at the end of the first step whose buckets fit it
+                self._restored = own
+                if self._layouts:
+                    self.communicator.load_state_dict(own)
+                    if self.communicator.state_dict() is not None:
+                        self._restored = None
+            else:
+                self.communicator.load_state_dict(own)
         self.steps = int(state.get("steps", 0))
 
     def reset_state(self):
         """Forget residuals and per-tensor state (torchrun's elastic restart: the ranks changed)."""
         if self.memory is not None:
             self.memory.load_state_dict({})
+        self._by_parameter = {}
         self.communicator.reset_state()
 
     def pop_stats(self):

@@ -4,8 +4,10 @@ Every engine offers the same few operations, with the same meaning on every rank
 
     size(), rank(), local_size()
     allreduce_async_(tensor, name, op)      in place; op AVERAGE or SUM
-    allgather_async(tensor, name)           every rank's tensor of the same shape, rows
-                                            concatenated along dim 0 in rank order
+    allgather_async(tensor, name, sizes=None)
+                                            every rank's tensor, rows concatenated along dim
+                                            0 in rank order: the same shape everywhere, or
+                                            `sizes`, every rank's first dimension, known to all
     alltoall_async(tensor, splits, name)    splits[k] elements to rank k; every rank sends the
                                             same splits (one bucket layout), so the result is
                                             (received, received splits) with n pieces of
@@ -57,6 +59,9 @@ def usable_cores():
 class Engine:
     """The collectives of one job (module docstring); subclasses implement them."""
     name = None
+    # True: collectives are paired across ranks by the order they are issued (torch.distributed),
+    # so a communicator launches later phases in its exchanges' order, never in completion order
+    matches_by_order = False
 
     # ---- who -------------------------------------------------------------------------------
     def size(self):
@@ -78,7 +83,11 @@ class Engine:
     def allreduce_async_(self, tensor, name, op=AVERAGE):
         raise NotImplementedError
 
-    def allgather_async(self, tensor, name):
+    def allreduce_async(self, tensor, name, op=AVERAGE):
+        """As allreduce_async_, into a new tensor (`tensor` is left as it is)."""
+        return self.allreduce_async_(tensor.clone(), name, op)
+
+    def allgather_async(self, tensor, name, sizes=None):
         raise NotImplementedError
 
     def alltoall_async(self, tensor, splits, name):

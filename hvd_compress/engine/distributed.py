@@ -34,6 +34,7 @@ class _Handle:
 class TorchEngine(Engine):
     """The collectives of `group` (None: the default group, dist.init_process_group's)."""
     name = "torch"
+    matches_by_order = True
 
     def __init__(self, group=None):
         if not dist.is_available() or not dist.is_initialized():
@@ -66,15 +67,28 @@ class TorchEngine(Engine):
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return _Handle(work, lambda: tensor)
 
-    def allgather_async(self, tensor, name):
-        """Equal shapes on every rank (the communicators' messages: a size fixed by the
-        bucket's layout); rows concatenated in rank order."""
+    def allgather_async(self, tensor, name, sizes=None):
+        """Rows concatenated in rank order. Equal shapes on every rank, or `sizes`: every
+        rank's first dimension, known to all (the two-phase route's reduced chunks): each is
+        padded to the longest, gathered, and cut back."""
         tensor = tensor.contiguous()
-        out = torch.empty((self._size * tensor.shape[0],) + tuple(tensor.shape[1:]),
-                          dtype=tensor.dtype, device=tensor.device)
+        rest = tuple(tensor.shape[1:])
+        sizes = None if sizes is None else [int(k) for k in sizes]
+        if sizes is not None and sizes[self._rank] != tensor.shape[0]:
+            raise ValueError(f"allgather: this rank's tensor has {tensor.shape[0]} rows, "
+                             f"sizes says {sizes[self._rank]}")
+        longest = tensor.shape[0] if sizes is None else max(sizes)
+        if tensor.shape[0] < longest:
+            padded = torch.zeros((longest,) + rest, dtype=tensor.dtype, device=tensor.device)
+            padded[:tensor.shape[0]] = tensor
+            tensor = padded
+        out = torch.empty((self._size * longest,) + rest, dtype=tensor.dtype, device=tensor.device)
         work = dist.all_gather(list(out.view((self._size,) + tuple(tensor.shape)).unbind(0)),
                                tensor, group=self.group, async_op=True)
-        return _Handle(work, lambda: out)
+        if sizes is None or all(k == longest for k in sizes):
+            return _Handle(work, lambda: out)
+        return _Handle(work, lambda: torch.cat([out[r * longest:r * longest + k]
+                                                for r, k in enumerate(sizes)]))
 
     def alltoall_async(self, tensor, splits, name):
         splits = [int(s) for s in (splits.tolist() if torch.is_tensor(splits) else splits)]
@@ -98,18 +112,9 @@ class TorchEngine(Engine):
     # ---- blocking --------------------------------------------------------------------------
     def allgather(self, tensor, name):
         """Rows of every rank's tensor in rank order; the first dimensions may differ."""
-        tensor = tensor.contiguous()
         rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
         counts = self.synchronize(self.allgather_async(rows, name + ".rows")).tolist()
-        longest = max(counts)
-        padded = tensor
-        if tensor.shape[0] < longest:
-            padded = torch.zeros((longest,) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
-                                 device=tensor.device)
-            padded[:tensor.shape[0]] = tensor
-        gathered = self.synchronize(self.allgather_async(padded, name))
-        pieces = gathered.split(longest)
-        return torch.cat([p[:c] for p, c in zip(pieces, counts)])
+        return self.synchronize(self.allgather_async(tensor, name, sizes=counts))
 
     def barrier(self):
         dist.barrier(group=self.group)

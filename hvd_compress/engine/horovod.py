@@ -34,8 +34,11 @@ class HorovodEngine(Engine):
         return hvd.allreduce_async_(tensor, name=name, op=_OPS[op], prescale_factor=1.0,
                                     postscale_factor=1.0)
 
-    def allgather_async(self, tensor, name):
-        return hvd.allgather_async(tensor, name=name)
+    def allreduce_async(self, tensor, name, op=AVERAGE):
+        return hvd.allreduce_async(tensor, name=name, op=_OPS[op])
+
+    def allgather_async(self, tensor, name, sizes=None):
+        return hvd.allgather_async(tensor, name=name)       # Horovod learns the sizes itself
 
     def alltoall_async(self, tensor, splits, name):
         return hvd.alltoall_async(tensor, splits=splits, name=name)

@@ -27,7 +27,7 @@ def set_horovod_defaults(environ=os.environ):
 
 
 def horovod_settings(environ=os.environ):
-    return {name: environ[name] for name in HOROVOD_DEFAULTS}
+    return {name: environ.get(name) for name in HOROVOD_DEFAULTS}   # None: not a Horovod job
 
 
 def _engine(engine):

@@ -73,3 +73,10 @@ def run(dist):
     got = eng.broadcast_object(plan if me == n - 1 else None, root_rank=n - 1, name="plan")
     checks.check("broadcast_object from the last rank", got == {"labels": ["bit8:alltoall"], "from": n - 1})
     checks.check("parse_op", eng.parse_op(AVERAGE) == AVERAGE and eng.parse_op("max") is None)
+
+    # allgather of rows whose count differs by rank, the counts known to all (two-phase route)
+    sizes = [r + 2 for r in range(n)]
+    mine = torch.full((me + 2,), me, dtype=torch.uint8)
+    got = eng.wait(eng.allgather_async(mine, "sized", sizes=sizes))
+    checks.check("allgather with known unequal sizes",
+                 torch.equal(got, torch.cat([torch.full((r + 2,), r, dtype=torch.uint8) for r in range(n)])))
