@@ -102,8 +102,8 @@ def run(dist):
     checks.check("auto: trains, same bits everywhere",
                  bool(torch.isfinite(params).all()) and same_everywhere(engine, params))
     report = state.plan_report()
-    checks.check("auto: reports its plan", isinstance(report, dict) and "buckets" in report,
-                 f"{report!r}"[:300])
+    checks.check("auto: reports its plan", report is not None and len(report.buckets) == 2
+                 and all(b.label for b in report.buckets), f"{report!r}"[:300])
 
     # ---- the same flat buckets as on Horovod: digests for test_ddp.py -------------------------
     digests = {}
