@@ -135,7 +135,7 @@ class HookState:
             layout = self._layout(grad_bucket, buffer)
             comm, exchanges = self.communicator, []
             for members, bucket in zip(layout.members, layout.buckets):
-                with comm.stats.timing("compress_s"):
+                with comm.stats.timing("copy_s"):
                     for j, view in enumerate(members):
                         bucket.put(j, view)
                 exchanges.append(comm.start(bucket, self.memory if comm.takes_memory else None))
@@ -154,7 +154,7 @@ class HookState:
         for layout, exchanges, future, buffer in self._pending:
             for (members, bucket), ex in zip(zip(layout.members, layout.buckets), exchanges):
                 comm.finish(ex)
-                with comm.stats.timing("decompress_s"):
+                with comm.stats.timing("copy_s"):
                     for j, view in enumerate(members):
                         result = bucket.result(j)
                         if result is not view:

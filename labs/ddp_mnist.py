@@ -69,11 +69,13 @@ class HookedOptimizer:
 
     def pop_stats(self):
         if self._state is None:        # DDP's own allreduce: nothing of ours to count
-            return {"compress_s": 0.0, "communicate_s": float("nan"), "decompress_s": 0.0,
+            return {"copy_s": 0.0, "compress_s": 0.0, "communicate_s": float("nan"),
+                    "decompress_s": 0.0,
                     "bytes_sent": float("nan"), "in_backward_s": 0.0,
                     "exchange_s": float("nan"), "launch_span_s": float("nan")}
         stats = self._state.pop_stats()
-        stats["in_backward_s"] = stats["compress_s"] + stats["communicate_s"] + stats["decompress_s"]
+        stats["in_backward_s"] = sum(stats[k] for k in ("copy_s", "compress_s", "communicate_s",
+                                                         "decompress_s"))
         return stats
 
     def plan_report(self):
