@@ -132,3 +132,29 @@ def test_bench_ddp_arguments():
         bench_ddp.parse_args(["--rows", "ours:nonesuch"])
     with pytest.raises(SystemExit):
         bench_ddp.parse_args(["--ranks", "1"])
+
+
+NO_HOROVOD = r"""
+import sys
+sys.modules["horovod"] = None                    # as on a machine without Horovod
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+import hvd_compress.ddp as hcd
+from hvd_compress.compression import Compression
+assert not any(m.startswith("horovod.") for m in sys.modules if sys.modules[m] is not None)
+x = torch.linspace(-1, 1, 1000)
+for name, route in (("fp16", None), ("bit8", "alltoall"), ("topk", None), ("auto", None)):
+    out = hcd.HookState(name, route).exchange(hcd.FlatBucket(x.clone())).wait()
+    assert out.shape == x.shape and bool(torch.isfinite(out).all()), name
+assert Compression.fp16.compress(x)[0].dtype == torch.float16
+print("ok")
+"""
+
+
+@pytest.mark.unit
+def test_the_hook_needs_no_horovod():
+    """hvd_compress.ddp imports and exchanges with Horovod unimportable: torch is its one
+    dependency (roles.py's stand-ins for Horovod's three compressor classes)."""
+    done = subprocess.run([sys.executable, "-c", NO_HOROVOD % ddprun.free_port()],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
