@@ -15,12 +15,14 @@ How a step goes, and why:
 - DDP calls the hook once per bucket, in bucket order (0 first: the last layers), while
   backward still runs. The hook compresses the bucket and launches its collective at once
   (communicator.start), so the exchange overlaps backward as DDP's own hooks do.
-- The hook of the last bucket (GradBucket.is_last()) moves every multi-phase exchange on
-  (the two-phase route's allgather, PowerSGD's second allreduce) and finishes them all, in
-  bucket order, on the main thread; then the futures it handed DDP are complete. Every
-  collective is launched from the main thread in the same order on every rank, which is how
-  torch.distributed matches them (not by name). DDP's own PowerSGD hook launches its second
-  allreduce from a callback of its first, in whichever order the first ones complete.
+- A one-phase exchange (the allreduce and allgather routes, top-k) is decoded in its
+  collective's callback, as soon as it completes, as DDP's own hooks do. The hook of the last
+  bucket (GradBucket.is_last()) moves every multi-phase exchange on (the two-phase route's
+  allgather, PowerSGD's second allreduce, auto's buckets) and finishes them, in bucket order,
+  on the main thread. Every collective is launched from the main thread in the same order on
+  every rank, which is how torch.distributed matches them (not by name); DDP's own PowerSGD
+  hook launches its second allreduce from a callback of its first, in whichever order the
+  first ones complete.
 - Bit for bit: `none` equals DDP's default allreduce and `fp16` equals fp16_compress_hook (the
   engine averages as DDP does: divide, then sum); the packet routes decode and sum in rank
   order with the plugin's codecs, so bit8 on DDP equals bit8 on Horovod for the same buckets.
@@ -46,11 +48,15 @@ from .engine.base import AVERAGE
 from .engine.distributed import TorchEngine
 from .exchange.fusion import Bucket
 from .exchange.memory import ResidualMemory
-from .exchange.routes import make_communicator
+from .exchange.routes import AllgatherCommunicator, AllreduceCommunicator, make_communicator
+from .methods.topk import TopKCommunicator
 
 __all__ = ["HookState", "FlatBucket", "hook", "register", "resolve_compression"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# Communicators whose exchange is one collective, then finish(): decoded in the collective's
+# callback (no collective is launched there, so the ranks' order of launches is kept).
+_ONE_PHASE = (AllreduceCommunicator, AllgatherCommunicator, TopKCommunicator)
 
 
 def resolve_compression(compression):
@@ -119,6 +125,7 @@ class HookState:
         self._restored = None              # a checkpoint's communicator state, not yet taken
         self._by_parameter = {}            # error feedback's residuals by parameter name
         self._first_hook = None
+        self._last_index = None
         self.steps = 0
 
     # ---- what the hook does -----------------------------------------------------------------
@@ -126,9 +133,10 @@ class HookState:
         return self.communicator.describe()
 
     def exchange(self, grad_bucket):
-        """Start this bucket's exchange; finish every bucket's when it is the last."""
+        """Start this bucket's exchange. A one-phase exchange finishes when its collective
+        completes (decoded in the collective's callback, as DDP's own hooks do); the others
+        are finished, in bucket order, by the last bucket's hook."""
         buffer = grad_bucket.buffer()
-        future = torch.futures.Future()
         try:
             if self._first_hook is None:
                 self._first_hook = time.perf_counter()
@@ -139,7 +147,14 @@ class HookState:
                     for j, view in enumerate(members):
                         bucket.put(j, view)
                 exchanges.append(comm.start(bucket, self.memory if comm.takes_memory else None))
-            self._pending.append((layout, exchanges, future, buffer))
+            if isinstance(comm, _ONE_PHASE):
+                future = torch.futures.collect_all(
+                    [self.engine.future(ex.handle) for ex in exchanges]).then(
+                    lambda _: self._finish(layout, exchanges, buffer))
+            else:
+                future = torch.futures.Future()
+                self._pending.append((layout, exchanges, future, buffer))
+            self._last_index = layout.key[0]
             if grad_bucket.is_last():
                 self._finish_step()
         except BaseException as err:
@@ -147,24 +162,28 @@ class HookState:
             raise
         return future
 
+    def _finish(self, layout, exchanges, buffer):
+        """Write one DDP bucket's reduced values into its buffer; the buffer."""
+        comm = self.communicator
+        for (members, bucket), ex in zip(zip(layout.members, layout.buckets), exchanges):
+            comm.finish(ex)
+            with comm.stats.timing("copy_s"):
+                for j, view in enumerate(members):
+                    result = bucket.result(j)
+                    if result is not view:
+                        view.copy_(result.view(view.shape))
+        return buffer
+
     def _finish_step(self):
         comm = self.communicator
         backward_end = time.perf_counter()
         comm.advance([ex for _, exchanges, _, _ in self._pending for ex in exchanges])
         for layout, exchanges, future, buffer in self._pending:
-            for (members, bucket), ex in zip(zip(layout.members, layout.buckets), exchanges):
-                comm.finish(ex)
-                with comm.stats.timing("copy_s"):
-                    for j, view in enumerate(members):
-                        result = bucket.result(j)
-                        if result is not view:
-                            view.copy_(result.view(view.shape))
-            future.set_result(buffer)
-        last = self._pending[-1][0].key[0]
+            future.set_result(self._finish(layout, exchanges, buffer))
         self._pending, first_hook, self._first_hook = [], self._first_hook, None
         self.steps += 1
         if self._changed:
-            self._settle_layouts(last)
+            self._settle_layouts(self._last_index)
         end_step = getattr(comm, "end_step", None)
         if end_step is not None:
             end_step(first_hook, backward_end)

@@ -24,11 +24,13 @@ __all__ = ["TorchEngine"]
 
 
 class _Handle:
-    """A collective in flight: its Work, and how to make its result once it is done."""
-    __slots__ = ("work", "result")
+    """A collective in flight: its Work's future, and how to make its result once it is done.
+    Polled and waited on through the future: inside the future's own callbacks (the hook
+    decodes a bucket there) the future is complete while the Work may not yet say so."""
+    __slots__ = ("future", "result")
 
     def __init__(self, work, result):
-        self.work, self.result = work, result
+        self.future, self.result = work.get_future(), result
 
 
 class TorchEngine(Engine):
@@ -103,10 +105,14 @@ class TorchEngine(Engine):
         return _Handle(work, lambda: (out, received))
 
     def poll(self, handle):
-        return handle.work.is_completed()
+        return handle.future.done()
+
+    def future(self, handle):
+        """A torch Future completed with the collective (for a callback; its value unused)."""
+        return handle.future
 
     def synchronize(self, handle):
-        handle.work.wait()
+        handle.future.wait()                 # raises the collective's error, if any
         return handle.result()
 
     # ---- blocking --------------------------------------------------------------------------
