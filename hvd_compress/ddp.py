@@ -93,10 +93,12 @@ class HookState:
     error_feedback: carry each rank's quantisation error to the next step (packet schemes);
         None: the scheme's default (on for onebit; top-k and PowerSGD keep their own).
     model: the DDP model (or its module), to name per-tensor state by parameter name.
+    decode_in_callback: a one-phase exchange is decoded in its collective's callback (True,
+        DDP's way) or on the main thread at the last bucket, with the others (False).
     """
 
     def __init__(self, compression="bit8", route=None, process_group=None, error_feedback=None,
-                 scale_block=SCALE_BLOCK, model=None):
+                 scale_block=SCALE_BLOCK, model=None, decode_in_callback=True):
         self.compression = resolve_compression(compression)
         self.engine = TorchEngine(process_group)
         if isinstance(self.compression, Auto):
@@ -114,6 +116,7 @@ class HookState:
             raise ValueError("error_feedback needs a packet scheme (bit8, bit16, int8, onebit, "
                              f"bf16), not {compressor_name(self.compression)}")
         self.memory = ResidualMemory() if error_feedback and comm.takes_memory else None
+        self.decode_in_callback = bool(decode_in_callback)
         self._names = {}
         if model is not None:
             module = getattr(model, "module", model)
@@ -147,7 +150,7 @@ class HookState:
                     for j, view in enumerate(members):
                         bucket.put(j, view)
                 exchanges.append(comm.start(bucket, self.memory if comm.takes_memory else None))
-            if isinstance(comm, _ONE_PHASE):
+            if self.decode_in_callback and isinstance(comm, _ONE_PHASE):
                 future = torch.futures.collect_all(
                     [self.engine.future(ex.handle) for ex in exchanges]).then(
                     lambda _: self._finish(layout, exchanges, buffer))

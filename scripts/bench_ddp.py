@@ -21,7 +21,9 @@ scripts/wins_losses.py read them unchanged):
                       the basic net's job aborted in round 3 with a collective mismatch (140 vs
                       96 bytes) once of once tried; leave it out with --rows where it does
     ours:<scheme>[:route]   hvd_compress.ddp's hook (none, fp16, bit16, bf16, bit8 allgather and
-                      two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job)
+                      two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
+                      with the suffix @last, one-phase buckets are decoded at the last bucket
+                      (HookState(decode_in_callback=False)) instead of in their callback
 bf16_compress_hook is not a row: it needs CUDA and NCCL.
 
 Writes OUT/steps.csv, OUT/calibration.csv, OUT/plans/, OUT/summary.csv and OUT/summary.png as
@@ -46,6 +48,7 @@ import bench_step  # noqa: E402
 from bench_step import (AUTO_ROW, CALIBRATION_COLUMNS, LINKS, STEP_COLUMNS, cell_steps,  # noqa: E402
                         median_ci_pct, plan_fields)
 
+DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the last bucket
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
         "ours:bit16:alltoall", "ours:bf16", "ours:bit8:allgather", "ours:bit8:alltoall",
         "ours:powersgd1", "ours:topk", "ours:auto"]
@@ -76,6 +79,7 @@ def make_row(row, model, trial_steps=0):
     import hvd_compress.ddp as hcd
     from hvd_compress.compression import Compression
     ddp = torch.nn.parallel.DistributedDataParallel(model)
+    row, deferred = row.removesuffix(DEFERRED), row.endswith(DEFERRED)
     who, scheme, *route = row.split(":")
     if who == "stock":
         if scheme == "fp16":
@@ -93,7 +97,8 @@ def make_row(row, model, trial_steps=0):
         compression = Compression.powersgd(int(scheme[8:]))
     else:
         compression = scheme
-    state = hcd.HookState(compression, route[0] if route else None, model=ddp)
+    state = hcd.HookState(compression, route[0] if route else None, model=ddp,
+                          decode_in_callback=not deferred)
     ddp.register_comm_hook(state, hcd.hook)
     return ddp, state
 
@@ -253,7 +258,7 @@ def parse_args(argv=None):
         return args
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if r not in ROWS]
+    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS]
     if bad or any(link not in LINKS for link in args.links):
         p.error(f"rows must be among {ROWS}, links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):
