@@ -18,8 +18,8 @@ scripts/wins_losses.py read them unchanged):
                       feedback; its min_compression_rate 2 leaves small matrices uncompressed).
                       Its callbacks launch the next allreduce when the previous one completes,
                       so with two buckets the ranks may issue them in different orders: on Gloo
-                      the basic net's job aborted in round 3 with a collective mismatch (140 vs
-                      96 bytes) once of once tried; leave it out with --rows where it does
+                      the basic net's job aborted with a collective mismatch in 3 tries of 3
+                      (results/ddp/README.md); leave it out with --rows where it does
     ours:<scheme>[:route]   hvd_compress.ddp's hook (none, fp16, bit16, bf16, bit8 allgather and
                       two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
                       with the suffix @last, one-phase buckets are decoded at the last bucket
