@@ -1,5 +1,5 @@
 """Compression: the choices a user names, as `hvd.Compression` with more."""
-from horovod.torch.compression import FP16Compressor, NoneCompressor
+from .roles import FP16Compressor, NoneCompressor
 
 from .auto.settings import Auto
 from .compressors import (BF16Compressor, Bit8Compressor, Bit16Compressor, Int8Compressor,

@@ -163,10 +163,10 @@ def register(entry: Scheme) -> Scheme:
 
 for _entry in (
     Scheme("none", 32, (Route.ALLREDUCE,), "float32, Horovod's allreduce",
-           "horovod.torch.compression:NoneCompressor", course=True,
+           "hvd_compress.roles:NoneCompressor", course=True,
            carries_values=True),
     Scheme("fp16", 16, (Route.ALLREDUCE,), "Horovod's float16 cast, summed in float16",
-           "horovod.torch.compression:FP16Compressor", "--fp16-allreduce", course=True,
+           "hvd_compress.roles:FP16Compressor", "--fp16-allreduce", course=True,
            carries_values=True),
     # bit16's default is two-phase: measured faster than its allgather and than Horovod's fp16
     # allreduce at n = 2 and 4 (README), and half of fp32's bytes at every n.

@@ -18,10 +18,48 @@ import time
 from contextlib import contextmanager
 
 import torch
-from horovod.torch.compression import Compressor
 
-__all__ = ["Compressor", "PacketCompressor", "Memory", "Communicator", "Stats", "flat_float32",
-           "pad4"]
+try:                                 # Horovod's own classes where Horovod is installed, so that
+    from horovod.torch.compression import Compressor, FP16Compressor, NoneCompressor
+except ModuleNotFoundError as missing:   # hvd.Compression.fp16 is Compression.fp16
+    if missing.name not in ("horovod", "horovod.torch", "horovod.torch.compression"):
+        raise
+
+    class Compressor:
+        """Horovod's two-method interface, for a job without Horovod (hvd_compress.ddp)."""
+
+        @staticmethod
+        def compress(tensor):
+            raise NotImplementedError
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            raise NotImplementedError
+
+    class NoneCompressor(Compressor):
+        """No compression: the tensor as it is (Horovod's Compression.none)."""
+
+        @staticmethod
+        def compress(tensor):
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor
+
+    class FP16Compressor(Compressor):
+        """Floating-point tensors cast to float16 and back (Horovod's Compression.fp16)."""
+
+        @staticmethod
+        def compress(tensor):
+            return (tensor.type(torch.float16) if tensor.dtype.is_floating_point else tensor), tensor.dtype
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor.type(ctx) if ctx.is_floating_point else tensor
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "PacketCompressor", "Memory",
+           "Communicator", "Stats", "flat_float32", "pad4"]
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -265,8 +303,9 @@ class Communicator:
         return an exchange handle. Called from a gradient hook, so it must not block."""
         raise NotImplementedError
 
-    def progress(self, exchange):
-        """Launch the exchange's next phase if its current one is done; never blocks."""
+    def progress(self, exchange, wait=False):
+        """Launch the exchange's next phase if its current one is done (wait=True: once it
+        is, which an engine that pairs collectives by order needs); never blocks otherwise."""
 
     def advance(self, exchanges):
         """Before the finishes: launch each exchange's later phase the moment its earlier one

@@ -423,7 +423,7 @@ def plan_summary(steps, keys):
     return pd.DataFrame(rows).set_index(keys)
 
 
-def plot(summary, path):
+def plot(summary, path, title=None):
     """One panel per (model, link, ranks), a row per model: each row's median step as a ratio
     to stock float32 in the same run, with its p10-p90 spread (these machines are noisy)."""
     import matplotlib
@@ -447,13 +447,13 @@ def plot(summary, path):
                           rotation=70, fontsize=7)
             ax.set_title(f"{model}, {link}, n={n}", fontsize=9)
         axes[i][0].set_ylabel("step / stock float32 (lower: faster)")
-    fig.suptitle("Training step, stock hvd.DistributedOptimizer (grey) vs hvd_compress (blue; "
-                 "auto: orange), median and p10-p90, same run", fontsize=10)
+    fig.suptitle(title or "Training step, stock hvd.DistributedOptimizer (grey) vs hvd_compress "
+                 "(blue; auto: orange), median and p10-p90, same run", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
-def replot(out):
+def replot(out, title=None):
     """Redraw summary.csv and summary.png from steps.csv and calibration.csv (e.g. after
     merging runs)."""
     import pandas as pd
@@ -462,7 +462,7 @@ def replot(out):
     summary = summarise(pd.read_csv(out / "steps.csv"),
                         pd.read_csv(calibration) if calibration.is_file() else None)
     summary.to_csv(out / "summary.csv", index=False, float_format="%.4g")
-    plot(summary, out / "summary.png")
+    plot(summary, out / "summary.png", title)
     return summary
 
 

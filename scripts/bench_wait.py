@@ -81,10 +81,14 @@ def waits(hvd, shipped):
 
 
 def use_wait(wait):
-    """Every module of hvd_compress that calls wait_for by name."""
-    from hvd_compress.exchange import base as exchange, routes as communicators
-    from hvd_compress import optimizer
-    exchange.wait_for = communicators.wait_for = optimizer.wait_for = wait
+    """The wait of Horovod's engine, which every communicator of hvd_compress calls (and
+    wait_for, the optimizer's)."""
+    from hvd_compress.engine.horovod import horovod_engine
+    engine = horovod_engine()
+    if wait is None:                       # the engine's own again
+        engine.__dict__.pop("wait", None)
+    else:
+        engine.wait = wait
 
 
 def worker(args):
@@ -92,11 +96,12 @@ def worker(args):
     import torch.nn.functional as F
     import horovod.torch as hvd
     import hvd_compress as hc
-    from hvd_compress.exchange import base as exchange
     from labs.mnist import MODELS
     hvd.init()
     torch.set_num_threads(1)
-    make_wait, late = waits(hvd, exchange.wait_for)
+    from hvd_compress.engine.base import Engine
+    from hvd_compress.engine.horovod import horovod_engine
+    make_wait, late = waits(hvd, lambda handle: Engine.wait(horovod_engine(), handle))
     rows = {}
     for row in args.rows.split(","):
         who, rest = row.split(":", 1)
@@ -136,7 +141,7 @@ def worker(args):
                         t3 - t0, t1 - t0, t2 - t1, t3 - t2, c1 - c0, c2 - c1,
                         stats.get("communicate_s", float("nan")),
                         stats.get("in_backward_s", float("nan")), sum(late))])
-    use_wait(exchange.wait_for)
+    use_wait(None)
     if hvd.rank() == 0:
         with open(args.csv, "a") as out:
             for r in records:

@@ -17,6 +17,7 @@ import time
 import horovod.torch as hvd
 
 from hvd_compress.auto import calibration, planner
+from hvd_compress.engine.horovod import horovod_engine
 
 FIELDS = ["job", "calibration", "reps", "budget_s", "ranks", "collective", "alpha_ms",
           "beta_s_per_byte", "calibration_s"]
@@ -71,7 +72,7 @@ def main():
         for reps in args.reps.split(","):
             budget = calibration.LINK_REP_BUDGET_S if reps.endswith("+") else 0
             began = time.perf_counter()
-            rows = calibration.time_collectives(hvd, sizes, reps=int(reps.rstrip("+")), caps=caps,
+            rows = calibration.time_collectives(horovod_engine(), sizes, reps=int(reps.rstrip("+")), caps=caps,
                                                 budget_s=budget)
             took = time.perf_counter() - began
             every = hvd.allgather_object(rows, name=f"spread.{k}.{reps}")

@@ -92,12 +92,13 @@ LAYERS = [
     ("registry",),                     # one entry per scheme; no torch
     ("roles",),                        # the contract: compressor, memory, communicator
     ("compressors",),                  # one file per scheme, on the codecs
+    ("engine",),                       # the collectives: Horovod's or torch.distributed's
     ("exchange",),                     # buckets, routes, error feedback
     ("costmodel",),                    # alpha-beta model; reads exchange.bucketing only
     ("methods",),                      # top-k, PowerSGD: communicators of their own
     ("auto",),                         # Compression.auto: measure, plan, exchange by the plan
     ("compression",),                  # the Compression namespace a user names
-    ("optimizer",),                    # the front: DistributedOptimizer
+    ("optimizer", "ddp"),              # the fronts: DistributedOptimizer, DDP's comm hook
 ]
 
 

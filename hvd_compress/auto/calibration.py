@@ -229,7 +229,7 @@ def more_link_reps(reps, slowest_median_s, budget_s=LINK_REP_BUDGET_S):
     return max(0, min(LINK_REPS_MAX - reps, int(budget_s / slowest_median_s)))
 
 
-def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None,
+def time_collectives(engine, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, caps=None,
                      budget_s=LINK_REP_BUDGET_S):
     """[(collective, n, bytes, seconds, cpu seconds)] for each collective and size, `reps`
     timed repetitions after one untimed, and at the sizes given, with `reps` >= 2, as many more
@@ -241,7 +241,7 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
     link_grow_caps), a collective whose two sizes did not resolve a byte's cost is timed at
     larger ones (next_link_size), decided on the fastest rank's medians, gathered: the same
     sizes on every rank."""
-    n = hvd.size()
+    n = engine.size()
     rows = []
     for collective in collectives:
         sizes_here = list(sizes)
@@ -250,17 +250,17 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             size = whole_size(sizes_here.pop(0), n)
             if collective == "allreduce":
                 tensor = torch.zeros(size // 4, dtype=torch.float32)
-                launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
+                launch = lambda t, name: engine.allreduce_async(t, name)  # noqa: E731
             elif collective == "allreduce_fp16":
                 tensor = torch.zeros(size // 2, dtype=torch.float16)
-                launch = lambda t, name: hvd.allreduce_async(t, name=name)  # noqa: E731
+                launch = lambda t, name: engine.allreduce_async(t, name)  # noqa: E731
             elif collective == "allgather":
                 tensor = torch.zeros(size, dtype=torch.uint8)
-                launch = lambda t, name: hvd.allgather_async(t, name=name)  # noqa: E731
+                launch = lambda t, name: engine.allgather_async(t, name)  # noqa: E731
             elif collective == "alltoall":
                 tensor = torch.zeros(size, dtype=torch.uint8)
                 splits = torch.full((n,), size // n, dtype=torch.int32)
-                launch = lambda t, name: hvd.alltoall_async(t, splits=splits, name=name)  # noqa: E731
+                launch = lambda t, name: engine.alltoall_async(t, splits, name)  # noqa: E731
             else:
                 raise ValueError(f"cannot time collective {collective!r}")
             name = f"hvdc.auto.link.{collective}.{size}"
@@ -273,13 +273,13 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             carries = budget_s > 0 and reps >= 2 and size >= 4 * n and len(medians) < len(sizes)
             while rep <= total:
                 if carries and rep <= reps:        # read once, after call `reps`
-                    carry(collective, tensor, hvd.rank(), n,
+                    carry(collective, tensor, engine.rank(), n,
                            statistics.median(times) if times else 0.0)
                 began, cpu, mine = time.perf_counter(), time.process_time(), time.thread_time()
                 handle = launch(tensor, name)
-                while not hvd.poll(handle):
+                while not engine.poll(handle):
                     time.sleep(_POLL_S)
-                output = hvd.synchronize(handle)
+                output = engine.synchronize(handle)
                 if rep:
                     times.append(time.perf_counter() - began)
                     # the CPU of every thread but this one (which polls): Horovod's, the
@@ -292,8 +292,8 @@ def time_collectives(hvd, sizes, reps=LINK_REPS, collectives=LINK_COLLECTIVES, c
             medians.append(statistics.median(times))
             if sizes_here or caps is None or collective not in caps or len(medians) < 2:
                 continue
-            every = hvd.allgather(torch.tensor([[medians[0], medians[-1]]], dtype=torch.float64),
-                                  name=f"hvdc.auto.link.grow.{collective}.{size}")
+            every = engine.allgather(torch.tensor([[medians[0], medians[-1]]], dtype=torch.float64),
+                                     f"hvdc.auto.link.grow.{collective}.{size}")
             small_s, large_s = every.min(dim=0).values.tolist()
             grown = next_link_size(size, small_s, large_s, caps[collective])
             if grown is not None and whole_size(grown, n) > size:

@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
-import horovod.torch as hvd
-
 from .. import registry
 from ..codecs import SCALE_BLOCK
+from ..engine.base import AVERAGE
 from ..exchange.base import CommunicatorBase, launch_next_phases
 from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
@@ -144,9 +143,9 @@ class AutoCommunicator(CommunicatorBase):
     takes_memory = True          # the packet labels compensate; an allreduce label carries the
                                  # residual once, exactly (_carry_residual)
 
-    def __init__(self, auto, op=hvd.Average, fusion_threshold_bytes=None,
-                 scale_block=SCALE_BLOCK):
-        super().__init__(auto, op)
+    def __init__(self, auto, op=AVERAGE, fusion_threshold_bytes=None,
+                 scale_block=SCALE_BLOCK, engine=None):
+        super().__init__(auto, op, engine)
         if scale_block is None:
             raise ValueError("Compression.auto needs block scales (scale_block values per "
                              "scale), not one scale per tensor")
@@ -158,7 +157,8 @@ class AutoCommunicator(CommunicatorBase):
         for text in auto.candidates:
             name, route = parse_label(text)
             comm = make_communicator(registry.scheme(name).load(), route, op,
-                                     self.fusion_threshold_bytes, self.scale_block)
+                                     self.fusion_threshold_bytes, self.scale_block,
+                                     engine=self.engine)
             comm.stats = self.stats          # one set of counters for the optimizer
             if comm.route == Route.ALLREDUCE:
                 comm.tagged = True           # the label in the collective's name
@@ -201,6 +201,26 @@ class AutoCommunicator(CommunicatorBase):
         self._labels = [FLOAT32] * len(self._buckets)
         self._clock.launches = [None] * len(self._buckets)
         return planned
+
+    def use_bucket(self, index, bucket):
+        """A front that cuts its own buckets (hvd_compress.ddp: DDP's) puts bucket `index` in
+        place before its first start(); it travels in float32 until use_buckets() ends the step
+        in which the buckets changed."""
+        while len(self._buckets) <= index:
+            self._buckets.append(None)
+            self._labels.append(FLOAT32)
+            self._clock.launches.append(None)
+        self._buckets[index] = bucket
+        self._labels[index] = FLOAT32
+        self._index[id(bucket)] = index
+
+    def use_buckets(self, buckets):
+        """The front's buckets, in launch order, after a step in which they changed (DDP
+        rebuilds its buckets after its first step): the plan is made again for them, as at a
+        membership change."""
+        self._buckets = list(buckets)
+        self._index = {id(b): i for i, b in enumerate(self._buckets)}
+        self._forget_plan("calibrating (the buckets changed)")
 
     @property
     def labels(self):
@@ -253,8 +273,10 @@ class AutoCommunicator(CommunicatorBase):
         work taking `took` s: what the warm-up's pace is taken from (start() calls it)."""
         self._clock.launches[index] = (began, took)
 
-    def progress(self, exchange):
-        self._active[id(exchange.bucket)].progress(exchange)
+    def progress(self, exchange, wait=False):
+        sub = self._active[id(exchange.bucket)]
+        if sub.route == Route.ALLTOALL:
+            sub.progress(exchange, wait)
 
     def advance(self, exchanges):
         launch_next_phases(self, [ex for ex in exchanges
@@ -316,8 +338,8 @@ class AutoCommunicator(CommunicatorBase):
         judging = self._judging
         recent = [t for t in judging.measured if math.isfinite(t)][-window:]
         recent = [0.0] * (window - len(recent)) + recent
-        gathered = hvd.allgather(torch.tensor([recent], dtype=torch.float64),
-                                 name="hvdc.auto.replan")
+        gathered = self.engine.allgather(torch.tensor([recent], dtype=torch.float64),
+                                         "hvdc.auto.replan")
         steps = [calibration.job_step_s(column) for column in gathered.t().tolist()]
         every = min(self.settings.replan_every, judging.early_check or math.inf)
         decision = planner.should_replan(predicted, steps, judging.since_plan, every=every)
@@ -339,26 +361,26 @@ class AutoCommunicator(CommunicatorBase):
         """Measure, gather, decide on rank 0, broadcast, apply: the same collectives on every
         rank whatever fails where."""
         began = time.perf_counter()
-        n, rank = hvd.size(), hvd.rank()
+        n, rank = self.engine.size(), self.engine.rank()
         local = self._measure_here(rank, n)
-        ranks = hvd.allgather_object(local.to_dict() if isinstance(local, RankMeasurements)
-                                     else {"error": local}, name="hvdc.auto.measurements")
+        ranks = self.engine.allgather_object(local.to_dict() if isinstance(local, RankMeasurements)
+                                             else {"error": local}, "hvdc.auto.measurements")
         problems = [r["error"] for r in ranks if "error" in r]
         links = [[] for _ in ranks]
         if not problems and n > 1:
             try:
                 largest = max(4 * b.numel for b in self._buckets)
-                rows = calibration.time_collectives(hvd, calibration.link_sizes(largest),
+                rows = calibration.time_collectives(self.engine, calibration.link_sizes(largest),
                                                     caps=calibration.link_grow_caps(largest))
             except Exception as err:
                 rows = {"error": f"rank {rank}: timing the collectives: {_say(err)}"}
-            links = hvd.allgather_object(rows, name="hvdc.auto.links")
+            links = self.engine.allgather_object(rows, "hvdc.auto.links")
             problems = [r["error"] for r in links if isinstance(r, dict)]
         decision = None
         if rank == 0:
             decision = decide(self.settings, ranks, links, problems, n).to_dict()
-        decision = Decision.from_dict(hvd.broadcast_object(decision, root_rank=0,
-                                                           name="hvdc.auto.plan"))
+        decision = Decision.from_dict(self.engine.broadcast_object(decision, root_rank=0,
+                                                                   name="hvdc.auto.plan"))
         cost = time.perf_counter() - began
         self._log.calibration_s += cost
         self._log.calibrations += 1
@@ -426,12 +448,12 @@ class AutoCommunicator(CommunicatorBase):
         began = time.perf_counter()
         t = self._trial
         times = [x if math.isfinite(x) else math.nan for x in t.times]
-        every = hvd.allgather(torch.tensor([times], dtype=torch.float64), name="hvdc.auto.trial")
+        every = self.engine.allgather(torch.tensor([times], dtype=torch.float64), "hvdc.auto.trial")
         verdict = None
-        if hvd.rank() == 0:
+        if self.engine.rank() == 0:
             fixed = t.decision.measurements.fixed_s if t.decision.measurements else 0.0
             verdict = judge(t.tried, every, self.settings.trial_steps, fixed).to_dict()
-        verdict = trial.Verdict.from_dict(hvd.broadcast_object(
+        verdict = trial.Verdict.from_dict(self.engine.broadcast_object(
             verdict, root_rank=0, name="hvdc.auto.trial_verdict"))
         kept = t.tried[verdict.chosen]
         record = TrialRecord(

@@ -81,7 +81,8 @@ class Auto:
         """The labels auto may choose from, float32 first."""
         return _checked(default_candidates()) if self._candidates is None else self._candidates
 
-    def communicator(self, op=None, fusion_threshold_bytes=None, scale_block=_DEFAULT):
+    def communicator(self, op=None, fusion_threshold_bytes=None, scale_block=_DEFAULT,
+                     engine=None):
         """The communicator these settings exchange by (make_communicator calls it, as it does
         top-k's and PowerSGD's, with the optimizer's op, fusion threshold and scale block):
         AutoCommunicator, which composes the route communicators of its candidates. Imported
@@ -90,7 +91,8 @@ class Auto:
         from .communicator import AutoCommunicator
         return AutoCommunicator(self, **({} if op is None else {"op": op}),
                                 fusion_threshold_bytes=fusion_threshold_bytes,
-                                scale_block=SCALE_BLOCK if scale_block is _DEFAULT else scale_block)
+                                scale_block=SCALE_BLOCK if scale_block is _DEFAULT else scale_block,
+                                engine=engine)
 
     def __call__(self, **options):
         """Compression.auto(warmup_steps=10, ...): these settings with some changed."""

@@ -8,7 +8,7 @@
 Horovod's patched source (the course route) imports this package while horovod.torch loads,
 so it imports nothing above the compressors' own layer.
 """
-from horovod.torch.compression import FP16Compressor, NoneCompressor
+from ..roles import FP16Compressor, NoneCompressor
 
 from .bf16 import BF16Compressor
 from .bit16 import Bit16Compressor

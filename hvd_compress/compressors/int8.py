@@ -29,13 +29,7 @@ class Int8Compressor(BlockCodec):
     def generator(cls, device):
         key = str(device)
         if key not in cls._generators:
-            rank = 0
-            try:
-                import horovod.torch as hvd
-                rank = hvd.rank() if hvd.is_initialized() else 0
-            except (ImportError, ValueError):
-                pass
-            cls._generators[key] = torch.Generator(device).manual_seed(cls.seed * 1_000_003 + rank)
+            cls._generators[key] = torch.Generator(device).manual_seed(cls.seed * 1_000_003 + _rank())
         return cls._generators[key]
 
     @classmethod
@@ -53,3 +47,18 @@ class Int8Compressor(BlockCodec):
         out.zero_()
         check_scales(cls.name, scales)
         int8_codec.decode_accumulate(codes.view(torch.int8), scales, out, block)
+
+
+def _rank():
+    """This process's rank in the job, Horovod's or torch.distributed's (0 in neither), so that
+    int8 rounds with the same stream on either engine (hvd_compress.ddp)."""
+    try:
+        import horovod.torch as hvd
+        if hvd.is_initialized():
+            return hvd.rank()
+    except (ImportError, ValueError):
+        pass
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0

@@ -4,66 +4,30 @@ counters it reports, and the frame of start/advance/finish (CommunicatorBase).
 The packet routes (exchange/routes.py) and the per-tensor methods (methods/tensorwise.py: top-k,
 PowerSGD) build on this one module, so neither imports the other.
 """
-import os
 import time
 
-import horovod.torch as hvd
-
+from ..engine.base import (AVERAGE, POLL_SLEEP_S, SUM, UNCROWDED_LONGEST_SLEEP_S, longest_sleep,
+                           usable_cores)
 from ..roles import Communicator, Stats
 from .fusion import Bucket
 
 __all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
-           "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep"]
+           "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep", "default_engine"]
 
-# How long wait_for() sleeps between polls: doubling from the first value up to the second on a
-# crowded host (more ranks than cores), up to UNCROWDED_LONGEST_SLEEP_S where every rank has a
-# core of its own (see longest_sleep for why and for the figures).
-POLL_SLEEP_S = (50e-6, 1e-3)
-UNCROWDED_LONGEST_SLEEP_S = 200e-6
+_usable_cores = usable_cores
 
 
-def longest_sleep(local_ranks, cores):
-    """The longest sleep between two polls, for `local_ranks` ranks on `cores` usable cores.
-
-    A finished exchange is noticed up to one sleep late, and a rank's lateness delays the next
-    step of all. Where each rank has a core (2 ranks on 2 cores), polling every 200 us instead
-    of 1 ms cost no more main-thread CPU and cut the estimated lateness 2-3x (1.0 to 0.4 ms a
-    step of the lab net); with 4 ranks on 2 cores it cost 0.5-0.9 ms more CPU a step per rank,
-    on the cores the other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1]
-    (results/wait/README.md, scripts/bench_wait.py, AMD EPYC family 25 model 17, 2 cores)."""
-    if local_ranks > cores:
-        return POLL_SLEEP_S[1]
-    return min(POLL_SLEEP_S[1], UNCROWDED_LONGEST_SLEEP_S)
+def default_engine():
+    """Horovod's engine (engine/horovod.py): what a communicator runs on unless it is given
+    another (imported when first needed, so a torch.distributed job never loads Horovod)."""
+    from ..engine.horovod import horovod_engine
+    return horovod_engine()
 
 
-def _usable_cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def wait_for(handle):
-    """hvd.synchronize(handle), but waiting by sleeping between polls instead of spinning.
-
-    Why: Horovod's synchronize() loops on std::this_thread::yield() until the handle is done
-    (horovod/torch/mpi_ops_v2.cc, WaitAndClear). A rank that waits so keeps its core busy, and
-    the core is what the other ranks' backward and Horovod's background thread (which does
-    the reduction) need when there are as many processes as cores or more: 4 ranks on this
-    2-core machine spent 35% of the CPU in the kernel, at ~30,000 preemptions a second each.
-    Sleeping adds at most longest_sleep() to a wait; a finished handle's synchronize()
-    returns at once (and raises its error, if any).
-    """
-    sleeps = _poll_sleeps()
-    while not hvd.poll(handle):
-        time.sleep(next(sleeps))
-    return hvd.synchronize(handle)
-
-
-def _poll_sleeps():
-    """The sleeps between polls: POLL_SLEEP_S[0] doubling up to longest_sleep() for this host."""
-    delay = POLL_SLEEP_S[0]
-    longest = longest_sleep(hvd.local_size(), _usable_cores())
-    while True:
-        yield delay
-        delay = min(2 * delay, longest)
+def wait_for(handle, engine=None):
+    """engine.synchronize(handle), but waiting by sleeping between polls instead of spinning
+    (Engine.wait, engine/base.py, says why); Horovod's engine unless another is given."""
+    return (engine or default_engine()).wait(handle)
 
 
 def launch_next_phases(communicator, exchanges):
@@ -75,7 +39,15 @@ def launch_next_phases(communicator, exchanges):
     1's phase 2 is even launched, though bucket 1's phase 1 may have completed long before;
     the link would idle between the phases of consecutive buckets.
     """
-    pending, sleeps = [ex for ex in exchanges if ex.phase == 1], _poll_sleeps()
+    if communicator.engine.matches_by_order:
+        # torch.distributed pairs collectives by the order they are issued, not by name: the
+        # later phases are launched in the exchanges' order, the same on every rank
+        for ex in exchanges:
+            if ex.phase == 1:
+                communicator.progress(ex, wait=True)
+        return
+    pending = [ex for ex in exchanges if ex.phase == 1]
+    sleeps = communicator.engine.poll_sleeps()
     while pending:
         for ex in pending:
             communicator.progress(ex)
@@ -99,16 +71,18 @@ class Exchange:
 class CommunicatorBase(Communicator):
     """The frame every communicator shares: counters, names, planning and a whole exchange
     (`reduce`) built from the contract's start/advance/finish."""
-    ops = (hvd.Average, hvd.Sum)
+    ops = (AVERAGE, SUM)
     fusion_threshold_bytes = 0
     scale_block = None
 
-    def __init__(self, compression, op=hvd.Average):
-        if op not in self.ops:
+    def __init__(self, compression, op=AVERAGE, engine=None):
+        self.engine = engine or default_engine()
+        parsed = self.engine.parse_op(op)
+        if parsed not in self.ops:
             raise ValueError(f"{self.describe_method(compression)} supports "
-                             f"op={' or '.join(map(str, self.ops))}, got {op!r}; use "
-                             "hvd.DistributedOptimizer for Adasum")
-        self.compression, self.op, self.stats = compression, op, Stats()
+                             f"op={' or '.join(map(str, self.ops))} (hvd.Average, hvd.Sum), "
+                             f"got {op!r}; use hvd.DistributedOptimizer for Adasum")
+        self.compression, self.op, self.stats = compression, parsed, Stats()
 
     @staticmethod
     def describe_method(compression):
@@ -134,8 +108,9 @@ class CommunicatorBase(Communicator):
         return Bucket.plan(names, tensors, self.fusion_threshold_bytes, flat=self.fuses,
                            prefix=prefix)
 
-    def progress(self, exchange):
-        """Move a multi-phase exchange on if its current phase is done; never blocks."""
+    def progress(self, exchange, wait=False):
+        """Move a multi-phase exchange on if its current phase is done (wait=True: once it
+        is); never blocks otherwise."""
 
     def reduce(self, tensors, names, memory=None):
         """Exchange `tensors` now (start every bucket, then finish each); reduced tensors in

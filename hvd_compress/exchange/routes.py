@@ -25,13 +25,12 @@ what they can count.
 import inspect
 
 import torch
-import horovod.torch as hvd
-from horovod.torch.compression import FP16Compressor
 
 from ..codecs import SCALE_BLOCK
 from ..compressors import compressor_name
 from ..registry import SCHEMES, Route, load_plugins, resolve_route
-from ..roles import PacketCompressor
+from ..engine.base import AVERAGE
+from ..roles import FP16Compressor, PacketCompressor
 from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 
@@ -45,9 +44,9 @@ _WARMED = set()
 class _Base(CommunicatorBase):
     fuses = True                     # one flat float32 buffer per bucket
 
-    def __init__(self, compression, op=hvd.Average, fusion_threshold_bytes=None,
-                 scale_block=SCALE_BLOCK):
-        super().__init__(compression, op)
+    def __init__(self, compression, op=AVERAGE, fusion_threshold_bytes=None,
+                 scale_block=SCALE_BLOCK, engine=None):
+        super().__init__(compression, op, engine)
         self.scale_block = scale_block
         threshold = DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None else int(fusion_threshold_bytes)
         # One scale per tensor (scale_block=None, the course's packets) means one tensor per bucket.
@@ -57,7 +56,7 @@ class _Base(CommunicatorBase):
         return f"{compressor_name(self.compression)}/{self.route.value}"
 
     def _average(self, values, n):
-        if self.op == hvd.Average and n > 1:
+        if self.op == AVERAGE and n > 1:
             values.div_(n)
 
 
@@ -73,7 +72,7 @@ class AllreduceCommunicator(_Base):
         if memory is not None:
             raise ValueError("error feedback needs a lossy packet route (bit8/bit16 with "
                              "route 'allgather' or 'alltoall'), not allreduce")
-        n = hvd.size()
+        n = self.engine.size()
         with self.stats.timing("compress_s"):
             compressed, ctx = self.compression.compress(bucket.tensor)
         restore = None
@@ -82,15 +81,14 @@ class AllreduceCommunicator(_Base):
         elif not compressed.is_contiguous():      # Horovod needs a dense row-major buffer
             compressed = compressed.contiguous()
         name = self._tag(bucket.name) if self.tagged else bucket.name
-        handle = hvd.allreduce_async_(compressed, name=name, op=self.op,
-                                      prescale_factor=1.0, postscale_factor=1.0)
+        handle = self.engine.allreduce_async_(compressed, name, self.op)
         self.stats.add("bytes_sent", int(2 * (n - 1) * compressed.numel()
                                          * compressed.element_size() // n))
         return Exchange(bucket, handle, (ctx, restore))
 
     def finish(self, exchange):
         with self.stats.timing("communicate_s"):
-            output = wait_for(exchange.handle)
+            output = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):
             ctx, restore = exchange.ctx
             if restore is not None:
@@ -147,7 +145,7 @@ class _PacketBase(_Base):
         return message, sizes
 
     def _divisor(self, n):
-        return n if self.op == hvd.Average else 1
+        return n if self.op == AVERAGE else 1
 
 
 class AllgatherCommunicator(_PacketBase):
@@ -157,14 +155,14 @@ class AllgatherCommunicator(_PacketBase):
     def start(self, bucket, memory=None):
         with self.stats.timing("compress_s"):
             message, _ = self._encode(bucket, [(0, bucket.numel)], memory)
-        handle = hvd.allgather_async(message, name=self._tag(bucket.name))
-        self.stats.add("bytes_sent", (hvd.size() - 1) * message.numel())
+        handle = self.engine.allgather_async(message, self._tag(bucket.name))
+        self.stats.add("bytes_sent", (self.engine.size() - 1) * message.numel())
         return Exchange(bucket, handle)
 
     def finish(self, exchange):
-        bucket, n = exchange.bucket, hvd.size()
+        bucket, n = exchange.bucket, self.engine.size()
         with self.stats.timing("communicate_s"):
-            gathered = wait_for(exchange.handle)
+            gathered = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):
             self.compression.decode_messages(gathered.view(n, -1), bucket.numel, bucket.buffer,
                                              self._block(bucket.numel), self._divisor(n))
@@ -179,31 +177,32 @@ class AlltoallCommunicator(_PacketBase):
     def _chunks(self, bucket):
         # Cut on block boundaries so every chunk's scales are its own; with one scale per tensor
         # (scale_block=None) each chunk gets its own scale instead.
-        return chunk_bounds(bucket.numel, hvd.size(), self.scale_block or 1)
+        return chunk_bounds(bucket.numel, self.engine.size(), self.scale_block or 1)
 
     def start(self, bucket, memory=None):
-        chunks = bucket.cached(("chunks", hvd.size()), lambda: self._chunks(bucket))
+        chunks = bucket.cached(("chunks", self.engine.size()), lambda: self._chunks(bucket))
         with self.stats.timing("compress_s"):
             message, sizes = self._encode(bucket, chunks, memory)
         splits = bucket.cached(("splits", tuple(sizes)), lambda: torch.tensor(sizes, dtype=torch.int32))
-        handle = hvd.alltoall_async(message, splits=splits, name=self._tag(bucket.name))
-        self.stats.add("bytes_sent", message.numel() - sizes[hvd.rank()])
+        handle = self.engine.alltoall_async(message, splits, self._tag(bucket.name))
+        self.stats.add("bytes_sent", message.numel() - sizes[self.engine.rank()])
         return Exchange(bucket, handle, (chunks, sizes))
 
     def progress(self, exchange, wait=False):
         """Phase 1 done (or wait=True): reduce this rank's chunk, launch the allgather."""
-        if exchange.phase != 1 or not (wait or hvd.poll(exchange.handle)):
+        if exchange.phase != 1 or not (wait or self.engine.poll(exchange.handle)):
             return
         bucket, (chunks, sizes) = exchange.bucket, exchange.ctx
-        n, me = hvd.size(), hvd.rank()
+        n, me = self.engine.size(), self.engine.rank()
         a, b = chunks[me]
         with self.stats.timing("communicate_s"):
-            received, _ = wait_for(exchange.handle)
+            received, _ = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):   # and re-encode: one pass, in one call
             reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
             self.compression.reduce_encode(received.view(n, -1), b - a, reduced, self._block(b - a),
                                            self._divisor(n))
-        exchange.handle = hvd.allgather_async(reduced, name=self._tag(bucket.name + ".gather"))
+        exchange.handle = self.engine.allgather_async(reduced, self._tag(bucket.name + ".gather"),
+                                                      sizes)
         exchange.phase = 2
         self.stats.add("bytes_sent", (n - 1) * reduced.numel())
 
@@ -214,7 +213,7 @@ class AlltoallCommunicator(_PacketBase):
         self.progress(exchange, wait=True)
         bucket, (chunks, _) = exchange.bucket, exchange.ctx
         with self.stats.timing("communicate_s"):
-            gathered = wait_for(exchange.handle)
+            gathered = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):
             _, _, bounds = self._layout(bucket, chunks)
             self.compression.decode_chunks(gathered, bounds, bucket.buffer, self.scale_block)
@@ -224,25 +223,28 @@ _ROUTES = {Route.ALLREDUCE: AllreduceCommunicator, Route.ALLGATHER: AllgatherCom
            Route.ALLTOALL: AlltoallCommunicator}
 
 
-def make_communicator(compression, route=None, op=hvd.Average, fusion_threshold_bytes=None,
-                      scale_block=SCALE_BLOCK):
+def make_communicator(compression, route=None, op=AVERAGE, fusion_threshold_bytes=None,
+                      scale_block=SCALE_BLOCK, engine=None):
     """The communicator for `compression` over `route` (None: the scheme's default, see
     registry.SCHEMES). The one place where a route is chosen. A method that is not one codec of
     values (top-k, PowerSGD, Compression.auto) declares its own: `compression.communicator(op)`,
     with the fusion threshold and scale block where its factory takes them (auto's buckets); one
-    whose route is None chooses a route per bucket and takes no `route`."""
+    whose route is None chooses a route per bucket and takes no `route`. `engine`: the
+    collectives (engine/; Horovod's unless given: hvd_compress.ddp passes torch.distributed's)."""
     if callable(getattr(compression, "communicator", None)):
-        return own_communicator(compression, route, op, fusion_threshold_bytes, scale_block)
+        return own_communicator(compression, route, op, fusion_threshold_bytes, scale_block,
+                                engine)
     route = route_of(compression, route)
     check_scale_block(scale_block)
     return _ROUTES[route](compression, op=op, fusion_threshold_bytes=fusion_threshold_bytes,
-                          scale_block=scale_block)
+                          scale_block=scale_block, engine=engine)
 
 
-def own_communicator(method, route, op, fusion_threshold_bytes=None, scale_block=SCALE_BLOCK):
+def own_communicator(method, route, op, fusion_threshold_bytes=None, scale_block=SCALE_BLOCK,
+                     engine=None):
     """The communicator a method with a collective of its own declares, checked against the
     route asked for."""
-    comm = _declared(method.communicator, op, fusion_threshold_bytes, scale_block)
+    comm = _declared(method.communicator, op, fusion_threshold_bytes, scale_block, engine)
     if route is not None and comm.route is None:
         raise ValueError(f"{compressor_name(method)} chooses each bucket's route: pass no route")
     if route is not None and Route.parse(route) != comm.route:
@@ -281,17 +283,22 @@ def check_scale_block(scale_block):
                          f"got {scale_block!r}")
 
 
-def _declared(factory, op, fusion_threshold_bytes, scale_block):
+def _declared(factory, op, fusion_threshold_bytes, scale_block, engine=None):
     """A method's own communicator: factory(op), and the fusion threshold and scale block by
     name where the factory takes them (Compression.auto fuses buckets; top-k and PowerSGD
-    exchange per tensor and take op alone, as docs/extending.md documents)."""
+    exchange per tensor and take op alone, as docs/extending.md documents), and the engine
+    where one is given (a factory that takes none cannot run on another engine)."""
     takes = inspect.signature(factory).parameters
     layout = {k: v for k, v in (("fusion_threshold_bytes", fusion_threshold_bytes),
                                 ("scale_block", scale_block)) if k in takes}
+    if engine is not None:
+        if "engine" not in takes:
+            raise ValueError(f"{factory!r} takes no engine: this method runs on Horovod only")
+        layout["engine"] = engine
     return factory(op=op, **layout)
 
 
-def start_packet_exchange(compression, tensor, name, op=hvd.Average):
+def start_packet_exchange(compression, tensor, name, op=AVERAGE):
     """Launch one tensor's packet allgather now; return a callable that finishes it.
 
     The hook Horovod's own DistributedOptimizer needs for the course's in-tree route
@@ -302,11 +309,11 @@ def start_packet_exchange(compression, tensor, name, op=hvd.Average):
     """
     comm = AllgatherCommunicator(compression, op=op, scale_block=None)  # validates op, warms
     packet, (shape, dtype) = compression.compress(tensor)
-    handle = hvd.allgather_async(packet, name=f"hvdc.{comm.describe()}.{name}")
+    handle = comm.engine.allgather_async(packet, f"hvdc.{comm.describe()}.{name}")
 
     def finish():
-        n = hvd.size()
-        rows = wait_for(handle).view(n, -1)
+        n = comm.engine.size()
+        rows = comm.engine.wait(handle).view(n, -1)
         total = compression.decode_packet(rows[0])
         scratch = torch.empty_like(total)
         for r in range(1, n):

@@ -23,9 +23,9 @@ that warm start and error feedback need; `state_dict()` saves it with a checkpoi
 import zlib
 
 import torch
-import horovod.torch as hvd
 
-from ..exchange.base import Exchange, launch_next_phases, wait_for
+from ..engine.base import AVERAGE
+from ..exchange.base import Exchange, launch_next_phases
 from ..registry import Route
 from .tensorwise import TensorwiseCommunicator, check_device
 
@@ -44,9 +44,9 @@ class PowerSGD:
     def __repr__(self):
         return f"PowerSGD(rank={self.rank})"
 
-    def communicator(self, op=hvd.Average):
+    def communicator(self, op=AVERAGE, engine=None):
         """PowerSGD carries its own collectives (two dependent allreduces), declared here."""
-        return PowerSGDCommunicator(self, op=op)
+        return PowerSGDCommunicator(self, op=op, engine=engine)
 
     def __eq__(self, other):
         return isinstance(other, PowerSGD) and (self.rank, self.error_feedback, self.seed) == \
@@ -92,10 +92,10 @@ def approximate(matrices, q):
 class PowerSGDCommunicator(TensorwiseCommunicator):
     """Every matrix by PowerSGD's two allreduces, every vector by one plain allreduce."""
     route = Route.ALLREDUCE
-    ops = (hvd.Average,)            # the method averages: P and Q are means
+    ops = (AVERAGE,)            # the method averages: P and Q are means
 
-    def __init__(self, method, op=hvd.Average):
-        super().__init__(method, op)
+    def __init__(self, method, op=AVERAGE, engine=None):
+        super().__init__(method, op, engine)
         self.qs = {}                 # tensor name -> warm-started Q (m x r)
 
     def describe(self):
@@ -105,7 +105,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         return f"hvdc.{self.describe()}.{name}.{phase}"
 
     def _count(self, tensor):
-        n = hvd.size()
+        n = self.engine.size()
         self.stats.add("bytes_sent", 2 * (n - 1) * tensor.numel() * 4 // n if n > 1 else 0)
 
     def start(self, bucket, memory=None):
@@ -118,7 +118,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
             if nm is None or 0 in nm:
                 flat = grad.detach().to(torch.float32).reshape(-1).clone()
                 self._count(flat)
-                handle = hvd.allreduce_async_(flat, name=self._tag(bucket.name, "v"), op=hvd.Average)
+                handle = self.engine.allreduce_async_(flat, self._tag(bucket.name, "v"), AVERAGE)
                 return Exchange(bucket, handle, phase=0, memory=memory)
             n, m = nm
             r = min(self.compression.rank, n, m)
@@ -133,21 +133,21 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
                 q = self.qs[bucket.name] = q.to(matrix.device)
             p = matrix @ q
         self._count(p)
-        handle = hvd.allreduce_async_(p, name=self._tag(bucket.name, "p"), op=hvd.Average)
+        handle = self.engine.allreduce_async_(p, self._tag(bucket.name, "p"), AVERAGE)
         return Exchange(bucket, handle, ctx=[matrix, None], phase=1, memory=memory)
 
     def progress(self, step, wait=False):
         """P reduced (or wait=True): orthogonalise, Q = M^T P, launch Q's allreduce."""
-        if step.phase != 1 or not (wait or hvd.poll(step.handle)):
+        if step.phase != 1 or not (wait or self.engine.poll(step.handle)):
             return
         with self.stats.timing("communicate_s"):
-            p = wait_for(step.handle)
+            p = self.engine.wait(step.handle)
         with self.stats.timing("compress_s"):
             matrix = step.ctx[0]
             step.ctx[1] = p = orthonormal(p)
             q = matrix.t() @ p
         self._count(q)
-        step.handle = hvd.allreduce_async_(q, name=self._tag(step.bucket.name, "q"), op=hvd.Average)
+        step.handle = self.engine.allreduce_async_(q, self._tag(step.bucket.name, "q"), AVERAGE)
         step.phase = 2
 
     def advance(self, steps):
@@ -157,7 +157,7 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         bucket = step.bucket
         self.progress(step, wait=True)
         with self.stats.timing("communicate_s"):
-            reduced = wait_for(step.handle)
+            reduced = self.engine.wait(step.handle)
         with self.stats.timing("decompress_s"):
             grad = bucket.tensor
             if step.phase == 0:

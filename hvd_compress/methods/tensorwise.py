@@ -2,8 +2,8 @@
 codec of values: top-k's sparse pairs (methods/topk.py), PowerSGD's factors (methods/powersgd.py). No fusion
 (what is sent depends on each tensor's size or shape), their own error feedback (on by default:
 both methods need it to converge), and state a checkpoint must keep."""
-import horovod.torch as hvd
 
+from ..engine.base import AVERAGE
 from ..exchange.base import CommunicatorBase, Exchange
 from ..exchange.fusion import Bucket
 from ..exchange.memory import ResidualMemory
@@ -26,8 +26,8 @@ class TensorwiseCommunicator(CommunicatorBase):
     fuses = False
     own_memory = True
 
-    def __init__(self, method, op=hvd.Average):
-        super().__init__(method, op)
+    def __init__(self, method, op=AVERAGE, engine=None):
+        super().__init__(method, op, engine)
         self.memory = ResidualMemory() if method.error_feedback else None
 
     def plan(self, names, tensors, prefix=""):

@@ -19,9 +19,9 @@ so at ratio 0.01 about 1/50 of the bytes on 2 ranks and 3/100 on 4.
 import math
 
 import torch
-import horovod.torch as hvd
 
-from ..exchange.base import Exchange, wait_for
+from ..engine.base import AVERAGE
+from ..exchange.base import Exchange
 from ..registry import Route, topk_count
 from .tensorwise import TensorwiseCommunicator, check_device
 
@@ -41,9 +41,9 @@ class TopK:
         """How many values of a tensor of `numel` are sent: ceil(ratio * numel), at least 1."""
         return topk_count(numel, self.ratio)
 
-    def communicator(self, op=hvd.Average):
+    def communicator(self, op=AVERAGE, engine=None):
         """Top-k carries its own collective (an allgather of pairs), declared here."""
-        return TopKCommunicator(self, op=op)
+        return TopKCommunicator(self, op=op, engine=engine)
 
     def __repr__(self):
         return f"TopK(ratio={self.ratio})"
@@ -103,17 +103,17 @@ class TopKCommunicator(TensorwiseCommunicator):
                 kept = torch.zeros_like(flat)
                 kept[idx] = flat[idx]
                 memory.remember(bucket.name, flat, kept)
-        handle = hvd.allgather_async(message, name=self._tag(bucket.name))
-        self.stats.add("bytes_sent", (hvd.size() - 1) * 8 * k)
+        handle = self.engine.allgather_async(message, self._tag(bucket.name))
+        self.stats.add("bytes_sent", (self.engine.size() - 1) * 8 * k)
         return Exchange(bucket, handle, ctx=k, memory=memory)
 
     def finish(self, step):
-        bucket, n, k = step.bucket, hvd.size(), step.ctx
+        bucket, n, k = step.bucket, self.engine.size(), step.ctx
         with self.stats.timing("communicate_s"):
-            rows = wait_for(step.handle).view(n, 2 * k)
+            rows = self.engine.wait(step.handle).view(n, 2 * k)
         with self.stats.timing("decompress_s"):
             grad = bucket.tensor
             out = scatter_sum(rows[:, :k], rows[:, k:].contiguous().view(torch.float32), grad.numel())
-            if self.op == hvd.Average and n > 1:
+            if self.op == AVERAGE and n > 1:
                 out.div_(n)
             bucket.tensor = out.view(grad.shape).to(grad.dtype)

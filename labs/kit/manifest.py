@@ -82,7 +82,8 @@ def emulated_network(environ=os.environ):
             "mtu": int(environ.get("HVDC_NETEM_MTU", "1500"))}
 
 
-def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropped):
+def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropped,
+          controller=None):
     """Write the manifest of a starting (or resumed: `dropped` rows) run; returns it."""
     manifest = runlog.read_manifest(run_dir) if args.resume else None
     resumes = (manifest or {}).get("resumes", [])
@@ -110,7 +111,8 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "parameter_shapes": [list(p.shape) for group in optimizer.param_groups
                              for p in group["params"] if p.requires_grad],
         "lr_effective": args.lr * (1 if args.use_adasum else world_size),
-        "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none",
+        "controller": controller or ("mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled()
+                                     else "none"),
         "versions": {k: env[k] for k in ("python", "torch", "horovod", "mpi", "numpy",
                                          "cuda", "hvd_compress")},
         "cpu_model": env["cpu_model"], "hostname": env["hostname"],

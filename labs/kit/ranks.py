@@ -27,39 +27,49 @@ def set_horovod_defaults(environ=os.environ):
 
 
 def horovod_settings(environ=os.environ):
-    return {name: environ[name] for name in HOROVOD_DEFAULTS}
+    return {name: environ.get(name) for name in HOROVOD_DEFAULTS}   # None: not a Horovod job
 
 
-def agree(error):
+def _engine(engine):
+    """The collectives the lab kit uses: Horovod's unless a trainer passes another engine
+    (labs/ddp_mnist.py passes torch.distributed's)."""
+    if engine is not None:
+        return engine
+    from hvd_compress.engine.horovod import horovod_engine
+    return horovod_engine()
+
+
+def agree(error, engine=None):
     """Every rank passes its error message (or None); if any rank has one, rank 0 prints the
     first and every rank exits with code 2."""
-    errors = [e for e in hvd.allgather_object(error) if e]
+    engine = _engine(engine)
+    errors = [e for e in engine.allgather_object(error, None) if e]
     if errors:
-        if hvd.rank() == 0:
+        if engine.rank() == 0:
             print(f"error: {errors[0]}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
-def load_data(args, device):
+def load_data(args, device, engine=None):
     """args.dataset read by every rank (md5-checked) into normalised tensors on `device`; a
     missing or corrupt file, or fewer samples than ranks, is every rank's error.  Without
     --dataset, MNIST is found or downloaded (one rank at a time: a lock in the data folder, so
     the first downloads and the others find its files), else Fashion-MNIST: rank 0 says so in
     one line, and args.dataset becomes the data set every rank loaded."""
-    data, error = None, None
+    data, error, engine = None, None, _engine(engine)
     try:
         data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
-        lab_data.check_world(len(data.train_y), hvd.size(), "the training set")
-        lab_data.check_world(len(data.test_y), hvd.size(), "the test set")
+        lab_data.check_world(len(data.train_y), engine.size(), "the training set")
+        lab_data.check_world(len(data.test_y), engine.size(), "the test set")
     except lab_data.DataError as err:
         error = str(err)
-    agree(error)
-    names = hvd.allgather_object(data.name, name="data_set")
+    agree(error, engine)
+    names = engine.allgather_object(data.name, "data_set")
     agree(None if len(set(names)) == 1 else
           "the processes found different data sets (" + ", ".join(
               f"rank {r}: {n}" for r, n in enumerate(names)) + "): give every one the same "
-          "MNIST files (--data-dir) or --dataset")
-    if data.note and hvd.rank() == 0:
+          "MNIST files (--data-dir) or --dataset", engine)
+    if data.note and engine.rank() == 0:
         print(data.note, flush=True)
     args.dataset = data.name
     for name in ("train_x", "train_y", "test_x", "test_y"):   # the whole set fits on a GPU

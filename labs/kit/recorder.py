@@ -38,7 +38,9 @@ from labs.netem.launch import link_probe, wire_counter
 
 from . import manifest, runlog
 from .progress import Progress
-from .ranks import agree
+from hvd_compress.engine.base import SUM
+
+from .ranks import _engine, agree
 from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
 
 # A peer killed a moment ago: the kernel closes its sockets (and our collective fails) before
@@ -68,11 +70,13 @@ class Step:
 
 
 class RunRecorder:
-    def __init__(self, args, config):
+    def __init__(self, args, config, engine=None):
         """Rank 0 picks the run folder (refusing one that holds another run, or one that
-        --resume cannot continue); every rank writes its pid file there."""
+        --resume cannot continue); every rank writes its pid file there. `engine`: the
+        collectives (hvd_compress/engine/), Horovod's unless given (labs/ddp_mnist.py)."""
         self.args, self.config = args, config
-        self.rank, self.size = hvd.rank(), hvd.size()
+        self.engine = _engine(engine)
+        self.rank, self.size = self.engine.rank(), self.engine.size()
         self.run_dir = self._agree_on_folder()
         runlog.atomic_write_text(self.run_dir / "pids" / f"rank{self.rank}.pid",
                                  f"{os.getpid()}\n")
@@ -94,8 +98,8 @@ class RunRecorder:
             decision = self._refusal(out) or {"run_dir": str(out)}
             if "run_dir" in decision:
                 out.mkdir(parents=True, exist_ok=True)
-        decision = hvd.broadcast_object(decision, root_rank=0, name="run_dir")
-        agree(decision.get("error"))
+        decision = self.engine.broadcast_object(decision, root_rank=0, name="run_dir")
+        agree(decision.get("error"), self.engine)
         return Path(decision["run_dir"])
 
     def _refusal(self, out):
@@ -135,7 +139,7 @@ class RunRecorder:
             model.load_state_dict(state["model"])
             position = {k: state[k] for k in ("optimizer", "epoch", "step", "torch_rng")}
             position["compression_state"] = state.get("compression_state")
-        position = hvd.broadcast_object(position, root_rank=0, name="resume_position")
+        position = self.engine.broadcast_object(position, root_rank=0, name="resume_position")
         if position is None:            # from the start: only the rows go
             self.dropped = runlog.truncate_csv(self.run_dir / f"steps_rank{self.rank}.csv",
                                                lambda row: False)
@@ -176,7 +180,8 @@ class RunRecorder:
                                "what it chose")
         if self.rank == 0:
             started = manifest.start(self.run_dir, self.args, self.config, self.size,
-                                     optimizer, data, self.first_epoch, self.dropped)
+                                     optimizer, data, self.first_epoch, self.dropped,
+                                     self.engine.controller())
             print(f"run folder {self.run_dir}: {started['config']}, {self.size} process(es), "
                   f"{self.args.dataset} {len(data.train_y)} train / {len(data.test_y)} test, "
                   f"epochs {self.first_epoch}..{self.args.epochs}", flush=True)
@@ -191,11 +196,11 @@ class RunRecorder:
         try:
             with self.watchdog:
                 yield self
-                hvd.barrier()           # every rank has flushed its last row
+                self.engine.barrier()   # every rank has flushed its last row
             status = "complete"
         except StepLimit as stop:       # every rank stops at the same step
             status, reason, asked = "interrupted", str(stop), True
-            hvd.barrier()               # every rank has flushed its last row
+            self.engine.barrier()       # every rank has flushed its last row
         except (Interrupted, KeyboardInterrupt) as stop:
             status, reason = "interrupted", str(stop) or type(stop).__name__
             # the launcher tears every rank down when one fails: if a fault was seen (a rank
@@ -312,9 +317,9 @@ class RunRecorder:
         self.watchdog.begin("evaluation")   # the epoch's totals and test pass come next
         epoch_s = time.perf_counter() - start
         wire = self._wire() - wire_start
-        totals = hvd.allreduce(torch.tensor([loss_sum, samples, bytes_sent, wire],
-                                            dtype=torch.float64),
-                               op=hvd.Sum, name=f"train_totals.{epoch}")
+        totals = self.engine.allreduce(torch.tensor([loss_sum, samples, bytes_sent, wire],
+                                                    dtype=torch.float64),
+                                       f"train_totals.{epoch}", SUM)
         self._train = {"epoch": epoch, "steps": len(batches), "train_samples": int(totals[1]),
                        "train_loss": float(totals[0] / totals[1]), "epoch_s": epoch_s,
                        "train_samples_per_s": float(totals[1]) / epoch_s,
@@ -348,10 +353,10 @@ class RunRecorder:
     def _save_checkpoint(self, model, optimizer, epoch):
         """Rank 0 writes model, optimizer, position and every rank's RNG state (dropout),
         atomically."""
-        rng_states = hvd.allgather_object(torch.get_rng_state(), name=f"rng.{epoch}")
+        rng_states = self.engine.allgather_object(torch.get_rng_state(), f"rng.{epoch}")
         # Each rank's own residuals (and PowerSGD's Q): error feedback differs by rank.
         own = optimizer.compression_state_dict() if hasattr(optimizer, "compression_state_dict") else None
-        compression_states = hvd.allgather_object(own, name=f"compression_state.{epoch}")
+        compression_states = self.engine.allgather_object(own, f"compression_state.{epoch}")
         if self.rank == 0:
             runlog.save_checkpoint(self.run_dir / "checkpoint.pt", {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -16,6 +16,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.auto import calibration, planner, trial
+from hvd_compress.engine.horovod import horovod_engine
 from hvd_compress.exchange.bucketing import groups_by_size
 import checks
 
@@ -111,14 +112,14 @@ def run(hvd):
     saved = calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO
     calibration.LINK_GROW_MAX_S = calibration.LINK_RESOLVED_RATIO = math.inf   # always grow
     try:
-        rows = calibration.time_collectives(hvd, (4096, 65536), reps=1, caps=caps, budget_s=0)
+        rows = calibration.time_collectives(horovod_engine(), (4096, 65536), reps=1, caps=caps, budget_s=0)
     finally:
         calibration.LINK_GROW_MAX_S, calibration.LINK_RESOLVED_RATIO = saved
     n = hvd.size()
     want = [calibration.whole_size(b, n) for b in (4096, 65536, 1 << 18, 1 << 20)]
     sizes = {c: [b for c2, _, b, *_ in rows if c2 == c] for c in calibration.LINK_COLLECTIVES}
     checks.check("links.grow_to_the_cap", all(v == want for v in sizes.values()), str(sizes))
-    rows = calibration.time_collectives(hvd, (4096, 65536), caps=caps)
+    rows = calibration.time_collectives(horovod_engine(), (4096, 65536), caps=caps)
     every = hvd.allgather_object(rows, name="auto.link_rows")
     agree, _ = same_on_every_rank(hvd, [(c, b) for c, _, b, *_ in rows])
     ruled = True

@@ -1,0 +1,176 @@
+#!/usr/bin/env python
+"""The lab's MNIST networks on PyTorch DDP instead of Horovod, with the same compression flags
+and the same run records, so the lab's table can have a DDP column.
+
+    torchrun --nproc-per-node 2 labs/ddp_mnist.py                     # DDP's own allreduce
+    torchrun --nproc-per-node 2 labs/ddp_mnist.py --bit8-allreduce    # hvd_compress's hook
+    torchrun --nproc-per-node 4 labs/ddp_mnist.py --bit16-allreduce --route allgather
+
+labs/mnist.py is the course's page (Horovod); this is its twin on torch.distributed (Gloo on
+the CPU, NCCL with --cuda GPUs), in as few lines as the twin needs: the flags, networks, data
+shards, learning rate and evaluation are labs/mnist.py's, the books are the lab kit's
+RunRecorder (run folder, steps/epochs CSV, manifest, checkpoint with the hook's state,
+--resume, the watchdog), given torch.distributed's collectives (hvd_compress/engine/). With no
+compression flag DDP runs without a hook (its own allreduce); any flag registers
+hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit8-ddp).
+"""
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch.optim as optim
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file by torchrun
+
+import hvd_compress.ddp as hcd                                   # noqa: E402
+from hvd_compress.engine.distributed import TorchEngine          # noqa: E402
+from hvd_compress.registry import Route, run_name                # noqa: E402
+from labs import mnist                                           # noqa: E402
+from labs.kit import data as lab_data                            # noqa: E402
+from labs.kit.flags import DEFAULTS, compression_of              # noqa: E402
+from labs.kit.ranks import load_data                             # noqa: E402
+from labs.kit.recorder import RunRecorder                        # noqa: E402
+from labs.kit.table import MODEL_SUFFIX                          # noqa: E402
+
+
+class HookedOptimizer:
+    """The SGD the loop steps, with what the recorder asks of hvd_compress's optimizer: the
+    hook's counters and plan, its state in the checkpoint. DDP exchanges inside backward, so
+    all of the exchange's time is reported as in_backward_s (the recorder moves it out of
+    forward_backward_s into compress/communicate/decompress)."""
+
+    def __init__(self, base, state):
+        self._base, self._state = base, state
+        # DDP's own allreduce (no hook): what the manifest asks of a communicator
+        self.communicator = state.communicator if state is not None else SimpleNamespace(
+            route=Route.ALLREDUCE, codec_path=lambda: "none")
+        self._memory = state.memory if state is not None else None
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def step(self, closure=None):
+        return self._base.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        return self._base.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self._base.state_dict()
+
+    def load_state_dict(self, state):
+        return self._base.load_state_dict(state)
+
+    def pop_stats(self):
+        if self._state is None:        # DDP's own allreduce: nothing of ours to count
+            return {"copy_s": 0.0, "compress_s": 0.0, "communicate_s": float("nan"),
+                    "decompress_s": 0.0,
+                    "bytes_sent": float("nan"), "in_backward_s": 0.0,
+                    "exchange_s": float("nan"), "launch_span_s": float("nan")}
+        stats = self._state.pop_stats()
+        stats["in_backward_s"] = sum(stats[k] for k in ("copy_s", "compress_s", "communicate_s",
+                                                         "decompress_s"))
+        return stats
+
+    def plan_report(self):
+        return self._state.plan_report() if self._state is not None else None
+
+    def pause_step_clock(self):
+        pause = getattr(self.communicator, "pause_step_clock", None)
+        if pause is not None:
+            pause()
+
+    def compression_state_dict(self):
+        return self._state.state_dict() if self._state is not None else None
+
+    def load_compression_state_dict(self, state):
+        if self._state is not None and state is not None:
+            self._state.load_state_dict(state)
+
+
+def config_name(args, world_size):
+    """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp)."""
+    name = run_name(world_size, args.compression, args.route,
+                    error_feedback=bool(args.error_feedback), variant="ddp")
+    return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
+
+
+def train(epoch, model, optimizer, data, args, run):
+    model.train()
+    shard = lab_data.train_shard(len(data.train_y), run.rank, run.size, args.seed, epoch)
+    batches = lab_data.batches(shard, args.batch_size)[:args.steps_per_epoch]
+    for step in run.steps(epoch, batches):
+        with step.timer("forward_backward"):
+            x, y = data.train_x[step.index], data.train_y[step.index]
+            optimizer.zero_grad()
+            loss = F.nll_loss(model(x), y)
+            loss.backward()             # DDP exchanges the buckets here (our hook, or its own)
+        with step.timer("optimizer"):
+            optimizer.step()
+        step.loss = loss.item()
+
+
+def test(epoch, model, data, args, run, engine):
+    """labs/mnist.py's evaluation: each rank scores its block, the sums added across ranks."""
+    model.eval()
+    start = time.perf_counter()
+    shard = lab_data.eval_shard(len(data.test_y), run.rank, run.size)
+    loss_sum, correct = 0.0, 0
+    with torch.no_grad():
+        for index in lab_data.batches(shard, args.test_batch_size):
+            output = model(data.test_x[index])
+            loss_sum += F.nll_loss(output, data.test_y[index], reduction="sum").item()
+            correct += int((output.argmax(dim=1) == data.test_y[index]).sum())
+    totals = engine.allreduce(torch.tensor([loss_sum, correct, len(shard)], dtype=torch.float64),
+                              f"test_totals.{epoch}", "sum")
+    return {"test_samples": int(totals[2]), "test_loss": float(totals[0] / totals[2]),
+            "test_accuracy": float(totals[1] / totals[2]),
+            "eval_s": time.perf_counter() - start}
+
+
+def main(argv=None):
+    args = mnist.parse_args(argv)
+    if args.use_adasum or args.optimizer == "horovod":
+        sys.exit("error: --use-adasum and --optimizer horovod are Horovod's; this is DDP")
+    if "RANK" not in os.environ:        # python labs/ddp_mnist.py: a job of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300))
+    engine = TorchEngine()
+    torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.seed)
+    device = torch.device("cpu")
+    if args.cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    data = load_data(args, device, engine)
+    run = RunRecorder(args, config_name(args, engine.size()), engine)
+    model = mnist.MODELS[args.model]().to(device)
+    base = optim.SGD(model.parameters(), lr=args.lr * engine.size(), momentum=args.momentum)
+    state = None
+    if args.compression != "none" or args.route is not None:
+        state = hcd.HookState(compression_of(args), args.route, error_feedback=args.error_feedback,
+                              scale_block=args.scale_block, model=model)
+    optimizer = HookedOptimizer(base, state)
+    first_epoch = run.resume(model, optimizer)
+    # DDP broadcasts rank 0's parameters and buffers when it wraps the model
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if state is not None:
+        ddp.register_comm_hook(state, hcd.hook)
+    try:
+        with run.recording(optimizer, data):
+            for epoch in range(first_epoch, args.epochs + 1):
+                train(epoch, ddp, optimizer, data, args, run)
+                run.end_epoch(epoch, test(epoch, ddp, data, args, run, engine), model, optimizer)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""hvd_compress on PyTorch DDP (hvd_compress/ddp.py, docs/ddp.md): the hook on real Gloo ranks,
+bit for bit with DDP's own hooks and with the Horovod communicators for the same buckets, its
+state in a checkpoint, the lab's DDP trainer with the lab's run records, the benchmark's
+arguments and the CUDA check's logic on the CPU."""
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ddprun
+import hvdrun
+from ddprun import across_sizes
+from hvdrun import across_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST_DIR = ROOT / "tests" / "data" / "mnist"
+
+
+@pytest.mark.multiprocess
+@across_sizes("hook_checks")
+def test_the_hook_equals_ddps_own_and_carries_every_scheme(request, np):
+    names = ddprun.passed_checks(request)
+    assert "none hook = DDP's default allreduce, bit for bit" in names
+    assert "fp16 hook = fp16_compress_hook, bit for bit" in names
+    for label in ("bit8:allgather", "bit8:alltoall", "bit16:alltoall", "bf16:alltoall",
+                  "int8:alltoall", "onebit:allgather", "topk:allgather", "powersgd:allreduce"):
+        assert f"{label}: every rank holds the same bits" in names
+    assert "auto: reports its plan" in names
+    assert "an integer bucket is refused" in names
+    assert "disagreeing ranks are refused" in names
+
+
+@pytest.mark.multiprocess
+@across_sizes("hook_state")
+def test_the_hooks_state_survives_a_checkpoint(request, np):
+    names = ddprun.passed_checks(request)
+    for label in ("bit8:alltoall+ef", "powersgd"):
+        assert f"{label}: resumed from the checkpoint = never stopped, bit for bit" in names
+    assert "auto: the plan is restored" in names
+    assert "residuals reach another bucket layout by parameter name" in names
+
+
+def _digests(folder, prefix, np):
+    return [json.loads((folder / f"{prefix}-digests-rank{r}.json").read_text()) for r in range(np)]
+
+
+@pytest.mark.multiprocess
+@across_ranks("engine_digests")
+def test_packet_routes_on_ddp_equal_horovods_bit_for_bit(request, controller, np):
+    """The same flat buckets, rank by rank and step by step, through the Horovod communicators
+    (horovodrun) and through the DDP hook (torch.distributed, Gloo): the same bits."""
+    from workers.engine_cases import CASES
+    hvdrun.passed_checks(request)                      # the Horovod job passed
+    ddprun.passed_checks(request)                      # and the DDP one
+    on_horovod = _digests(hvdrun._JOBS[(controller, np)].workdir, "hvd", np)
+    on_ddp = _digests(ddprun.job_dir(np), "ddp", np)
+    assert set(on_horovod[0]) == {label for label, *_ in CASES}
+    for r in range(np):
+        different = [k for k in on_horovod[r] if on_horovod[r][k] != on_ddp[r].get(k)]
+        assert not different, f"rank {r}: DDP and Horovod differ for {different}"
+
+
+test_packet_routes_on_ddp_equal_horovods_bit_for_bit.ddp_module = "hook_checks"
+
+
+@pytest.mark.multiprocess
+def test_the_ddp_trainer_keeps_the_labs_records(tmp_path):
+    """labs/ddp_mnist.py on 2 Gloo ranks with --bit8-allreduce: the lab's run folder, rows and
+    manifest, named as the Horovod run with '-ddp', bytes counted by the hook."""
+    out = tmp_path / "run"
+    flags = ["--data-dir", str(MNIST_DIR), "--split-test", "2000", "--epochs", "1",
+             "--steps-per-epoch", "6", "--bit8-allreduce", "--out", str(out), "--no-progress"]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ddprun.free_port()),
+               WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "labs" / "ddp_mnist.py"), *flags],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["config"] == "np2-bit8-ddp"
+    assert manifest["controller"] == "torch-gloo" and manifest["collective"] == "allgather"
+    rows = list(csv.DictReader(open(out / "steps.csv")))
+    assert len(rows) == 12 and all(float(r["bytes_sent"]) > 0 for r in rows)
+    epochs = list(csv.DictReader(open(out / "epochs.csv")))
+    assert len(epochs) == 1 and 0.0 < float(epochs[0]["test_accuracy"]) <= 1.0
+    state = __import__("torch").load(out / "checkpoint.pt", weights_only=False)
+    assert state["compression_state"][0]["scheme"] == "bit8/allgather"
+
+
+@pytest.mark.multiprocess
+def test_check_cuda_runs_its_checks_on_the_cpu(tmp_path):
+    """scripts/check_cuda.py's logic, on the CPU with Gloo (no GPU here): every registered
+    scheme and route through the hook twice gives the same bits, and bit8 is timed."""
+    report_path = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda.py"), "--device",
+                           "cpu", "--out", str(report_path)], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["backend"] == "gloo"
+    for label in ("none:allreduce", "fp16:allreduce", "bit8:allgather", "bit8:alltoall",
+                  "bit16:alltoall", "bf16:alltoall", "int8:allgather", "onebit:allgather",
+                  "topk:allgather", "powersgd:allreduce", "bit8:alltoall+ef"):
+        assert report["schemes"][label]["ok"], label
+    assert report["bit8_timing"]["copy_ms"] > 0
+
+
+@pytest.mark.unit
+def test_check_cuda_says_when_there_is_no_gpu():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.unit
+def test_bench_ddp_arguments():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_ddp
+    args = bench_ddp.parse_args(["--models", "basic", "--links", "100mbit", "--ranks", "2"])
+    assert args.rows == bench_ddp.ROWS and args.ranks == [2]
+    assert {"stock:none", "stock:fp16", "stock:powersgd1"} <= set(args.rows)
+    with pytest.raises(SystemExit):
+        bench_ddp.parse_args(["--rows", "ours:nonesuch"])
+    with pytest.raises(SystemExit):
+        bench_ddp.parse_args(["--ranks", "1"])
+
+
+NO_HOROVOD = r"""
+import sys
+sys.modules["horovod"] = None                    # as on a machine without Horovod
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+import hvd_compress.ddp as hcd
+from hvd_compress.compression import Compression
+assert not any(m.startswith("horovod.") for m in sys.modules if sys.modules[m] is not None)
+x = torch.linspace(-1, 1, 1000)
+for name, route in (("fp16", None), ("bit8", "alltoall"), ("topk", None), ("auto", None)):
+    out = hcd.HookState(name, route).exchange(hcd.FlatBucket(x.clone())).wait()
+    assert out.shape == x.shape and bool(torch.isfinite(out).all()), name
+assert Compression.fp16.compress(x)[0].dtype == torch.float16
+print("ok")
+"""
+
+
+@pytest.mark.unit
+def test_the_hook_needs_no_horovod():
+    """hvd_compress.ddp imports and exchanges with Horovod unimportable: torch is its one
+    dependency (roles.py's stand-ins for Horovod's three compressor classes)."""
+    done = subprocess.run([sys.executable, "-c", NO_HOROVOD % ddprun.free_port()],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
