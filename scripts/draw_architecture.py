@@ -22,12 +22,13 @@ LAYERS = [
     ("registry.py", "one entry per scheme"),
     ("roles.py", "the contract"),
     ("compressors/", "one file per scheme"),
+    ("engine/", "Horovod | torch.distributed"),
     ("exchange/", "buckets, routes, memory"),
     ("costmodel/", "alpha-beta, bytes"),
     ("methods/", "top-k, PowerSGD"),
     ("auto/", "Compression.auto"),
     ("compression.py", "the namespace"),
-    ("optimizer.py", "DistributedOptimizer"),
+    ("optimizer.py, ddp.py", "Horovod's and DDP's fronts"),
 ]
 
 HOT_PATH = [
@@ -42,7 +43,7 @@ HOT_PATH = [
 
 AUTO_LOOP = [
     ("measure", "warm-up steps: pace, links, codecs, errors"),
-    ("plan", "rank 0 searches a label per bucket, broadcasts"),
+    ("plan", "rank 0 picks a label per bucket, broadcasts"),
     ("exchange", "each bucket by its label's communicator"),
     ("check drift", "measured step against the predicted one"),
 ]
@@ -67,10 +68,12 @@ def draw(path=OUT):
     ax.axis("off")
 
     ax.text(0.02, 0.97, "Layers (imports point down only)", fontsize=10, weight="bold")
-    h, gap, y0 = 0.062, 0.03, 0.02
+    y0, top = 0.02, 0.93                     # the column's room, shared by however many layers
+    pitch = (top - y0) / len(LAYERS)
+    h, gap = pitch * 0.68, pitch * 0.32
     for i, (name, what) in enumerate(LAYERS):
         y = y0 + i * (h + gap)
-        color = "#dbe9f6" if i < 3 else "#e8f3e0" if i < 8 else "#fbe5d6"
+        color = "#dbe9f6" if i < 3 else "#e8f3e0" if i < len(LAYERS) - 3 else "#fbe5d6"
         box(ax, 0.02, y, 0.24, h, name, what, color)
         if i:
             arrow(ax, (0.14, y - 0.002), (0.14, y - gap + 0.004))
