@@ -45,10 +45,11 @@ from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
 
 # A peer killed a moment ago: the kernel closes its sockets (and our collective fails) before
 # its process shows as exited in /proc, so a diagnosis that names nobody is asked again, for at
-# most this long: three of the watchdog's periods, since a loaded machine (load 10 and more on
+# most this long: two of the watchdog's periods, since a loaded machine (load 10 and more on
 # 2 cores) delays the thread that writes the heartbeats (test_lab_failures' gloo-kill case
-# recorded no cause within 1 s there). A failed job only ends this much later.
-DEAD_PEER_WAIT_S = 3 * PERIOD_S
+# recorded no cause within 1 s there); with the emulated network's 2 s wait for fresh
+# heartbeats, still inside the launcher's 5 s grace before its SIGKILL.
+DEAD_PEER_WAIT_S = 2 * PERIOD_S
 
 NO_STATS = {"copy_s": math.nan, "compress_s": math.nan, "communicate_s": math.nan,
             "decompress_s": math.nan, "bytes_sent": math.nan, "exchange_s": math.nan, "launch_span_s": math.nan}
@@ -215,10 +216,18 @@ class RunRecorder:
                       f"once its successor is fully written)")
         except Exception as err:
             reason = f"{type(err).__name__}: {err}"
+            # The launcher tears the other ranks down (SIGTERM, then SIGKILL after its 5 s
+            # grace: horovod's safe_shell_exec): record the failure first, so that even a
+            # SIGKILL leaves no 'running' manifest, then let the teardown wait while the
+            # heartbeats name the cause (at most DEAD_PEER_WAIT_S, well inside the grace).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if self.rank == 0:
+                try:
+                    runlog.update_manifest(self.run_dir, status="failed", reason=reason)
+                except OSError:
+                    pass                # the finally below says why it cannot write
             # a collective that failed on an emulated network: say what the links were doing,
             # once the others' heartbeats are fresh too (their watchdog threads still run)
-            if self.watchdog.link_probe is not None:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's teardown waits
             diagnosis = self._diagnosis(wait_s=2 * PERIOD_S)
             deadline = time.monotonic() + DEAD_PEER_WAIT_S
             while not diagnosis and time.monotonic() < deadline:
