@@ -45,8 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_step  # noqa: E402
-from bench_step import (AUTO_ROW, CALIBRATION_COLUMNS, LINKS, STEP_COLUMNS, cell_steps,  # noqa: E402
-                        median_ci_pct, plan_fields)
+from bench_step import AUTO_ROW, LINKS, cell_steps, median_ci_pct, plan_fields  # noqa: E402
 
 DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the last bucket
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
@@ -279,16 +278,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path = out / "steps.csv"
-    csv_path.write_text(",".join(STEP_COLUMNS) + "\n")
-    (out / "calibration.csv").write_text(",".join(CALIBRATION_COLUMNS) + "\n")
-    for model in args.models:
-        for link in args.links:
-            for n in args.ranks:
-                print(f"[bench_ddp] {model} over {link}, {n} ranks", flush=True)
-                launch(args, model, link, n, csv_path.resolve())
+    out = bench_step.run_cells(args, launch, tag="bench_ddp")
     summary = bench_step.replot(out, title="Training step on DDP (Gloo): DDP's own hooks "
                                 "(grey) vs hvd_compress's hook (blue; auto: orange), median "
                                 "and p10-p90, same run")

@@ -533,10 +533,9 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return worker(args)
+def run_cells(args, launch_cell, tag="bench_step"):
+    """Every (model, link, ranks) cell of args, one job each by launch_cell(args, model, link,
+    n, steps_csv), rank 0's steps appended to OUT/steps.csv (bench_ddp.py shares this)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "steps.csv"
@@ -545,8 +544,16 @@ def main(argv=None):
     for model in args.models:
         for link in args.links:
             for n in args.ranks:
-                print(f"[bench_step] {model} over {link}, {n} ranks", flush=True)
-                launch(args, model, link, n, csv_path.resolve())
+                print(f"[{tag}] {model} over {link}, {n} ranks", flush=True)
+                launch_cell(args, model, link, n, csv_path.resolve())
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    out = run_cells(args, launch)
     summary = replot(out)
     cols = ["model", "link", "ranks", "row", "step_ms", "median_ci_pct", "round_spread_pct",
             "rounds", "vs_stock_none",
