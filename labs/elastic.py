@@ -171,7 +171,10 @@ def main(argv=None):
     # not in a collective. No collective before the elastic loop: a rank that joins later
     # would wait in it alone.
     data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
+    args.dataset = data.name                 # the records name the set actually loaded
     init_twice(detect_s)
+    if data.note and hvd.rank() == 0:        # MNIST missing offline: Fashion-MNIST, said once
+        print(data.note, flush=True)
     model = MODELS[args.model]()
     base = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     optimizer = hc.DistributedOptimizer(base, named_parameters=model.named_parameters(),
