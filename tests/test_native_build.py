@@ -76,3 +76,33 @@ def test_a_failed_build_is_recorded_once_and_retried_only_when_asked(tmp_path):
     asked = python("-m", "hvd_compress.codecs.native")    # the build command tries again
     assert asked.returncode == 1 and "[native] the build failed" in asked.stderr, asked.stderr[-3000:]
     assert calls.read_text().count("blocks.cpp") > tried.count("blocks.cpp")
+
+
+def test_a_build_prunes_kernels_of_older_sources_for_this_torch_only(empty_cache):
+    """After an upgrade of the sources, the old kernel of this same torch and Python can never be
+    loaded again: prune_stale removes it. Another venv's kernel (other torch), a folder mid-build
+    (no TAG) and a folder whose lock another process holds stay."""
+    import fcntl
+    ours = native._tag().split(" ", 1)[1]
+    root = empty_cache / "kernels"
+
+    def folder(name, tag):
+        path = root / f"{native.NAME}-{name}"
+        path.mkdir(parents=True)
+        if tag is not None:
+            (path / "TAG").write_text(tag + "\n")
+        return path
+
+    current = folder("current", native._tag())
+    stale = folder("stale", "0123456789abcdef " + ours)
+    other_torch = folder("othertorch", "0123456789abcdef torch 0.0.1 cpython-311 x86_64")
+    building = folder("building", None)
+    held = folder("held", "fedcba9876543210 " + ours)
+    fd = os.open(held / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:                            # flock: two opens conflict even within one process
+        removed = native.prune_stale(str(current))
+    finally:
+        os.close(fd)
+    assert removed == [str(stale)] and not stale.exists()
+    assert current.exists() and other_torch.exists() and building.exists() and held.exists()

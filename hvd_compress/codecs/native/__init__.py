@@ -8,7 +8,7 @@ version and Python's; another torch or an edited source gets a folder of its own
 loads it, building it first where it is missing: under a file lock, so that of several ranks
 starting at once one compiles (with a one-line message on stderr; 10-30 s on 2 cores)
 and the others wait and load its library. Never at import: a process builds when it first
-codes a bucket. Where no C++ compiler or ninja is found, or the build failed before (its log
+codes a bucket. A build removes the kernels of older sources for the same torch and Python. Where no C++ compiler or ninja is found, or the build failed before (its log
 is the folder's FAILED file; `python -m hvd_compress.codecs.native` tries again), `module()`
 returns None and codecs/blocks.py runs its pure-torch path, the reference the kernel is tested
 against bit for bit, with one warning that says why.
@@ -28,7 +28,8 @@ import shutil
 import sys
 import threading
 
-__all__ = ["module", "built", "build", "why_missing", "kernel_dir", "SOURCES", "FORMATS"]
+__all__ = ["module", "built", "build", "prune_stale", "why_missing", "kernel_dir", "SOURCES",
+           "FORMATS"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, f) for f in ("blocks.cpp", "kernels.h", "kernels_x86.h")]  # hashed into the key
@@ -199,4 +200,37 @@ def _build_locked(build_dir, verbose):
         os.environ["PATH"] = path_before
     with open(os.path.join(build_dir, "TAG"), "w") as f:
         f.write(_tag() + "\n")
+    prune_stale(build_dir)
     return built(build_dir)
+
+
+def prune_stale(build_dir=None):
+    """Remove the cache's kernels built from other sources for this same torch, Python and
+    machine (an upgrade of this package left them; nothing here can load them again), each
+    under its own lock, skipped while another process holds it. Kernels of another torch or
+    Python (another venv sharing the cache) stay. Returns the folders removed."""
+    build_dir = build_dir or kernel_dir()
+    ours = _tag().split(" ", 1)
+    removed = []
+    for other in glob.glob(os.path.join(cache_root(), NAME + "-*")):
+        if os.path.abspath(other) == os.path.abspath(build_dir):
+            continue
+        try:
+            with open(os.path.join(other, "TAG")) as f:
+                theirs = f.read().strip().split(" ", 1)
+        except OSError:
+            continue                # mid-build, or failed: not provably stale
+        if len(theirs) != 2 or theirs[1] != ours[1] or theirs[0] == ours[0]:
+            continue
+        fd = os.open(os.path.join(other, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+        finally:
+            os.close(fd)
+    return removed
