@@ -493,6 +493,19 @@ def test_cli_plan_is_no_slower_than_any_fixed_scheme_and_compresses_only_a_slow_
     assert big.startswith("bit8") if wire_bound else big == "none:allreduce"
 
 
+def test_cli_says_what_to_pass_without_a_step_benchmark_or_with_a_bad_rate(capsys, tmp_path):
+    """From a wheel there is no results/: the error names the flag, not an errno. A rate without
+    '/s' is refused with the parser's own words, not argparse's "invalid parse_rate value"."""
+    from hvd_compress.auto import cli
+    with pytest.raises(SystemExit, match="no step benchmark at .*pass --step-results"):
+        cli.main(["--model", "basic", "--nodes", "2", "--bandwidth", "100Mbit/s", "--latency",
+                  "1ms", "--step-results", str(tmp_path / "summary.csv")])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--model", "basic", "--nodes", "2", "--bandwidth", "100mbit", "--latency", "1ms"])
+    assert exit_.value.code == 2
+    assert "'100mbit' is not a rate: it needs a '/s' unit" in capsys.readouterr().err
+
+
 def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path):
     out = run_cli(capsys, "--model", "lab", "--nodes", "2", "--bandwidth", "10Mbit/s",
                   "--latency", "1ms", "--errors", str(tmp_path / "missing.csv"))

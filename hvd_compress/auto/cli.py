@@ -96,6 +96,11 @@ def ready_times(model, backward_s):
 
 
 def _rows(path, model, n):
+    if not Path(path).is_file():
+        raise SystemExit(
+            f"error: no step benchmark at {path}: the plan prices codecs and backward's pace from "
+            "one; pass --step-results SUMMARY.csv (written by scripts/bench_step.py; a checkout "
+            "has results/step/summary.csv), or --report PLAN.json to explain a job's plan")
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["model"] == BENCH_MODEL.get(model, model)]
     have = sorted({int(r["ranks"]) for r in rows})
@@ -269,12 +274,14 @@ def build_parser():
     p.add_argument("--model", choices=["lab", "horovod", "basic"],
                    help="a lab network: lab (= horovod, 21,840 parameters) or basic (1.2 M)")
     p.add_argument("--nodes", type=int, metavar="N", help="ranks n (>= 1)")
-    p.add_argument("--bandwidth", type=units.parse_rate, help="link rate, e.g. 100Mbit/s")
-    p.add_argument("--latency", type=units.parse_time, help="alpha per message, e.g. 1ms")
+    p.add_argument("--bandwidth", type=units.argument_type(units.parse_rate),
+                   help="link rate, e.g. 100Mbit/s")
+    p.add_argument("--latency", type=units.argument_type(units.parse_time),
+                   help="alpha per message, e.g. 1ms")
     p.add_argument("--link-fit", metavar="FIT.json",
                    help="per-collective alpha and beta fitted at this n (bench_fit.json form) "
                         "instead of --bandwidth/--latency")
-    p.add_argument("--compute", type=units.parse_time,
+    p.add_argument("--compute", type=units.argument_type(units.parse_time),
                    help="forward+backward per step (default: from --step-results)")
     p.add_argument("--step-results", default=str(STEP_RESULTS), metavar="SUMMARY.csv")
     p.add_argument("--errors", default=str(ERRORS), metavar="ERRORS.csv")

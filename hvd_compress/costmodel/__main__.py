@@ -30,17 +30,6 @@ from . import methods, model, units
 # ---------------------------------------------------------------- argument types
 
 
-def _typed(parse):
-    """Wrap a units parser so argparse prints our message as a usage error (exit code 2)."""
-    def convert(text):
-        try:
-            return parse(text)
-        except units.UnitError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = parse.__name__.replace("parse_", "")
-    return convert
-
-
 def _int_at_least(low: int):
     """An argparse type: a whole number >= low, with a usage error that says so."""
     def convert(text):
@@ -90,11 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=_positive_int, nargs="+", metavar="N",
                    help="number of ranks n (several values allowed)")
-    p.add_argument("--size", type=_typed(units.parse_size),
+    p.add_argument("--size", type=units.argument_type(units.parse_size),
                    help="fp32 gradient bytes per rank g, with a unit, e.g. 32MiB")
-    p.add_argument("--bandwidth", type=_typed(units.parse_rate),
+    p.add_argument("--bandwidth", type=units.argument_type(units.parse_rate),
                    help="link bandwidth 1/beta, e.g. 10Gbit/s or 1.25GB/s")
-    p.add_argument("--latency", type=_typed(units.parse_time),
+    p.add_argument("--latency", type=units.argument_type(units.parse_time),
                    help="per-message latency alpha, e.g. 1ms or 50us")
     widths = bit_widths()
     p.add_argument("--bits", type=int, nargs="+", choices=widths, default=[32, 16, 8],
@@ -112,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"header bytes per compressed packet (default {model.HEADER_BYTES})")
     p.add_argument("--servers", type=_positive_int, default=1,
                    help="parameter servers s (default 1)")
-    p.add_argument("--codec-rate", type=_typed(units.parse_rate),
+    p.add_argument("--codec-rate", type=units.argument_type(units.parse_rate),
                    help="encode/decode throughput in fp32 bytes, e.g. 2GB/s; adds "
                         "gamma = 1/rate per codec byte (default: no compute cost)")
     p.add_argument("--methods", choices=sorted(methods.MODEL_SHAPES), metavar="MODEL",
@@ -128,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-n", action="store_true",
                    help="with --fit: fit each rank count on its own (default: one alpha/beta "
                         "per collective for all n)")
-    p.add_argument("--link-rate", type=_typed(units.parse_rate),
+    p.add_argument("--link-rate", type=units.argument_type(units.parse_rate),
                    help="with --fit: the link's rate, e.g. 100Mbit/s; no fit may claim more "
                         "(beta is held at 1/rate and alpha refitted where it would)")
     return p

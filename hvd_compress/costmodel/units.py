@@ -30,6 +30,7 @@ __all__ = [
     "parse_rate",
     "parse_time",
     "parse_tc_rate",
+    "argument_type",
     "format_size",
     "format_rate",
     "format_time",
@@ -200,3 +201,17 @@ def format_time(seconds: float, digits: int = 4) -> str:
         return f"{seconds} s"
     steps = [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")]
     return _scaled(seconds, steps, digits)
+
+
+def argument_type(parse):
+    """A units parser as an argparse type: its own message printed as the usage error (exit 2),
+    not argparse's "invalid parse_rate value"."""
+    import argparse
+
+    def convert(text):
+        try:
+            return parse(text)
+        except UnitError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__.replace("parse_", "")
+    return convert
