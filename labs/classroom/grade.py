@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from labs.kit.data import DATASETS, load_dataset
+from labs.kit.data import DATASETS, DataError, find_file, load_dataset, locate
 
 from . import intree, replay, sandbox
 from .checks import STEPS, fail, ok
@@ -172,10 +172,19 @@ def rank_input(rank, numel=1000, seed=26):
 
 
 class TestSet:
-    """The grader's test images (sent into the sandbox) and labels (kept here)."""
+    """The grader's test images (sent into the sandbox) and labels (kept here), and the data
+    set's files the trainers read (the fork server decompresses them once per kit)."""
 
     def __init__(self, options):
         data = load_dataset(options.dataset, options.data_dir)
+        spec = DATASETS[options.dataset]
+        try:
+            folder = locate(spec, options.data_dir, True)
+            self.files = [p for idx in (spec.train_images, spec.train_labels, spec.test_images,
+                                        spec.test_labels)
+                          for p in [find_file(folder, idx)] if p and p.suffix == ".gz"]
+        except DataError:
+            self.files = []
         n = options.test_samples or None
         self.x = data.test_x[:n].contiguous().numpy()
         self.y = data.test_y[:n].numpy()
@@ -395,7 +404,8 @@ def grade_kit(kit, options, work, test_set):
     if tasks:
         sites = [prepared.site] if prepared and prepared.ready and prepared.site else []
         runs = run_tasks(kit, work, tasks, limits=options.limits,
-                         extra_ro=[Path(p) for p in [*sites, options.data_dir] if p])
+                         extra_ro=[Path(p) for p in [*sites, options.data_dir] if p],
+                         data_files=test_set.files if test_set and "trainer" in options.steps else ())
     results = []
     if "codecs" in options.steps:
         results += codec_step(kit, options, work, runs["codecs"] if runs else None)
@@ -419,6 +429,9 @@ def grade(kits, options=Options()):
     if why:
         raise GradeError(f"cannot sandbox the kits: {why}")
     test_set = TestSet(options) if "trainer" in options.steps else None
+    if "codecs" in options.steps:
+        replay.plan()                   # once, before the threads: its gradients seed torch's
+        replay.check_names()            # global RNG, which concurrent first calls would share
     work = Path(tempfile.mkdtemp(prefix="classroom-grade-"))
     work.chmod(0o711)
     try:
