@@ -4,7 +4,7 @@ NumPy and torch once and then forks every run the grader asks of this kit.
     python fork_server.py PLAN.json        (copied to /grader beside student_side.py)
 
 PLAN: {"tasks": [{"name", "mode": "calls"|"ranks", "ranks", "seconds", "argv", "path"}],
-"data": [the data set's .gz files]}, the tasks run in order. A task of mode "calls" is one forked process running the student side
+"data": [the data set's .gz files], "warm_up": bool (a run trains)}, the tasks run in order. A task of mode "calls" is one forked process running the student side
 (student_side.main(argv)); "ranks" is a Horovod job of `ranks` forked processes, Gloo's
 rendezvous server in a forked process of its own, each rank given the environment horovodrun's
 Gloo launcher gives it (horovod/runner/gloo_run.py), then the student side. Each task keeps what
@@ -109,6 +109,16 @@ def _not_dumpable():
         pass
 
 
+def _first_to_go():
+    """A run's processes before the fork server when the sandbox's memory runs out: each run
+    (a fork bomb's thousand copies of it too) looks as large as the server to the OOM killer."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("500")
+    except OSError:
+        pass
+
+
 def _dumpable():
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
@@ -128,6 +138,7 @@ def _fork(out_dir, body, report_fd):
     try:
         os.close(report_fd)
         _dumpable()
+        _first_to_go()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         log = os.open(os.path.join(out_dir, "output.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -323,7 +334,8 @@ def main(plan_path):
     os.dup2(devnull, 1)
     with open(plan_path) as handle:
         plan = json.load(handle)
-    warm_up()
+    if plan.get("warm_up"):
+        warm_up()
     memo_data(plan.get("data", []))
     waiter = Waiter()
     for task in plan["tasks"]:

@@ -405,7 +405,8 @@ def grade_kit(kit, options, work, test_set):
         sites = [prepared.site] if prepared and prepared.ready and prepared.site else []
         runs = run_tasks(kit, work, tasks, limits=options.limits,
                          extra_ro=[Path(p) for p in [*sites, options.data_dir] if p],
-                         data_files=test_set.files if test_set and "trainer" in options.steps else ())
+                         data_files=test_set.files if test_set and "trainer" in options.steps else (),
+                         warm_up="trainer" in options.steps)
     results = []
     if "codecs" in options.steps:
         results += codec_step(kit, options, work, runs["codecs"] if runs else None)

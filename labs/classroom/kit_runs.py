@@ -109,10 +109,12 @@ class Task:
 SANDBOX_SLACK_S = 30                # the fork server's own start and sweeps, over the tasks' time
 
 
-def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_files=()):
+def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_files=(),
+              warm_up=False):
     """Every task of a kit, in order, in one sandbox over one fresh copy of the kit (shared by
     the kit's own runs only): {task name: Run}, or None when the kit is too large to copy.
-    data_files: the data set's files, which the fork server decompresses once for every run."""
+    data_files: the data set's files, which the fork server decompresses once for every run;
+    warm_up: a run trains (the fork server pays torch's first step once for all)."""
     base = Path(work) / "sandbox"
     if base.exists():
         shutil.rmtree(base)
@@ -134,7 +136,8 @@ def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_fil
     plan = [{"name": t.name, "mode": t.mode, "argv": list(map(str, t.argv)), "ranks": t.ranks,
              "seconds": t.seconds, "path": list(map(str, t.path))} for t in tasks]
     (grader_dir / "plan.json").write_text(json.dumps({"tasks": plan,
-                                                      "data": list(map(str, data_files))}))
+                                                      "data": list(map(str, data_files)),
+                                                      "warm_up": bool(warm_up)}))
     for path in grader_dir.iterdir():
         os.chmod(path, 0o644)
     whole = sandbox.Limits(**{**limits.__dict__,

@@ -333,9 +333,9 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
             status = None
     oom = group.oom_killed()
     group.close()
-    if report_path:
+    if report_path:                     # the runs' endings are in the report: oom says
         return Outcome(status, read_text(log_path, 4000, tail=True), time.perf_counter() - start,
-                       killed_by, os.path.getsize(log_path), oom=oom)
+                       killed_by or ("memory" if oom else ""), os.path.getsize(log_path), oom=oom)
     seconds = time.perf_counter() - start
     if not killed_by and status is not None and status < 0:
         killed_by = {signal.SIGXFSZ: "file size"}.get(-status, f"signal {-status}")
