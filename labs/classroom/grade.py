@@ -1,9 +1,10 @@
-"""Grade kits: each kit in sandboxes of its own (sandbox.py), its raw outputs judged here.
+"""Grade kits: each kit in a sandbox of its own (sandbox.py), its raw outputs judged here.
 
-Per kit: step 2 in one sandboxed process (the checks' inputs sent in, the kit's outputs
-replayed to the checks: replay.py); steps 1, 3a and 3b on Horovod ranks inside one sandbox
-per world size; step 5 read from the kit. No code of a kit runs in the grader's process, and
-no kit's run can see another kit: a kit's row depends on that kit alone.
+Per kit, one sandbox whose fork server (fork_server.py) forks the kit's runs in turn: step 2's
+calls (the checks' inputs sent in, the kit's outputs replayed to the checks: replay.py), then
+steps 1, 3a and 3b on 2 Horovod ranks, then step 1 on 4; step 5 is read from the kit. No code
+of a kit runs in the grader's process, and no kit's run can see another kit: a kit's row
+depends on that kit alone.
 """
 import ast
 import json
@@ -47,8 +48,8 @@ class Options:
     codec_timeout: int = 120         # seconds for one kit's step 2
     exhaustive: bool = False
     limits: sandbox.Limits = sandbox.DEFAULT
-    parallel: int = 3                # kits graded at once: a launch mostly waits (start-up,
-                                     # rendezvous), and each kit's sandboxes are its own
+    parallel: int = 3                # kits graded at once: each kit's sandbox is its own, and
+                                     # one kit's runs go one after another
 
 
 class GradeError(RuntimeError):
@@ -111,10 +112,13 @@ def codec_task(options):
                 options.codec_timeout, inputs={"calls": (index, arrays)})
 
 
-def codec_step(kit, options, work, run):
+def codec_step(kit, options, work, run=...):
     """Step 2, judged here from the raw outputs of the kit's codecs run (None: the kit was too
-    large to copy)."""
+    large to copy; not given: run here, in a sandbox of the kit's own)."""
     names = replay.check_names()
+    if run is ...:
+        runs = run_tasks(kit, work, [codec_task(options)], limits=options.limits)
+        run = runs["codecs"] if runs else None
     if run is None:
         return _too_large("codecs", names, options.limits)
     limits = options.limits
