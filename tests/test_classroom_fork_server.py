@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from labs.classroom import kit as classroom_kit
-from labs.classroom import sandbox
-from labs.classroom.grade import Options, codec_step, job_collect, job_task, judge_route, codec_task
+from labs.classroom.grade import Options, codec_step, codec_task, job_collect, job_task, judge_route
+from labs.classroom.kit_runs import run_tasks
 
 pytestmark = pytest.mark.multiprocess      # Horovod ranks forked in a sandbox
 
@@ -78,7 +78,6 @@ def _grade_runs(kit, work, codec_seconds=None):
     options = Options(**{**OPTIONS.__dict__, **({"codec_timeout": codec_seconds} if codec_seconds else {})})
     tasks = [codec_task(options)] + [job_task(n, options, None, True, None, False) for n in (2, 4)]
     work.mkdir(mode=0o711)
-    from labs.classroom.kit_runs import run_tasks
     runs = run_tasks(kit, work, tasks, limits=options.limits)
     codecs = codec_step(kit, options, work, runs["codecs"])
     exchange = {}
