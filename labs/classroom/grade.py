@@ -1,9 +1,10 @@
-"""Grade kits: each kit in sandboxes of its own (sandbox.py), its raw outputs judged here.
+"""Grade kits: each kit in a sandbox of its own (sandbox.py), its raw outputs judged here.
 
-Per kit: step 2 in one sandboxed process (the checks' inputs sent in, the kit's outputs
-replayed to the checks: replay.py); steps 1, 3a and 3b on Horovod ranks inside one sandbox
-per world size; step 5 read from the kit. No code of a kit runs in the grader's process, and
-no kit's run can see another kit: a kit's row depends on that kit alone.
+Per kit, one sandbox whose fork server (fork_server.py) forks the kit's runs in turn: step 2's
+calls (the checks' inputs sent in, the kit's outputs replayed to the checks: replay.py), then
+steps 1, 3a and 3b on 2 Horovod ranks, then step 1 on 4; step 5 is read from the kit. No code
+of a kit runs in the grader's process, and no kit's run can see another kit: a kit's row
+depends on that kit alone.
 """
 import ast
 import json
@@ -16,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from labs.kit.data import DATASETS, load_dataset
+from labs.kit.data import DATASETS, DataError, find_file, load_dataset, locate
 
 from . import intree, replay, sandbox
 from .checks import STEPS, fail, ok
 from .job_checks import exchange_checks, trainer_checks
 from .kit import is_kit
-from .kit_runs import horovodrun, run_kit, student_side
+from .kit_runs import Task, run_tasks, student_side
 from .report_checks import report_checks
 from .student_side import Garbage, pack, unpack
 
@@ -47,8 +48,8 @@ class Options:
     codec_timeout: int = 120         # seconds for one kit's step 2
     exhaustive: bool = False
     limits: sandbox.Limits = sandbox.DEFAULT
-    parallel: int = 3                # kits graded at once: a launch mostly waits (start-up,
-                                     # rendezvous), and each kit's sandboxes are its own
+    parallel: int = 3                # kits graded at once: each kit's sandbox is its own, and
+                                     # one kit's runs go one after another
 
 
 class GradeError(RuntimeError):
@@ -104,15 +105,23 @@ def reference_imports(kit):
 
 # --- step 2 ------------------------------------------------------------------------------------
 
-def codec_step(kit, options, work):
-    """Step 2: the kit's functions on the checks' inputs in a sandbox, judged here."""
-    names = replay.check_names()
+def codec_task(options):
+    """Step 2's run: the kit's functions on the checks' inputs."""
     index, arrays = replay.plan()
-    limits = sandbox.Limits(**{**options.limits.__dict__, "seconds": options.codec_timeout})
-    run = run_kit(kit, work, "codecs", student_side("calls", "/grader/calls", "/out/results"),
-                  inputs={"calls": (index, arrays)}, limits=limits)
+    return Task("codecs", "calls", student_side("calls", "/grader/calls", "/out/codecs/results")[1:],
+                options.codec_timeout, inputs={"calls": (index, arrays)})
+
+
+def codec_step(kit, options, work, run=...):
+    """Step 2, judged here from the raw outputs of the kit's codecs run (None: the kit was too
+    large to copy; not given: run here, in a sandbox of the kit's own)."""
+    names = replay.check_names()
+    if run is ...:
+        runs = run_tasks(kit, work, [codec_task(options)], limits=options.limits)
+        run = runs["codecs"] if runs else None
     if run is None:
-        return _too_large("codecs", names, limits)
+        return _too_large("codecs", names, options.limits)
+    limits = options.limits
     if run.imports:
         return _all_fail("codecs", names, *_reference_reason(run.imports, kit))
     try:
@@ -143,7 +152,8 @@ def codec_step(kit, options, work):
 
 def _zh_how(outcome):
     return {"timeout": "超时被终止", "memory": "超出内存限制被终止",
-            "file size": "输出超出限制被终止"}.get(outcome.killed_by, f"结束（{outcome.how()}）")
+            "file size": "输出超出限制被终止", "no fork": "无法启动（实验包自己的进程占满了沙箱）",
+            "not run": "未启动（沙箱已先结束）"}.get(outcome.killed_by, f"结束（{outcome.how()}）")
 
 
 def _too_large(step, names, limits):
@@ -166,10 +176,19 @@ def rank_input(rank, numel=1000, seed=26):
 
 
 class TestSet:
-    """The grader's test images (sent into the sandbox) and labels (kept here)."""
+    """The grader's test images (sent into the sandbox) and labels (kept here), and the data
+    set's files the trainers read (the fork server decompresses them once per kit)."""
 
     def __init__(self, options):
         data = load_dataset(options.dataset, options.data_dir)
+        spec = DATASETS[options.dataset]
+        try:
+            folder = locate(spec, options.data_dir, True)
+            self.files = [p for idx in (spec.train_images, spec.train_labels, spec.test_images,
+                                        spec.test_labels)
+                          for p in [find_file(folder, idx)] if p and p.suffix == ".gz"]
+        except DataError:
+            self.files = []
         n = options.test_samples or None
         self.x = data.test_x[:n].contiguous().numpy()
         self.y = data.test_y[:n].numpy()
@@ -190,27 +209,27 @@ def _trainer_argv(n, options):
     return list(map(str, argv))
 
 
-def run_job(kit, n, options, work, test_set, exchange, in_tree, trainer):
-    """One Horovod job of `n` ranks in the kit's sandbox; (Run, {rank: (record, arrays)})."""
+def job_task(n, options, test_set, exchange, in_tree, trainer):
+    """One Horovod job of `n` ranks: the exchange, the in-tree script, the trainer."""
     arrays = {f"rank{r}": rank_input(r).numpy() for r in range(n)}
     if trainer:
         arrays["test_x"] = test_set.x
-    job = {"exchange": exchange, "intree": bool(in_tree), "inputs": "/grader/inputs",
+    job = {"exchange": exchange, "intree": bool(in_tree), "inputs": f"/grader/np{n}-inputs",
            "trainer": _trainer_argv(n, options) if trainer else None}
     site = in_tree.site if in_tree else None
-    env = {"PYTHONPATH": ":".join([str(site)] if site else []) + (":" if site else "") + "/kit"}
-    extra_ro = [p for p in (site, options.data_dir) if p]
-    limits = sandbox.Limits(**{**options.limits.__dict__, "seconds": options.task_timeout})
-    command = horovodrun(n, *student_side("ranks", "/grader/job.json", "/out"))
-    run = run_kit(kit, work, f"np{n}", command, inputs={"inputs": ({}, arrays)},
-                  files={"job.json": json.dumps(job)}, limits=limits, env=env,
-                  extra_ro=[Path(p) for p in extra_ro])
+    return Task(f"np{n}", "ranks", student_side("ranks", f"/grader/np{n}.json", f"/out/np{n}")[1:],
+                options.task_timeout, ranks=n, inputs={f"np{n}-inputs": ({}, arrays)},
+                files={f"np{n}.json": json.dumps(job)}, path=([str(site)] if site else []) + ["/kit"])
+
+
+def job_collect(run, n, options):
+    """(Run, {rank: (record, arrays)}) of one job's run (None: the kit was too large)."""
     if run is None:
         return None, {}
     records = {}
     for r in range(n):
         try:
-            records[r] = run.collect(f"rank{r}", limits)
+            records[r] = run.collect(f"rank{r}", options.limits)
         except FileNotFoundError:
             continue
         except Garbage as err:
@@ -305,18 +324,22 @@ def _copy_logs_back(run, kit, n):
     return dest
 
 
-def job_checks(kit, options, work, test_set, prepared):
-    """The exchange and the in-tree script (2 ranks), the trainer (each size)."""
-    results = []
+def job_sizes(options, prepared):
+    """{n: (exchange, in_tree, trainer)}: the Horovod jobs a kit's grading needs."""
     sizes = set(options.sizes) if "trainer" in options.steps else set()
     if "exchange" in options.steps or (prepared and prepared.ready):
         sizes.add(2)
+    return {n: ("exchange" in options.steps and n == 2,
+                prepared if (n == 2 and prepared and prepared.ready) else None,
+                "trainer" in options.steps and n in options.sizes) for n in sorted(sizes)}
+
+
+def job_checks(kit, options, test_set, prepared, runs):
+    """The exchange and the in-tree script (2 ranks), the trainer (each size)."""
+    results = []
     train_samples = options.train_samples or DATASETS[options.dataset].train_images.count
-    for n in sorted(sizes):
-        trainer = "trainer" in options.steps and n in options.sizes
-        exchange = "exchange" in options.steps and n == 2
-        in_tree = prepared if (n == 2 and prepared and prepared.ready) else None
-        run, records = run_job(kit, n, options, work, test_set, exchange, in_tree, trainer)
+    for n, (exchange, in_tree, trainer) in job_sizes(options, prepared).items():
+        run, records = job_collect(runs[f"np{n}"] if runs else None, n, options)
         imports = run.imports if run else []
         judged, usable = job_records(run, records, n, options, test_set, (exchange, in_tree, trainer))
         step_checks = []
@@ -372,15 +395,29 @@ def intree_checks(prepared, judged, usable, n):
 # --- a class -----------------------------------------------------------------------------------
 
 def grade_kit(kit, options, work, test_set):
-    """[Check] of one kit, in the course's step order."""
+    """[Check] of one kit, in the course's step order: its runs in one sandbox of its own
+    (forked by its fork server), judged here."""
+    prepared = intree.prepare(kit) if "intree" in options.steps else None
+    tasks = [codec_task(options)] if "codecs" in options.steps else []
+    jobs = job_sizes(options, prepared)
+    if {"trainer", "exchange"} & set(options.steps) or (prepared and prepared.ready):
+        tasks += [job_task(n, options, test_set, *parts) for n, parts in jobs.items()]
+    else:
+        jobs = {}
+    runs = None
+    if tasks:
+        sites = [prepared.site] if prepared and prepared.ready and prepared.site else []
+        runs = run_tasks(kit, work, tasks, limits=options.limits,
+                         extra_ro=[Path(p) for p in [*sites, options.data_dir] if p],
+                         data_files=test_set.files if test_set and "trainer" in options.steps else (),
+                         warm_up="trainer" in options.steps)
     results = []
     if "codecs" in options.steps:
-        results += codec_step(kit, options, work)
-    prepared = intree.prepare(kit) if "intree" in options.steps else None
+        results += codec_step(kit, options, work, runs["codecs"] if runs else None)
     if prepared is not None and not prepared.ready:
         results += prepared.checks
-    if {"trainer", "exchange"} & set(options.steps) or (prepared and prepared.ready):
-        results += job_checks(kit, options, work, test_set, prepared)
+    if jobs:
+        results += job_checks(kit, options, test_set, prepared, runs)
     if "report" in options.steps:
         results += report_checks(kit)
     order = list(STEPS)
@@ -397,6 +434,9 @@ def grade(kits, options=Options()):
     if why:
         raise GradeError(f"cannot sandbox the kits: {why}")
     test_set = TestSet(options) if "trainer" in options.steps else None
+    if "codecs" in options.steps:
+        replay.plan()                   # once, before the threads: its gradients seed torch's
+        replay.check_names()            # global RNG, which concurrent first calls would share
     work = Path(tempfile.mkdtemp(prefix="classroom-grade-"))
     work.chmod(0o711)
     try:

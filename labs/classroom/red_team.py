@@ -118,10 +118,11 @@ import time
 time.sleep(10 ** 6)
 ''', "did not finish in time"),
     Trick("write_garbage", "untouched", '''
-import os
-for _name in ("results.json", "results.npz"):
-    with open(os.path.join("/out", _name), "w") as _f:
-        _f.write("{not json" if _name.endswith("json") else "garbage")
+import glob, os
+for _out in ["/out"] + glob.glob("/out/*/"):          # every run's output folder in reach
+    for _name in ("results.json", "results.npz"):
+        with open(os.path.join(_out, _name), "w") as _f:
+            _f.write("{not json" if _name.endswith("json") else "garbage")
 os._exit(0)
 ''', "cannot read"),
     Trick("eat_the_memory", "untouched", '''

@@ -68,6 +68,7 @@ class Outcome:
     seconds: float
     killed_by: str = ""             # "timeout", "memory", "signal N", "" (exited)
     output_bytes: int = 0
+    oom: bool = False               # the sandbox's memory group killed a process (fork server)
 
     def how(self):
         """How it ended, in words (the same words for the same ending: no timings)."""
@@ -77,6 +78,10 @@ class Outcome:
             return "ran out of the memory it is allowed and was stopped"
         if self.killed_by == "file size":
             return "wrote more output than allowed and was stopped"
+        if self.killed_by == "no fork":
+            return "could not start: the kit's own processes filled its sandbox"
+        if self.killed_by == "not run":
+            return "never started: the kit's sandbox ended before it"
         if self.killed_by:
             return f"was killed ({self.killed_by})"
         return f"ended with exit status {self.status}"
@@ -270,8 +275,10 @@ def new_uid():
 
 
 def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, extra_ro=(),
-        log_path, uid=None):
-    """`command` (argv) inside a sandbox, cwd /kit; its stdout + stderr go to log_path."""
+        log_path, uid=None, report_path=None):
+    """`command` (argv) inside a sandbox, cwd /kit; its stdout + stderr go to log_path. With
+    report_path, `command` is the sandbox's PID 1 (the fork server: fork_server.py) and its
+    stdout goes to report_path, its stderr to log_path."""
     why = available()
     if why:
         raise SandboxError(why)
@@ -294,6 +301,7 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
     environment.update(env or {})
     argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
             "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+            *(["--as-pid-1"] if report_path else []),
             "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID),
             *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--chdir", "/kit", "--clearenv"]
@@ -312,8 +320,9 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
 
     start = time.perf_counter()
     killed_by = ""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    with open(log_path, "wb") as log, open(report_path or os.devnull, "wb") as report:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=report if report_path else log,
+                                stderr=log if report_path else subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=limit)
         try:
             status = proc.wait(timeout=limits.seconds)
@@ -324,6 +333,9 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
             status = None
     oom = group.oom_killed()
     group.close()
+    if report_path:                     # the runs' endings are in the report: oom says
+        return Outcome(status, read_text(log_path, 4000, tail=True), time.perf_counter() - start,
+                       killed_by or ("memory" if oom else ""), os.path.getsize(log_path), oom=oom)
     seconds = time.perf_counter() - start
     if not killed_by and status is not None and status < 0:
         killed_by = {signal.SIGXFSZ: "file size"}.get(-status, f"signal {-status}")

@@ -2,7 +2,7 @@
 
     python student_side.py calls  IN OUT        # the kit's functions on the grader's inputs
     python student_side.py ranks  JOB OUT       # on every Horovod rank (under horovodrun)
-    (launched by launcher.py, horovodrun without its build check)
+    (forked by fork_server.py: a process per call run, one per Horovod rank)
 
 It judges nothing. It imports the kit's compression.py (and runs its train.py), applies them to
 the inputs the grader wrote into IN (or JOB), and writes what came back, raw, into OUT: the
