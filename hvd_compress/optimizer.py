@@ -111,8 +111,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _choose_schedule(self, schedule, model):
         """'overlap' where it can be had, else 'wait', said once (a warning)."""
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         if schedule == "wait":
             return schedule
         why = why_not_overlap(type(self))
@@ -610,6 +608,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          "use hvd.DistributedOptimizer for Adasum")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if schedule == "overlap" and not isinstance(model, torch.nn.Module):
+        raise ValueError("schedule='overlap' needs model=, the torch.nn.Module whose parameters "
+                         f"these are (its forward waits per layer), got {type(model).__name__}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, int(backward_passes_per_step),

@@ -1,0 +1,38 @@
+"""DistributedOptimizer's schedule="overlap" on 2 real ranks (Gloo; tests/workers/overlap_checks.py
+in the shared job, tests/hvdrun.py): bit-identical to schedule="wait" for every registered scheme,
+updates applied by the forward that needs them or by state_dict(), and the fallbacks."""
+import pytest
+
+from hvd_compress import registry
+from hvdrun import across_ranks, passed_checks
+
+pytestmark = pytest.mark.multiprocess
+
+
+@across_ranks("overlap_checks")
+def test_overlap_is_bit_identical_to_waiting(controller, np, request):
+    names = set(passed_checks(request))
+    for entry in registry.schemes().values():
+        for route in entry.routes:
+            label = f"overlap.{entry.name}.{route.value}.sgd"
+            if f"{entry.name}.{route.value}" == "int8.alltoall":    # not repeatable waiting
+                assert {f"{label}.finite", f"{label}.same_on_all_ranks"} <= names
+            else:
+                assert f"{label}.bit_identical_to_wait" in names
+    for label in ("none.allreduce", "bit8.allgather", "bit16.alltoall"):
+        assert {f"overlap.{label}.adam.bit_identical_to_wait",
+                f"overlap.{label}.adamw.bit_identical_to_wait",
+                f"overlap.{label}.zero_grad_in_place.bit_identical_to_wait"} <= names
+    assert {"overlap.step_returns_with_buckets_pending", "overlap.step_moves_no_parameter",
+            "overlap.forward_applies_its_own_buckets_only",
+            "overlap.state_dict_applies_every_update",
+            "overlap.applied_early_bit_identical_to_wait"} <= names
+
+
+@across_ranks("overlap_checks")
+def test_overlap_falls_back_to_waiting_and_says_so(controller, np, request):
+    names = set(passed_checks(request))
+    assert {"overlap.fallback.unknown_optimizer_said_once",
+            "overlap.fallback.unknown_optimizer_bit_identical_to_wait",
+            "overlap.fallback.closure_said_once", "overlap.fallback.closure_bit_identical_to_wait",
+            "overlap.fallback.auto_waits", "overlap.without_model_refused_clearly"} <= names
