@@ -36,3 +36,24 @@ def test_overlap_falls_back_to_waiting_and_says_so(controller, np, request):
             "overlap.fallback.unknown_optimizer_bit_identical_to_wait",
             "overlap.fallback.closure_said_once", "overlap.fallback.closure_bit_identical_to_wait",
             "overlap.fallback.auto_waits", "overlap.without_model_refused_clearly"} <= names
+
+
+def test_a_rank_that_dies_mid_step_makes_the_next_forward_raise_not_hang(tmp_path):
+    """Rank 1 leaves after its forward; rank 0's step() returns with its buckets in flight, and
+    its next forward, which waits for them, raises Horovod's error within seconds and leaves the
+    optimizer with nothing pending (tests/workers/overlap_dying_rank.py)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from labs.kit.launch import horovodrun_command, launch_env
+    script = ROOT / "tests" / "workers" / "overlap_dying_rank.py"
+    cmd = horovodrun_command(2, [sys.executable, str(script), str(tmp_path)], "gloo",
+                             cached_build_check=True)
+    env = launch_env()
+    env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "60"
+    subprocess.run(cmd, env=env, cwd=ROOT, timeout=240, capture_output=True)
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["outcome"] == "raised", result
+    assert result["seconds"] < 60 and result["pending_after"] == 0, result
