@@ -120,6 +120,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(f"schedule='overlap' falls back to 'wait': {why}", stacklevel=4)
             return "wait"
         self._gate = ForwardGate(model, self._before_forward, self.flush)
+        prioritise = getattr(self._communicator, "prioritise", None)
+        if prioritise is not None and os.environ.get("HVD_COMPRESS_PRIORITY", "1") != "0":
+            prioritise(self._buckets)            # the front layers' buckets first on the wire
         return schedule
 
     def _describe_setup(self):
@@ -216,12 +219,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for the collectives still in flight (their results are dropped) and forget the
         step, so that the next backward starts afresh."""
         for exchange in self._in_flight.values():
-            try:
-                wait_for(exchange.handle)
-            except Exception:                    # its own error: the caller raises the first
-                pass
+            self._drop(exchange)
         self._reset_step()
         self._synchronized = False
+
+    def _drop(self, exchange):
+        """Wait for an abandoned exchange; its result and its own error are dropped (the caller
+        raises the first)."""
+        drop = getattr(self._communicator, "drop", None)
+        if drop is not None:
+            return drop(exchange)
+        try:
+            wait_for(exchange.handle)
+        except Exception:
+            pass
 
     def _synchronize(self):
         now = backward_end = time.perf_counter()
@@ -396,10 +407,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _abandon_pending(self):
         """Wait for the pending exchanges (their results dropped) and forget them."""
         for exchange in self._pending.values():
-            try:
-                wait_for(exchange.handle)
-            except Exception:
-                pass
+            self._drop(exchange)
         self._pending, self._pending_of = {}, {}
         self._pending_step = self._zero_pending = None
 
@@ -466,6 +474,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gate.remove()
             self._gate = None
             self.schedule = "wait"
+            if callable(getattr(self._communicator, "close", None)):
+                self._communicator.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
