@@ -259,13 +259,17 @@ def worker(args):
     data = [(torch.randn(args.batch_size, 1, 28, 28, generator=g),
              torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(4)]
 
-    def step(model, opt, i):
+    def step(model, opt, i, last=False):
         x, y = data[i % len(data)]
         t0 = time.perf_counter()
         opt.zero_grad()
         F.nll_loss(model(x), y).backward()
         t1 = time.perf_counter()
         opt.step()
+        if last and hasattr(opt, "flush"):
+            # schedule="overlap": the round's last step waits for its own updates, so that no
+            # row's exchange runs on into the other rows' turns uncounted
+            opt.flush()
         t2 = time.perf_counter()
         return t0, t1, t2, opt.pop_stats() if hasattr(opt, "pop_stats") else {}
 
@@ -311,8 +315,9 @@ def worker(args):
             # would read the whole round into its next step and re-plan on drift not there)
             if hasattr(opt, "pause_step_clock"):     # ours (stock Horovod's has none)
                 opt.pause_step_clock()
-            for i in range(args.per_round if rnd else args.warmup):
-                t0, t1, t2, stats = step(model, opt, i)
+            count = args.per_round if rnd else args.warmup
+            for i in range(count):
+                t0, t1, t2, stats = step(model, opt, i, last=i == count - 1)
                 if rnd and writer:
                     plan = plan_fields(row, stats)
                     writer.writerow([args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),

@@ -20,8 +20,11 @@ import time
 
 __all__ = ["Sender", "Ticket", "ChunkedHandle", "chunk_count", "MIN_CHUNK_BYTES", "DEPTH"]
 
-MIN_CHUNK_BYTES = 64 << 10      # below this a chunk's negotiation costs more than it saves
-MAX_CHUNKS = 16
+# Each chunk is a collective of its own, with Horovod's negotiation round before it: measured
+# on a 2-core Xeon over an emulated 100 Mbit/s link, 2 ranks, a 1.22 MB allgather took 105-112
+# ms whole, the same in 4 or 8 chunks and 117-127 ms in 16 (a small allgather: 3.6 ms there).
+MIN_CHUNK_BYTES = 128 << 10
+MAX_CHUNKS = 8
 DEPTH = 2                       # chunks handed to the engine at once: one on the wire, one next
 POLL_S = 0.0005
 
