@@ -104,7 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pending_of = {}                    # id(parameter) -> its pending bucket
         self._pending_step = None                # settings and times of the step they belong to
         self._zero_pending = None                # a zero_grad(set_to_none) deferred to them
-        self._step_entered = None                # when step() was last called (compute_s)
+        self._step_returned = None               # when step() last returned (step_s)
         self._own_stats = dict.fromkeys(OWN_STATS, 0.0)
         self._gate = None
         self.schedule = self._choose_schedule(schedule, model)
@@ -286,10 +286,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
-        now = time.perf_counter()
-        if self._step_entered is not None:
-            self._own_stats["step_interval_s"] += now - self._step_entered
-        self._step_entered = now
+        try:
+            return self._step(closure)
+        finally:
+            # step to step, return to return: the waits of a step (in step() under "wait", in
+            # the next forward under "overlap") fall in the same interval as its compute
+            now = time.perf_counter()
+            if self._step_returned is not None:
+                self._own_stats["step_interval_s"] += now - self._step_returned
+            self._step_returned = now
+
+    def _step(self, closure):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called after optimizer.synchronize() without "
@@ -429,7 +436,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.flush()
         return super(self.__class__, self).load_state_dict(state_dict)
 
-    def pop_stats(self):
+    def pop_stats(self, link_bits_per_s=None):
         """The counters since the previous call (roles.Stats says what each measures):
         copy_s, compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
         exchange_s, launch_span_s, and the codec_path. exchange_s is what the cost model
@@ -437,15 +444,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         copy_s, compress_s and decompress_s include work done in gradient hooks during
         backward, which in_backward_s measures (subtract it from a timing of backward).
 
-        compute_s, the job's own work without waiting (issue 46's floor): the time between
-        the calls of step() since the last pop, less the time it waited for the exchange
-        (communicate_s, in step() or in a forward); absent before a second step(). Under
-        schedule="overlap" also forward_wait_s (the forward pre-hooks: waits, decodes and
-        updates) and update_s (the wrapped optimizer's updates)."""
+        How far the step is from what the machine and the link allow (issue 46), from a
+        second step() on: step_s, the time between step()'s returns since the last pop;
+        compute_s, the job's own work in it (step_s less the time it waited for the exchange,
+        communicate_s, in step() or in a forward: the compute floor); with the link's rate
+        (`link_bits_per_s`, e.g. 1e8 for 100 Mbit/s), wire_s (bytes_sent at that rate),
+        bound_s = max(compute_s, wire_s) and step_over_bound. Under schedule="overlap" also
+        forward_wait_s (the forward pre-hooks: waits, decodes and updates) and update_s (the
+        wrapped optimizer's updates)."""
         stats = self._communicator.pop_stats()
         own, self._own_stats = self._own_stats, dict.fromkeys(OWN_STATS, 0.0)
         if own["step_interval_s"] > 0:
+            stats["step_s"] = own["step_interval_s"]
             stats["compute_s"] = own["step_interval_s"] - stats.get("communicate_s", 0.0)
+            if link_bits_per_s:
+                stats["wire_s"] = 8 * stats.get("bytes_sent", 0) / float(link_bits_per_s)
+                stats["bound_s"] = max(stats["compute_s"], stats["wire_s"])
+                stats["step_over_bound"] = stats["step_s"] / stats["bound_s"]
         if self.schedule == "overlap":
             stats.update(forward_wait_s=own["forward_wait_s"], update_s=own["update_s"])
         return stats

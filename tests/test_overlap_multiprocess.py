@@ -27,6 +27,10 @@ def test_overlap_is_bit_identical_to_waiting(controller, np, request):
             "overlap.forward_applies_its_own_buckets_only",
             "overlap.state_dict_applies_every_update",
             "overlap.applied_early_bit_identical_to_wait"} <= names
+    for schedule in ("wait", "overlap"):              # the bound as a number
+        assert {f"overlap.pop_stats.{schedule}.{what}" for what in (
+            "first_step_has_no_interval", "floor_under_step", "wire_of_bytes_sent",
+            "step_over_bound")} <= names
     for label in ("bit8", "int8"):        # priority on the wire: chunks, same bits
         assert {f"overlap.priority.{label}.large_bucket_chunked",
                 f"overlap.priority.{label}.chunked_bit_identical_to_wait"} <= names

@@ -13,6 +13,7 @@ The model is the exchange checks' (a layer only rank 0 uses on odd steps: a modu
 forward does not run on a rank has its update applied at the next backward), with buckets small
 enough that it has several.
 """
+import math
 import warnings
 
 import torch
@@ -169,6 +170,25 @@ def run(hvd):
     check("overlap.forward_applies_its_own_buckets_only",
           seen["a_applied"] and seen["b_still_pending"], str(seen))
     check("overlap.state_dict_applies_every_update", seen["flushed_by_state_dict"], str(seen))
+
+    # the bound as a number: pop_stats gives the step, its compute floor and, with the link's
+    # rate, the wire time of its bytes and step / max(floor, wire)
+    for schedule in ("wait", "overlap"):
+        popped = {}
+
+        def pop(phase, step, model, opt):
+            if phase == "after":
+                popped[step] = opt.pop_stats(link_bits_per_s=1e8)
+        train(schedule, hc.Compression.bit8, "allgather", peek=pop)
+        first, later = popped[0], popped[STEPS - 1]
+        tag = f"overlap.pop_stats.{schedule}"
+        check(f"{tag}.first_step_has_no_interval", "step_s" not in first, str(first))
+        check(f"{tag}.floor_under_step", 0 < later["compute_s"] <= later["step_s"], str(later))
+        check(f"{tag}.wire_of_bytes_sent", later["bytes_sent"] > 0 and math.isclose(
+            later["wire_s"], 8 * later["bytes_sent"] / 1e8), str(later))
+        check(f"{tag}.step_over_bound", math.isclose(
+            later["step_over_bound"], later["step_s"] / max(later["compute_s"], later["wire_s"])),
+            str(later))
 
     # the fallbacks, said once, with the waiting schedule's bits
     class Clipped(torch.optim.SGD):
