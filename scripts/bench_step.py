@@ -391,6 +391,10 @@ def summarise(steps, calibration=None):
                                    for _, g in groups]
     summary["median_ci_pct"] = [median_ci_pct(g.step_ms.tolist(), g["round"].tolist())
                                 for _, g in groups]
+    # the median over rounds of each round's mean step: counts each exchange once where a step's
+    # exchange runs on into the next (schedule="overlap": a round's first step starts with
+    # nothing pending, its last waits for its own updates), which the median of steps does not
+    summary["round_mean_ms"] = [g.groupby("round").step_ms.mean().median() for _, g in groups]
     # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
     # of forward+backward, medians over the row's steps
     codec = (steps.compress_ms + steps.decompress_ms).groupby(
@@ -440,7 +444,8 @@ def bounds(summary):
     """Per row, what the machine and the link allow (issue 46): floor_ms, the local row's median
     step in the cell (forward, backward and the update, no exchange); wire_ms, the row's bytes
     a step at the cell's link rate (none over loopback); bound_ms = max(floor, wire) and
-    step_over_bound, the row's median step over it (NaN without a local row)."""
+    step_over_bound, the row's median step over it, round_mean_over_bound its round_mean_ms
+    over it (the one to read for an overlapped row; NaN without a local row)."""
     import pandas as pd
     keys = CELL + ["row"]
     floor = summary[summary.row == LOCAL_ROW].set_index(CELL)["step_ms"]
@@ -453,7 +458,9 @@ def bounds(summary):
         low = floor.get(cell, math.nan)
         bound = max(low, wire) if low == low else math.nan
         rows.append(dict(zip(keys, (*cell, r.row)), floor_ms=low, wire_ms=wire, bound_ms=bound,
-                         step_over_bound=r.step_ms / bound if bound == bound else math.nan))
+                         step_over_bound=r.step_ms / bound if bound == bound else math.nan,
+                         round_mean_over_bound=r.round_mean_ms / bound if bound == bound
+                         else math.nan))
     return pd.DataFrame(rows).set_index(keys)
 
 
@@ -618,7 +625,8 @@ def main(argv=None):
     cols = ["model", "link", "ranks", "row", "step_ms", "median_ci_pct", "round_spread_pct",
             "rounds", "vs_stock_none",
             "vs_fastest", "forward_backward_ms", "communicate_ms", "codec_pct_of_fwd_bwd",
-            "bytes_per_step", "wire_ms", "bound_ms", "step_over_bound", "plan", "plan_predicted_ms"]
+            "bytes_per_step", "wire_ms", "bound_ms", "step_over_bound", "round_mean_ms",
+            "round_mean_over_bound", "plan", "plan_predicted_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     over = summary[~(summary.median_ci_pct <= args.target_spread)]
     print(f"[bench_step] rows whose median is known to worse than {args.target_spread:g}% "
