@@ -25,6 +25,13 @@ How a step goes, and why:
 - At world size 1 the compressor still runs (a serial bit8 run shows the quantisation's effect).
 - Ranks that disagree on the compressor, the route or the parameters fail at construction,
   on every rank, with a message naming the difference, instead of hanging in a collective.
+- schedule="overlap" (overlap.py says why): `step()` returns without waiting; each bucket's
+  parameters are updated when it is reduced, at the latest in the forward pre-hook of a module
+  that holds one of them, with the hyperparameters of step() time: the bits of the waiting
+  schedule. Whatever reads the parameters or the optimizer's state outside a forward first
+  sees every update applied: state_dict() (the model's and the optimizer's), load_state_dict(),
+  synchronize(), zero_grad() (deferred per bucket), close(), the next backward; `flush()` for
+  a read of your own.
 """
 import os
 import time
@@ -41,13 +48,21 @@ from .compressors import compressor_name
 from .exchange.base import wait_for
 from .exchange.memory import ResidualMemory
 from .exchange.routes import make_communicator
+from .overlap import ForwardGate, group_settings, step_subset, why_not_overlap, zero_grad_subset
 
 __all__ = ["DistributedOptimizer"]
 
 
+SCHEDULES = ("wait", "overlap")
+# The optimizer's own counters beside the communicator's (pop_stats says what they measure).
+OWN_STATS = ("step_interval_s", "forward_wait_s", "update_s")
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense):
+                 route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense,
+                 schedule="wait", model=None):
+        self._pending = {}                       # overlap: bucket index -> Exchange not applied
         super(self.__class__, self).__init__(params)
         self._params = _ordered_named_params(self.param_groups, named_parameters)
         self._compression = compression
@@ -86,6 +101,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             _check_ranks_agree(self._describe_setup())
         self._hooks = []
         _take_hooks(self)
+        self._pending_of = {}                    # id(parameter) -> its pending bucket
+        self._pending_step = None                # settings and times of the step they belong to
+        self._zero_pending = None                # a zero_grad(set_to_none) deferred to them
+        self._step_returned = None               # when step() last returned (step_s)
+        self._own_stats = dict.fromkeys(OWN_STATS, 0.0)
+        self._gate = None
+        self.schedule = self._choose_schedule(schedule, model)
+
+    def _choose_schedule(self, schedule, model):
+        """'overlap' where it can be had, else 'wait', said once (a warning)."""
+        if schedule == "wait":
+            return schedule
+        why = why_not_overlap(type(self))
+        if why is None and self._communicator.route is None:
+            why = "Compression.auto re-plans its buckets at the step boundary"
+        if why is not None:
+            warnings.warn(f"schedule='overlap' falls back to 'wait': {why}", stacklevel=4)
+            return "wait"
+        self._gate = ForwardGate(model, self._before_forward, self.flush)
+        prioritise = getattr(self._communicator, "prioritise", None)
+        if prioritise is not None and os.environ.get("HVD_COMPRESS_PRIORITY", "1") != "0":
+            prioritise(self._buckets)            # the front layers' buckets first on the wire
+        return schedule
 
     def _describe_setup(self):
         route = self._communicator.route
@@ -123,6 +161,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError(
                 "gradients were computed more than backward_passes_per_step times before "
                 "step(); raise backward_passes_per_step to accumulate more passes")
+        if self._pending:                        # a parameter whose module's forward did not run
+            self.flush()
         if p.grad is None or p.grad.is_sparse:   # left for synchronize(), which handles both
             return
         start = time.perf_counter()
@@ -162,6 +202,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         If a bucket failed to start in a gradient hook, or an exchange fails here, the error
         is raised (the real one) after what is still in flight has been waited for, and the
         optimizer is ready for the next step; this step's gradients are not exchanged."""
+        self.flush()
         if self._failure is not None:
             err, self._failure = self._failure, None
             self._abandon_step()
@@ -178,12 +219,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for the collectives still in flight (their results are dropped) and forget the
         step, so that the next backward starts afresh."""
         for exchange in self._in_flight.values():
-            try:
-                wait_for(exchange.handle)
-            except Exception:                    # its own error: the caller raises the first
-                pass
+            self._drop(exchange)
         self._reset_step()
         self._synchronized = False
+
+    def _drop(self, exchange):
+        """Wait for an abandoned exchange; its result and its own error are dropped (the caller
+        raises the first)."""
+        drop = getattr(self._communicator, "drop", None)
+        if drop is not None:
+            return drop(exchange)
+        try:
+            wait_for(exchange.handle)
+        except Exception:
+            pass
 
     def _synchronize(self):
         now = backward_end = time.perf_counter()
@@ -237,22 +286,184 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        try:
+            return self._step(closure)
+        finally:
+            # step to step, return to return: the waits of a step (in step() under "wait", in
+            # the next forward under "overlap") fall in the same interval as its compute
+            now = time.perf_counter()
+            if self._step_returned is not None:
+                self._own_stats["step_interval_s"] += now - self._step_returned
+            self._step_returned = now
+
+    def _step(self, closure):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called after optimizer.synchronize() without "
                               "optimizer.skip_synchronize(): gradients are exchanged twice.")
+            elif self.schedule == "overlap" and closure is None:
+                return self._step_overlap()
+            elif self.schedule == "overlap" and not getattr(self, "_said_closure", False):
+                self._said_closure = True
+                warnings.warn("schedule='overlap': a step with a closure needs the whole "
+                              "gradient at once; such steps wait for every bucket", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def pop_stats(self):
+    # ---- schedule="overlap" ---------------------------------------------------------------
+    def _step_overlap(self):
+        """Launch what backward left, note the step's settings and return: each bucket is
+        applied when it is reduced (_apply), at the latest when a forward needs it."""
+        self.flush()
+        if self._failure is not None:
+            self.synchronize()                   # raises it, as the waiting schedule does
+        now = time.perf_counter()
+        stats = self._communicator.stats
+        stats.add("overlap_s", sum(now - ex.launched for ex in self._in_flight.values()))
+        try:
+            for name, p in self._params:
+                if p not in self._arrived:       # no gradient, a sparse one, or an early step()
+                    self._put(p, self._final_grad(name, p))
+        except BaseException:
+            self._abandon_step()
+            raise
+        self._pending = dict(sorted(self._in_flight.items()))
+        self._pending_of = {id(p): b for b in self._pending for _, p in self._members[b]}
+        self._pending_step = (group_settings(self.param_groups), self._first_hook, now,
+                              self._first_launch, self._last_launch)
+        self._reset_step()
+        self._synchronized = False
+        self._progress_pending()
+        return None
+
+    def _progress_pending(self):
+        for exchange in self._pending.values():
+            self._communicator.progress(exchange)
+
+    def _before_forward(self, params):
+        """A module's forward pre-hook: apply the buckets that hold its own parameters."""
+        if not self._pending:
+            return
+        wanted = sorted({self._pending_of[id(p)] for p in params if id(p) in self._pending_of})
+        if not wanted:
+            return
+        start = time.perf_counter()
+        self._progress_pending()
+        for b in wanted:
+            self._apply(b)
+        self._own_stats["forward_wait_s"] += time.perf_counter() - start
+
+    def flush(self):
+        """Apply every pending update now (schedule="overlap"; nothing otherwise): call it
+        before reading parameters outside a forward by means that have no hook (p.data, a
+        norm of your own). state_dict(), synchronize(), zero_grad() and the next backward
+        call it, or apply what they need, themselves."""
+        if not self._pending:
+            return
+        self._communicator.advance(list(self._pending.values()))
+        for b in list(self._pending):
+            self._apply(b)
+
+    def _apply(self, b):
+        """Finish bucket b's exchange, put the reduced gradients in .grad, update its
+        parameters (the step's settings), zero their gradients if zero_grad() asked."""
+        exchange = self._pending.pop(b)
+        members = [p for _, p in self._members[b]]
+        try:
+            self._communicator.finish(exchange)
+        except BaseException as err:
+            self._abandon_pending()
+            err.add_note("hvd_compress: schedule='overlap' abandoned this step's pending "
+                         "updates; the optimizer is ready for the next step")
+            raise
+        bucket, stats = self._buckets[b], self._communicator.stats
+        with stats.timing("copy_s"):
+            for j, p in enumerate(members):
+                view = bucket.grad_view(j)
+                if view is not None:
+                    if p.grad is not view:
+                        p.grad = view
+                    continue
+                result = bucket.result(j)
+                if p.grad is None:
+                    p.grad = result.clone()
+                elif result is not p.grad:
+                    p.grad.copy_(result)
+        settings = self._pending_step[0]
+        start = time.perf_counter()
+        step_subset(self, super(self.__class__, self).step, members, settings)
+        self._own_stats["update_s"] += time.perf_counter() - start
+        for p in members:
+            del self._pending_of[id(p)]
+        if self._zero_pending is not None:
+            zero_grad_subset(self, super(self.__class__, self).zero_grad, members,
+                             self._zero_pending)
+        if not self._pending:
+            self._end_overlapped_step()
+
+    def _end_overlapped_step(self):
+        _, first_hook, backward_end, first_launch, last_launch = self._pending_step
+        stats = self._communicator.stats
+        if first_launch is not None:
+            stats.add("exchange_s", time.perf_counter() - first_launch)
+            stats.add("launch_span_s", last_launch - first_launch)
+        self._pending_step = self._zero_pending = None
+        self._communicator.end_step(first_hook, backward_end)
+
+    def _abandon_pending(self):
+        """Wait for the pending exchanges (their results dropped) and forget them."""
+        for exchange in self._pending.values():
+            self._drop(exchange)
+        self._pending, self._pending_of = {}, {}
+        self._pending_step = self._zero_pending = None
+
+    def zero_grad(self, set_to_none=True):
+        """As the wrapped optimizer's; under schedule="overlap" a pending bucket's gradients
+        (which its update still reads) are zeroed once it is applied."""
+        if not getattr(self, "_pending", None):
+            return super(self.__class__, self).zero_grad(set_to_none)
+        self._zero_pending = set_to_none
+        done = [p for group in self.param_groups for p in group["params"]
+                if id(p) not in self._pending_of]
+        zero_grad_subset(self, super(self.__class__, self).zero_grad, done, set_to_none)
+
+    def state_dict(self):
+        self.flush()
+        return super(self.__class__, self).state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.flush()
+        return super(self.__class__, self).load_state_dict(state_dict)
+
+    def pop_stats(self, link_bits_per_s=None):
         """The counters since the previous call (roles.Stats says what each measures):
         copy_s, compress_s, communicate_s, decompress_s, bytes_sent, overlap_s, in_backward_s,
         exchange_s, launch_span_s, and the codec_path. exchange_s is what the cost model
         predicts (first launch to last reduced gradient, overlapped with backward or not);
         copy_s, compress_s and decompress_s include work done in gradient hooks during
-        backward, which in_backward_s measures (subtract it from a timing of backward)."""
-        return self._communicator.pop_stats()
+        backward, which in_backward_s measures (subtract it from a timing of backward).
+
+        How far the step is from what the machine and the link allow (issue 46), from a
+        second step() on: step_s, the time between step()'s returns since the last pop;
+        compute_s, the job's own work in it (step_s less the time it waited for the exchange,
+        communicate_s, in step() or in a forward: the compute floor); with the link's rate
+        (`link_bits_per_s`, e.g. 1e8 for 100 Mbit/s), wire_s (bytes_sent at that rate),
+        bound_s = max(compute_s, wire_s) and step_over_bound. Under schedule="overlap" also
+        forward_wait_s (the forward pre-hooks: waits, decodes and updates) and update_s (the
+        wrapped optimizer's updates)."""
+        stats = self._communicator.pop_stats()
+        own, self._own_stats = self._own_stats, dict.fromkeys(OWN_STATS, 0.0)
+        if own["step_interval_s"] > 0:
+            stats["step_s"] = own["step_interval_s"]
+            stats["compute_s"] = own["step_interval_s"] - stats.get("communicate_s", 0.0)
+            if link_bits_per_s:
+                stats["wire_s"] = 8 * stats.get("bytes_sent", 0) / float(link_bits_per_s)
+                stats["bound_s"] = max(stats["compute_s"], stats["wire_s"])
+                stats["step_over_bound"] = stats["step_s"] / stats["bound_s"]
+        if self.schedule == "overlap":
+            stats.update(forward_wait_s=own["forward_wait_s"], update_s=own["update_s"])
+        return stats
 
     def plan_report(self):
         """Compression.auto: the plan (a label per bucket), its predicted and measured step,
@@ -273,6 +484,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def close(self):
         """Remove this optimizer's gradient hooks (step() still exchanges every gradient, at
         synchronize(), without overlapping backward). Also `with hc.DistributedOptimizer(...)`."""
+        self.flush()
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
+            self.schedule = "wait"
+            if callable(getattr(self._communicator, "close", None)):
+                self._communicator.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -300,6 +518,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elastic training does when the ranks change (labs/elastic.py says why)."""
         if self._memory is not None:
             self._memory.load_state_dict({})
+        self._abandon_pending()
         self._communicator.reset_state()
         self._reset_step()
         self._synchronized = False
@@ -383,7 +602,8 @@ def _short(value, limit=200):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=hvd.Average, route=None,
                          error_feedback=None, fusion_threshold_bytes=None,
-                         sparse_as_dense=False, scale_block=SCALE_BLOCK):
+                         sparse_as_dense=False, scale_block=SCALE_BLOCK, schedule="wait",
+                         model=None):
     """Wrap `optimizer` so that `step()` first averages (or sums) gradients across ranks.
 
     compression: Compression.none | .fp16 (Horovod's, by allreduce) | .bit16 | .bit8 | .int8 |
@@ -402,13 +622,24 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         one scale per tensor and no fusion, the course's per-tensor packets, bit for bit.
     backward_passes_per_step: gradients of that many backward passes accumulate locally and are
         exchanged once, after the last (as in Horovod: summed, not averaged, over passes).
+    schedule: "wait" (step() waits for every bucket, then updates) or "overlap" (step()
+        returns at once; each bucket's parameters are updated when it is reduced, and a
+        module's forward waits for its own: docs/performance.md); "overlap" needs `model`, and
+        falls back to "wait", with a warning, for an optimizer not known to update each
+        parameter from its own gradient alone (overlap.ELEMENTWISE) and for Compression.auto.
     """
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("hvd_compress.DistributedOptimizer supports op=hvd.Average or hvd.Sum; "
                          "use hvd.DistributedOptimizer for Adasum")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if schedule == "overlap" and not isinstance(model, torch.nn.Module):
+        raise ValueError("schedule='overlap' needs model=, the torch.nn.Module whose parameters "
+                         f"these are (its forward waits per layer), got {type(model).__name__}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, int(backward_passes_per_step),
-               op, route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense)
+               op, route, error_feedback, fusion_threshold_bytes, scale_block, sparse_as_dense,
+               schedule, model)

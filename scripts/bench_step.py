@@ -11,6 +11,13 @@ ours:auto, the per-bucket plan the optimizer measures and chooses itself (Compre
 docs/planner.md) -- trains its own copy of the model on the same synthetic MNIST-shaped batches,
 in interleaved rounds, so every ratio is measured in the same run on the same machine state.
 
+Rows beyond the grid's (--rows): `local`, the same model trained with no exchange (forward,
+backward and the optimizer's update: the compute floor), and `ours:SCHEME[:ROUTE]+overlap`,
+the optimizer with schedule="overlap" (a bucket's parameters updated as it arrives, the next
+forward waiting per layer). With a local row, summary.csv gives every row its bound (issue 46):
+bound_ms = max(floor_ms, the local row's step; wire_ms, the row's bytes a step at the link's
+rate, none over loopback) and step_over_bound.
+
 Links: loopback; 1gbit and 100mbit; 10mbit, a cross-site link, where the basic net's float32
 step takes ~4 s at 2 ranks and compression has the most to win.
 
@@ -60,6 +67,8 @@ from pathlib import Path
 ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",
         "ours:bit8:allgather", "ours:bit8:alltoall", "ours:auto"]
 AUTO_ROW = "ours:auto"
+LOCAL_ROW = "local"       # the same model, forward + backward + update, no exchange: the floor
+OVERLAP = "+overlap"      # a row of ours with schedule="overlap" (updates as buckets arrive)
 STOCK_ROWS = ("stock:none", "stock:fp16")     # Horovod's own optimizer and compressions
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
 SPLIT = ["forward_backward_ms", "copy_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
@@ -84,14 +93,16 @@ def known_rows():
         rows.append(f"ours:{entry.name}")
         if len(entry.routes) > 1:
             rows += [f"ours:{entry.name}:{route.value}" for route in entry.routes]
-    return rows + [AUTO_ROW]
+    rows += [AUTO_ROW]
+    overlapped = [r + OVERLAP for r in rows if r.startswith("ours:") and r != AUTO_ROW]
+    return rows + overlapped + [LOCAL_ROW]
 
 
 def row_compression(row):
     """(compression, route) of a fixed row of ours: the scheme's registry entry, a method at its
     default parameter (top-k's ratio, PowerSGD's rank)."""
     from hvd_compress import registry
-    _, name, *route = row.split(":")
+    _, name, *route = row.removesuffix(OVERLAP).split(":")
     entry = registry.scheme(name)
     compression = entry.load()
     if entry.parameter is not None:
@@ -197,6 +208,8 @@ def make_optimizer(row, model, trial_steps=0):
     import hvd_compress as hc
     from labs.kit.flags import auto_compression
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    if row == LOCAL_ROW:
+        return sgd
     who, scheme, *_ = row.split(":")
     if who == "stock":
         return hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
@@ -205,8 +218,18 @@ def make_optimizer(row, model, trial_steps=0):
         compression, route = auto_compression()(trial_steps=trial_steps), None
     else:
         compression, route = row_compression(row)
+    overlap = {"schedule": "overlap", "model": model} if row.endswith(OVERLAP) else {}
     return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                   compression=compression, route=route)
+                                   compression=compression, route=route, **overlap)
+
+
+def stock_bytes_sent(row, model, n):
+    """Bytes a rank sends a step under Horovod's own optimizer (ring allreduce of float32 or
+    float16), the communicators' count (routes.horovod_bytes_sent); 0 for the local row."""
+    if row == LOCAL_ROW:
+        return 0
+    item = 2 if row == "stock:fp16" else 4
+    return sum(2 * (n - 1) * p.numel() * item // n for p in model.parameters())
 
 
 def plan_fields(row, stats):
@@ -236,13 +259,17 @@ def worker(args):
     data = [(torch.randn(args.batch_size, 1, 28, 28, generator=g),
              torch.randint(0, 10, (args.batch_size,), generator=g)) for _ in range(4)]
 
-    def step(model, opt, i):
+    def step(model, opt, i, last=False):
         x, y = data[i % len(data)]
         t0 = time.perf_counter()
         opt.zero_grad()
         F.nll_loss(model(x), y).backward()
         t1 = time.perf_counter()
         opt.step()
+        if last and hasattr(opt, "flush"):
+            # schedule="overlap": the round's last step waits for its own updates, so that no
+            # row's exchange runs on into the other rows' turns uncounted
+            opt.flush()
         t2 = time.perf_counter()
         return t0, t1, t2, opt.pop_stats() if hasattr(opt, "pop_stats") else {}
 
@@ -273,6 +300,8 @@ def worker(args):
     out = open(args.csv, "a", newline="") if rank == 0 else None
     writer = csv.writer(out) if out else None
     times = {row: ([], []) for row in rows}          # rank 0's step_ms and rounds, per row
+    bytes_of = {row: stock_bytes_sent(row, model, n) for row, (model, _) in rows.items()
+                if row == LOCAL_ROW or row in STOCK_ROWS}
     rnd = 0
     while True:                                     # round 0 warms every row up
         for row, (model, opt) in rows.items():
@@ -286,8 +315,9 @@ def worker(args):
             # would read the whole round into its next step and re-plan on drift not there)
             if hasattr(opt, "pause_step_clock"):     # ours (stock Horovod's has none)
                 opt.pause_step_clock()
-            for i in range(args.per_round if rnd else args.warmup):
-                t0, t1, t2, stats = step(model, opt, i)
+            count = args.per_round if rnd else args.warmup
+            for i in range(count):
+                t0, t1, t2, stats = step(model, opt, i, last=i == count - 1)
                 if rnd and writer:
                     plan = plan_fields(row, stats)
                     writer.writerow([args.model, args.link, n, row, rnd, i, 1e3 * (t2 - t0),
@@ -295,7 +325,8 @@ def worker(args):
                                      *(1e3 * stats.get(k, math.nan) for k in (
                                          "copy_s", "compress_s", "communicate_s", "decompress_s",
                                          "overlap_s")),
-                                     stats.get("bytes_sent", math.nan), *plan.values()])
+                                     stats.get("bytes_sent", bytes_of.get(row, math.nan)),
+                                     *plan.values()])
                     times[row][0].append(1e3 * (t2 - t0))
                     times[row][1].append(rnd)
         if rank == 0:
@@ -360,6 +391,10 @@ def summarise(steps, calibration=None):
                                    for _, g in groups]
     summary["median_ci_pct"] = [median_ci_pct(g.step_ms.tolist(), g["round"].tolist())
                                 for _, g in groups]
+    # the median over rounds of each round's mean step: counts each exchange once where a step's
+    # exchange runs on into the next (schedule="overlap": a round's first step starts with
+    # nothing pending, its last waits for its own updates), which the median of steps does not
+    summary["round_mean_ms"] = [g.groupby("round").step_ms.mean().median() for _, g in groups]
     # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
     # of forward+backward, medians over the row's steps
     codec = (steps.compress_ms + steps.decompress_ms).groupby(
@@ -373,7 +408,7 @@ def summarise(steps, calibration=None):
         summary[f"vs_{base.replace(':', '_')}"] = [
             s / ref.get(tuple(k), math.nan) for s, k in zip(summary.step_ms, summary[CELL].values)]
     # the fastest fixed row of each cell (stock or ours, any scheme; auto is what is judged)
-    fixed = summary[summary.row != AUTO_ROW]
+    fixed = summary[~summary.row.isin([AUTO_ROW, LOCAL_ROW])]
     fastest = fixed.loc[fixed.groupby(CELL, sort=False).step_ms.idxmin()].set_index(CELL)
     cells = [tuple(k) for k in summary[CELL].values]
     summary["fastest_row"] = [fastest.row.get(k, "") for k in cells]
@@ -387,6 +422,7 @@ def summarise(steps, calibration=None):
                   for k, row in zip(cells, summary.row)]
         summary[name], summary[f"{name}_lo"], summary[f"{name}_hi"] = (
             [p[i] for p in paired] for i in range(3))
+    summary = summary.join(bounds(summary), on=keys)
     if calibration is not None and len(calibration):
         summary = summary.merge(calibration[keys + ["auto_warmup_steps", "auto_warmup_s",
                                                     "calibration_s", "auto_outcome"]],
@@ -395,6 +431,37 @@ def summarise(steps, calibration=None):
         summary = summary.assign(auto_warmup_steps=math.nan, auto_warmup_s=math.nan,
                                  calibration_s=math.nan, auto_outcome="")
     return summary
+
+
+def link_rate(link):
+    """The cell's link in bits a second (netem's reading of its rate), None for loopback (no
+    emulated link: its wire time is not counted)."""
+    from labs.netem.links import parse_rate
+    return parse_rate(LINKS[link]) if LINKS.get(link) else None
+
+
+def bounds(summary):
+    """Per row, what the machine and the link allow (issue 46): floor_ms, the local row's median
+    step in the cell (forward, backward and the update, no exchange); wire_ms, the row's bytes
+    a step at the cell's link rate (none over loopback); bound_ms = max(floor, wire) and
+    step_over_bound, the row's median step over it, round_mean_over_bound its round_mean_ms
+    over it (the one to read for an overlapped row; NaN without a local row)."""
+    import pandas as pd
+    keys = CELL + ["row"]
+    floor = summary[summary.row == LOCAL_ROW].set_index(CELL)["step_ms"]
+    rows = []
+    for _, r in summary.iterrows():
+        cell = tuple(r[k] for k in CELL)
+        rate = link_rate(r.link)
+        wire = 8e3 * r.bytes_per_step / rate if rate and r.bytes_per_step == r.bytes_per_step \
+            else 0.0
+        low = floor.get(cell, math.nan)
+        bound = max(low, wire) if low == low else math.nan
+        rows.append(dict(zip(keys, (*cell, r.row)), floor_ms=low, wire_ms=wire, bound_ms=bound,
+                         step_over_bound=r.step_ms / bound if bound == bound else math.nan,
+                         round_mean_over_bound=r.round_mean_ms / bound if bound == bound
+                         else math.nan))
+    return pd.DataFrame(rows).set_index(keys)
 
 
 def plan_summary(steps, keys):
@@ -440,7 +507,7 @@ def plot(summary, path, title=None):
             base = frame.step_ms / frame.vs_stock_none
             spread = [(frame.step_ms - frame.step_p10_ms) / base, (frame.step_p90_ms - frame.step_ms) / base]
             colors = ["#999" if r.startswith("stock") else "#ff7f0e" if r == AUTO_ROW
-                      else "#1f77b4" for r in frame.row]
+                      else "#2ca02c" if r == LOCAL_ROW else "#1f77b4" for r in frame.row]
             ax.bar(range(len(frame)), frame.vs_stock_none, color=colors, yerr=spread, capsize=2)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_xticks(range(len(frame)), [r.replace("ours:", "") for r in frame.row],
@@ -558,7 +625,8 @@ def main(argv=None):
     cols = ["model", "link", "ranks", "row", "step_ms", "median_ci_pct", "round_spread_pct",
             "rounds", "vs_stock_none",
             "vs_fastest", "forward_backward_ms", "communicate_ms", "codec_pct_of_fwd_bwd",
-            "plan", "plan_predicted_ms"]
+            "bytes_per_step", "wire_ms", "bound_ms", "step_over_bound", "round_mean_ms",
+            "round_mean_over_bound", "plan", "plan_predicted_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     over = summary[~(summary.median_ci_pct <= args.target_spread)]
     print(f"[bench_step] rows whose median is known to worse than {args.target_spread:g}% "

@@ -105,6 +105,7 @@ SUITE = {
     "auto_checks": FOUR_ON_MPI,
     "exchange_checks": [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)],
     "exchange_optimizer": FOUR,      # not at 3 ranks: nothing in it depends on the world size
+    "overlap_checks": [("gloo", 2)],  # schedule="overlap" against "wait", every scheme
     # the same buckets as the DDP hook's (tests/test_ddp.py compares the digests)
     "engine_digests": [("gloo", 2), ("gloo", 4)],
     # last: it registers plugin schemes (e5m2, e2m1: docs/examples) in the ranks' registry

@@ -209,6 +209,64 @@ def test_summary_ratios_spread_plan_and_calibration():
     assert math.isnan(summary.loc[("loopback", "ours:auto"), "calibration_s"])
 
 
+def test_step_over_bound_by_hand():
+    """The bound of a row is max(the cell's local step, its bytes at the link rate): at 10
+    Mbit/s 100 kB a step take 80 ms on the wire, more than the local row's 50 ms floor; over
+    loopback no wire time is counted, the floor is the bound. The local row is no contender
+    for the fastest row."""
+    rows = []
+    for link, cell in (("10mbit", {"local": (50, 0), "ours:bit8:allgather": (120, 100_000),
+                                   "ours:bit8:allgather+overlap": (88, 100_000)}),
+                       ("loopback", {"local": (40, 0), "stock:none": (60, 400_000)})):
+        for row, (ms, sent) in cell.items():
+            for i in range(4):
+                rows.append({"model": "basic", "link": link, "ranks": 2, "row": row,
+                             "round": 1 + i // 2, "step": i % 2, "step_ms": ms,
+                             "forward_backward_ms": 1.0, "copy_ms": 0, "compress_ms": 0,
+                             "communicate_ms": 0, "decompress_ms": 0, "overlap_ms": 0,
+                             "bytes_sent": sent, "plan": "", "plan_predicted_ms": math.nan,
+                             "plan_measured_ms": math.nan, "plan_event": ""})
+    summary = bench.summarise(pd.DataFrame(rows, columns=bench.STEP_COLUMNS)).set_index(
+        ["link", "row"])
+    bit8 = summary.loc[("10mbit", "ours:bit8:allgather")]
+    assert (bit8.floor_ms, bit8.wire_ms, bit8.bound_ms) == (50, pytest.approx(80), pytest.approx(80))
+    assert bit8.step_over_bound == pytest.approx(1.5)
+    assert summary.loc[("10mbit", "ours:bit8:allgather+overlap"), "step_over_bound"] == pytest.approx(1.1)
+    assert summary.loc[("10mbit", "local"), "step_over_bound"] == 1.0
+    stock = summary.loc[("loopback", "stock:none")]
+    assert (stock.wire_ms, stock.bound_ms, stock.step_over_bound) == (0, 40, 1.5)
+    assert summary.loc[("10mbit", "local"), "fastest_row"] == "ours:bit8:allgather+overlap"
+
+
+def test_round_mean_counts_each_exchange_once():
+    """An overlapped row whose rounds run 20, 60 and 220 ms (nothing pending at a round's start,
+    its own flush at its end): its median step is 60 ms, the median of its round means 100 ms,
+    1.25 of a bound of 80 ms (100 kB at 10 Mbit/s over a 50 ms floor)."""
+    rows = []
+    for row, values, sent in (("local", [50] * 6, 0),
+                              ("ours:bit8:allgather+overlap", [20, 60, 220] * 2, 100_000)):
+        for i, ms in enumerate(values):
+            rows.append({"model": "basic", "link": "10mbit", "ranks": 2, "row": row,
+                         "round": 1 + i // 3, "step": i % 3, "step_ms": ms,
+                         "forward_backward_ms": 1.0, "copy_ms": 0, "compress_ms": 0,
+                         "communicate_ms": 0, "decompress_ms": 0, "overlap_ms": 0,
+                         "bytes_sent": sent, "plan": "", "plan_predicted_ms": math.nan,
+                         "plan_measured_ms": math.nan, "plan_event": ""})
+    summary = bench.summarise(pd.DataFrame(rows, columns=bench.STEP_COLUMNS)).set_index("row")
+    row = summary.loc["ours:bit8:allgather+overlap"]
+    assert row.step_ms == 60 and row.round_mean_ms == pytest.approx(100)
+    assert row.step_over_bound == pytest.approx(60 / 80)
+    assert row.round_mean_over_bound == pytest.approx(100 / 80)
+
+
+def test_the_local_and_overlap_rows_are_known():
+    rows = bench.known_rows()
+    assert bench.LOCAL_ROW in rows and "ours:bit8:allgather+overlap" in rows
+    assert "stock:none+overlap" not in rows and "ours:auto+overlap" not in rows
+    assert bench.parse_args(["--rows", "local,ours:bit8+overlap"]).rows == [
+        "local", "ours:bit8+overlap"]
+
+
 def test_summary_keeps_a_replanned_rows_last_prediction_apart():
     """A row re-planned in its timed steps: plan_predicted_ms is the median over them (900,
     990 and the new plan's 1200), plan_last_predicted_ms the last plan's own."""

@@ -33,6 +33,7 @@ from ..engine.base import AVERAGE
 from ..roles import FP16Compressor, PacketCompressor
 from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
+from .sender import ChunkedHandle, Sender, chunk_count
 
 __all__ = ["make_communicator", "route_of", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
@@ -149,23 +150,93 @@ class _PacketBase(_Base):
 
 
 class AllgatherCommunicator(_PacketBase):
-    """Gather every rank's bucket message; decode and sum all n in one pass (the course's design)."""
+    """Gather every rank's bucket message; decode and sum all n in one pass (the course's design).
+
+    With priorities (prioritise(), schedule="overlap"): a bucket the next forward needs late
+    and that is larger than what it needs first is cut into chunks on scale-block boundaries,
+    each gathered on its own through a Sender (exchange/sender.py), so the front buckets,
+    launched directly, are not queued behind all of it. The codes are the same (a chunk's
+    segment of the message is the message of its values), so are the bits."""
     route = Route.ALLGATHER
+    sender = None
+    _chunking = {}
+
+    def prioritise(self, buckets):
+        """Buckets in backward order (last layer first, the forward needs the last first):
+        choose each one's chunks (sender.chunk_count from the bytes of the buckets after it)
+        and start sending chunks by priority. Only with block scales (a chunk's own scales)."""
+        if self.scale_block is None or self.engine.size() == 1:
+            return
+        sizes = [self.compression.message_bytes(b.numel, self._block(b.numel)) for b in buckets]
+        self._chunking = {}
+        for i, bucket in enumerate(buckets):
+            count = chunk_count(sizes[i], sum(sizes[i + 1:]))
+            if count > 1:
+                self._chunking[bucket.name] = (i, count)
+        if self._chunking and self.sender is None:
+            self.sender = Sender(self.engine)
+
+    def drop(self, exchange):
+        """Wait for an abandoned exchange, its result dropped (its own error too)."""
+        handles = (exchange.handle.tickets if isinstance(exchange.handle, ChunkedHandle)
+                   else [exchange.handle])
+        for handle in handles:
+            try:
+                self.sender.wait(handle) if isinstance(exchange.handle, ChunkedHandle) \
+                    else wait_for(handle, self.engine)
+            except Exception:
+                pass
+
+    def close(self):
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        self._chunking = {}
 
     def start(self, bucket, memory=None):
+        if bucket.name in self._chunking and self.sender is not None:
+            return self._start_chunked(bucket, memory, *self._chunking[bucket.name])
         with self.stats.timing("compress_s"):
             message, _ = self._encode(bucket, [(0, bucket.numel)], memory)
         handle = self.engine.allgather_async(message, self._tag(bucket.name))
         self.stats.add("bytes_sent", (self.engine.size() - 1) * message.numel())
         return Exchange(bucket, handle)
 
+    def _start_chunked(self, bucket, memory, priority, count):
+        pieces = bucket.cached(("pieces", count, self.scale_block), lambda: chunk_bounds(
+            bucket.numel, count, self.scale_block))
+        pieces = [(a, b) for a, b in pieces if b > a]
+        with self.stats.timing("compress_s"):
+            message, sizes = self._encode(bucket, pieces, memory)
+        tickets, offset = [], 0
+        for k, size in enumerate(sizes):
+            segment = message[offset:offset + size]
+            offset += size
+            name = self._tag(f"{bucket.name}.c{k}of{len(sizes)}")
+            tickets.append(self.sender.submit(priority, lambda segment=segment, name=name:
+                                              self.engine.allgather_async(segment, name)))
+        self.stats.add("bytes_sent", (self.engine.size() - 1) * message.numel())
+        return Exchange(bucket, ChunkedHandle(tickets), (pieces, sizes))
+
     def finish(self, exchange):
         bucket, n = exchange.bucket, self.engine.size()
+        if isinstance(exchange.handle, ChunkedHandle):
+            return self._finish_chunked(exchange)
         with self.stats.timing("communicate_s"):
             gathered = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):
             self.compression.decode_messages(gathered.view(n, -1), bucket.numel, bucket.buffer,
                                              self._block(bucket.numel), self._divisor(n))
+
+    def _finish_chunked(self, exchange):
+        bucket, n = exchange.bucket, self.engine.size()
+        pieces, _ = exchange.ctx
+        for ticket, (a, b) in zip(exchange.handle.tickets, pieces):
+            with self.stats.timing("communicate_s"):
+                gathered = self.sender.wait(ticket)
+            with self.stats.timing("decompress_s"):
+                self.compression.decode_messages(gathered.view(n, -1), b - a, bucket.buffer[a:b],
+                                                 self._block(b - a), self._divisor(n))
 
 
 

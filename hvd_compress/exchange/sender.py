@@ -1,0 +1,124 @@
+"""Priority on the wire: the chunks of a large bucket wait here and go to the engine a few at a
+time, so that a bucket the next forward needs first is not queued behind all of them.
+
+Why: Horovod's background thread serves collectives first come, first served, and one
+collective holds the wire until it is done. Backward produces the last layers' gradients first,
+so a large late-layer bucket (the basic net's fc1: 98% of its bytes) is on the wire when the
+front layers' small buckets are ready, and the next forward's first layers wait for all of it.
+Cut into chunks that are handed to Horovod at most `depth` at a time, it lets a front bucket,
+launched directly, in after at most `depth` chunks (P3, SysML'19; ByteScheduler, SOSP'19).
+
+A thread of this module's own launches the next chunk when one completes (polling with
+sleeps, never spinning), so the wire stays busy while the main thread computes a layer; the
+main thread waits for a chunk by its ticket. Chunks are served by priority (the bucket the
+forward needs first: the larger bucket index, launched later in backward), then in order.
+"""
+import heapq
+import itertools
+import threading
+import time
+
+__all__ = ["Sender", "Ticket", "ChunkedHandle", "chunk_count", "MIN_CHUNK_BYTES", "DEPTH"]
+
+# Each chunk is a collective of its own, with Horovod's negotiation round before it: measured
+# on a 2-core Xeon over an emulated 100 Mbit/s link, 2 ranks, a 1.22 MB allgather took 105-112
+# ms whole, the same in 4 or 8 chunks and 117-127 ms in 16 (a small allgather: 3.6 ms there).
+MIN_CHUNK_BYTES = 128 << 10
+MAX_CHUNKS = 8
+DEPTH = 2                       # chunks handed to the engine at once: one on the wire, one next
+POLL_S = 0.0005
+
+
+def chunk_count(bucket_bytes, front_bytes):
+    """How many chunks a bucket of `bucket_bytes` (its message) is cut into, when the buckets
+    the next forward needs before it hold `front_bytes`: chunks of about twice the front
+    buckets' bytes (a front bucket then waits behind at most a chunk or two of its own size
+    or so), at least MIN_CHUNK_BYTES, at most MAX_CHUNKS; 1 (not cut) where nothing is needed
+    before it or the bucket is not larger than a chunk. A pure function of the bucket layout,
+    so every rank cuts alike."""
+    if front_bytes <= 0 or bucket_bytes <= 0:
+        return 1
+    chunk = max(MIN_CHUNK_BYTES, 2 * front_bytes)
+    return int(max(1, min(MAX_CHUNKS, -(-bucket_bytes // chunk))))
+
+
+class Ticket:
+    """One queued launch: its handle once launched; done once the engine has it complete."""
+    __slots__ = ("launch", "handle", "error", "done")
+
+    def __init__(self, launch):
+        self.launch, self.handle, self.error = launch, None, None
+        self.done = threading.Event()
+
+
+class ChunkedHandle:
+    """The tickets of one bucket's chunks (an Exchange's handle on the chunked route)."""
+    __slots__ = ("tickets",)
+
+    def __init__(self, tickets):
+        self.tickets = tickets
+
+
+class Sender:
+    """Launch queued collectives by priority, at most `depth` in flight on the engine."""
+
+    def __init__(self, engine, depth=DEPTH):
+        self.engine, self.depth = engine, depth
+        self._queue, self._in_flight = [], []
+        self._order = itertools.count()
+        self._lock = threading.Condition()
+        self._thread = None
+        self._closed = False
+
+    def submit(self, priority, launch):
+        """Queue `launch()` (returns an engine handle); larger priority first. A Ticket."""
+        ticket = Ticket(launch)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("hvd_compress: the sender was closed")
+            heapq.heappush(self._queue, (-priority, next(self._order), ticket))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hvdc-sender", daemon=True)
+                self._thread.start()
+            self._lock.notify()
+        return ticket
+
+    def wait(self, ticket):
+        """The result of the ticket's collective (engine.wait), once it is complete."""
+        ticket.done.wait()
+        if ticket.error is not None:
+            raise ticket.error
+        return self.engine.wait(ticket.handle)
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+
+    def _run(self):
+        while True:
+            with self._lock:
+                while not self._closed and not self._queue and not self._in_flight:
+                    self._lock.wait()
+                if self._closed and not self._queue and not self._in_flight:
+                    return
+                still = []
+                for ticket in self._in_flight:
+                    try:
+                        finished = self.engine.poll(ticket.handle)
+                    except Exception as err:     # the engine's own error, for wait() to raise
+                        ticket.error, finished = err, True
+                    if finished:
+                        ticket.done.set()
+                    else:
+                        still.append(ticket)
+                self._in_flight = still
+                while self._queue and len(self._in_flight) < self.depth:
+                    _, _, ticket = heapq.heappop(self._queue)
+                    try:
+                        ticket.handle = ticket.launch()
+                        self._in_flight.append(ticket)
+                    except Exception as err:
+                        ticket.error = err
+                        ticket.done.set()
+            time.sleep(POLL_S)

@@ -1,0 +1,67 @@
+"""DistributedOptimizer's schedule="overlap" on 2 real ranks (Gloo; tests/workers/overlap_checks.py
+in the shared job, tests/hvdrun.py): bit-identical to schedule="wait" for every registered scheme,
+updates applied by the forward that needs them or by state_dict(), and the fallbacks."""
+import pytest
+
+from hvd_compress import registry
+from hvdrun import across_ranks, passed_checks
+
+pytestmark = pytest.mark.multiprocess
+
+
+@across_ranks("overlap_checks")
+def test_overlap_is_bit_identical_to_waiting(controller, np, request):
+    names = set(passed_checks(request))
+    for entry in registry.schemes().values():
+        for route in entry.routes:
+            label = f"overlap.{entry.name}.{route.value}.sgd"
+            if f"{entry.name}.{route.value}" == "int8.alltoall":    # not repeatable waiting
+                assert {f"{label}.finite", f"{label}.same_on_all_ranks"} <= names
+            else:
+                assert f"{label}.bit_identical_to_wait" in names
+    for label in ("none.allreduce", "bit8.allgather", "bit16.alltoall"):
+        assert {f"overlap.{label}.adam.bit_identical_to_wait",
+                f"overlap.{label}.adamw.bit_identical_to_wait",
+                f"overlap.{label}.zero_grad_in_place.bit_identical_to_wait"} <= names
+    assert {"overlap.step_returns_with_buckets_pending", "overlap.step_moves_no_parameter",
+            "overlap.forward_applies_its_own_buckets_only",
+            "overlap.state_dict_applies_every_update",
+            "overlap.applied_early_bit_identical_to_wait"} <= names
+    for schedule in ("wait", "overlap"):              # the bound as a number
+        assert {f"overlap.pop_stats.{schedule}.{what}" for what in (
+            "first_step_has_no_interval", "floor_under_step", "wire_of_bytes_sent",
+            "step_over_bound")} <= names
+    for label in ("bit8", "int8"):        # priority on the wire: chunks, same bits
+        assert {f"overlap.priority.{label}.large_bucket_chunked",
+                f"overlap.priority.{label}.chunked_bit_identical_to_wait"} <= names
+
+
+@across_ranks("overlap_checks")
+def test_overlap_falls_back_to_waiting_and_says_so(controller, np, request):
+    names = set(passed_checks(request))
+    assert {"overlap.fallback.unknown_optimizer_said_once",
+            "overlap.fallback.unknown_optimizer_bit_identical_to_wait",
+            "overlap.fallback.closure_said_once", "overlap.fallback.closure_bit_identical_to_wait",
+            "overlap.fallback.auto_waits", "overlap.without_model_refused_clearly"} <= names
+
+
+def test_a_rank_that_dies_mid_step_makes_the_next_forward_raise_not_hang(tmp_path):
+    """Rank 1 leaves after its forward; rank 0 raises Horovod's error within seconds (in
+    backward or step() where its launches fail, else in the next forward, which waits for
+    the buckets) and leaves the optimizer with nothing pending
+    (tests/workers/overlap_dying_rank.py)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from labs.kit.launch import horovodrun_command, launch_env
+    script = ROOT / "tests" / "workers" / "overlap_dying_rank.py"
+    cmd = horovodrun_command(2, [sys.executable, str(script), str(tmp_path)], "gloo",
+                             cached_build_check=True)
+    env = launch_env()
+    env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "60"
+    subprocess.run(cmd, env=env, cwd=ROOT, timeout=240, capture_output=True)
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["outcome"] == "raised" and "Horovod" in result["error"], result
+    assert result["seconds"] < 60 and result["pending_after"] == 0, result
