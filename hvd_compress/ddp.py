@@ -145,11 +145,16 @@ class HookState:
                 self._first_hook = time.perf_counter()
             layout = self._layout(grad_bucket, buffer)
             comm, exchanges = self.communicator, []
+            memory = self.memory if comm.takes_memory else None
+            start_group = getattr(comm, "start_group", None)   # PowerSGD: a bucket at once
             for members, bucket in zip(layout.members, layout.buckets):
                 with comm.stats.timing("copy_s"):
                     for j, view in enumerate(members):
                         bucket.put(j, view)
-                exchanges.append(comm.start(bucket, self.memory if comm.takes_memory else None))
+                if start_group is None:
+                    exchanges.append(comm.start(bucket, memory))
+            if start_group is not None:
+                exchanges.append(start_group(layout.buckets, memory))
             if self.decode_in_callback and isinstance(comm, _ONE_PHASE):
                 future = torch.futures.collect_all(
                     [self.engine.future(ex.handle) for ex in exchanges]).then(
@@ -168,9 +173,10 @@ class HookState:
     def _finish(self, layout, exchanges, buffer):
         """Write one DDP bucket's reduced values into its buffer; the buffer."""
         comm = self.communicator
-        for (members, bucket), ex in zip(zip(layout.members, layout.buckets), exchanges):
+        for ex in exchanges:
             comm.finish(ex)
-            with comm.stats.timing("copy_s"):
+        with comm.stats.timing("copy_s"):
+            for members, bucket in zip(layout.members, layout.buckets):
                 for j, view in enumerate(members):
                     result = bucket.result(j)
                     if result is not view:
@@ -263,7 +269,8 @@ class HookState:
     def _rebind(self, layout, buffer):
         """DDP may hand a new buffer object for the same layout: point the views at it."""
         first = layout.members[0][0]
-        if first.data_ptr() == buffer.data_ptr() and len(layout.members) == 1:
+        if first.data_ptr() == buffer.data_ptr():
+            # the same buffer (the views hold its storage: no other can have its address)
             return layout
         if len(layout.members) == 1:
             layout.members = [[buffer]]

@@ -5,6 +5,7 @@ and the same run records, so the lab's table can have a DDP column.
     torchrun --nproc-per-node 2 labs/ddp_mnist.py                     # DDP's own allreduce
     torchrun --nproc-per-node 2 labs/ddp_mnist.py --bit8-allreduce    # hvd_compress's hook
     torchrun --nproc-per-node 4 labs/ddp_mnist.py --bit16-allreduce --route allgather
+    torchrun --nproc-per-node 2 labs/ddp_mnist.py --ddp-powersgd 1    # DDP's own PowerSGD hook
 
 labs/mnist.py is the course's page (Horovod); this is its twin on torch.distributed (Gloo on
 the CPU, NCCL with --cuda GPUs), in as few lines as the twin needs: the flags, networks, data
@@ -13,7 +14,14 @@ RunRecorder (run folder, steps/epochs CSV, manifest, checkpoint with the hook's 
 --resume, the watchdog), given torch.distributed's collectives (hvd_compress/engine/). With no
 compression flag DDP runs without a hook (its own allreduce); any flag registers
 hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit8-ddp).
+
+Two flags of DDP's own: --bucket-cap-mb (DDP's bucket_cap_mb) and --ddp-powersgd RANK, DDP's
+powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
+with --powersgd-allreduce RANK; it runs with every parameter in one bucket unless
+--bucket-cap-mb says otherwise (with two buckets it launches collectives from Gloo's threads in
+an order the ranks do not share, and Gloo aborts: scripts/bench_ddp.py).
 """
+import argparse
 import os
 import sys
 import time
@@ -94,10 +102,53 @@ class HookedOptimizer:
             self._state.load_state_dict(state)
 
 
+# DDP's bucket cap (MiB) that puts either lab network in one bucket (--ddp-powersgd's default)
+ONE_BUCKET_MB = 1024
+
+
+def parse_args(argv=None):
+    """labs/mnist.py's flags, and DDP's own: --bucket-cap-mb, --ddp-powersgd RANK."""
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB",
+                     help="DDP's bucket_cap_mb (default: DDP's 25, one bucket for "
+                          "--ddp-powersgd)")
+    own.add_argument("--ddp-powersgd", type=int, default=None, metavar="RANK",
+                     help="DDP's own powerSGD_hook at this rank instead of hvd_compress's "
+                          "hook (compare with --powersgd-allreduce RANK)")
+    extra, rest = own.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        own.print_help()
+    args = mnist.parse_args(rest)
+    args.bucket_cap_mb, args.ddp_powersgd = extra.bucket_cap_mb, extra.ddp_powersgd
+    if args.ddp_powersgd is not None:
+        if args.ddp_powersgd < 1:
+            sys.exit(f"error: --ddp-powersgd RANK must be at least 1, got {args.ddp_powersgd}")
+        if args.compression != "none" or args.route is not None:
+            sys.exit("error: --ddp-powersgd is DDP's own hook: no compression flag with it")
+        if args.bucket_cap_mb is None:
+            args.bucket_cap_mb = ONE_BUCKET_MB
+    if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
+        sys.exit(f"error: --bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
+    return args
+
+
+def ddp_powersgd(ddp, rank):
+    """DDP's own PowerSGD hook on `ddp`; its state (error feedback and warm start are per
+    bucket, kept by DDP's hook state: not in the lab's checkpoint)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
 def config_name(args, world_size):
-    """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp)."""
-    name = run_name(world_size, args.compression, args.route,
-                    error_feedback=bool(args.error_feedback), variant="ddp")
+    """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp); DDP's own
+    PowerSGD hook 'np2-powersgd-ddphook'."""
+    if getattr(args, "ddp_powersgd", None) is not None:
+        name = run_name(world_size, "powersgd", variant="ddphook")
+    else:
+        name = run_name(world_size, args.compression, args.route,
+                        error_feedback=bool(args.error_feedback), variant="ddp")
     return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
 
 
@@ -135,7 +186,7 @@ def test(epoch, model, data, args, run, engine):
 
 
 def main(argv=None):
-    args = mnist.parse_args(argv)
+    args = parse_args(argv)
     if args.use_adasum or args.optimizer == "horovod":
         sys.exit("error: --use-adasum and --optimizer horovod are Horovod's; this is DDP")
     if "RANK" not in os.environ:        # python labs/ddp_mnist.py: a job of one
@@ -160,9 +211,12 @@ def main(argv=None):
     optimizer = HookedOptimizer(base, state)
     first_epoch = run.resume(model, optimizer)
     # DDP broadcasts rank 0's parameters and buffers when it wraps the model
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, **({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}))
     if state is not None:
         ddp.register_comm_hook(state, hcd.hook)
+    elif args.ddp_powersgd is not None:
+        ddp_powersgd(ddp, args.ddp_powersgd)
     try:
         with run.recording(optimizer, data):
             for epoch in range(first_epoch, args.epochs + 1):

@@ -16,10 +16,13 @@ scripts/wins_losses.py read them unchanged):
     stock:fp16        DDP's fp16_compress_hook
     stock:powersgd1   DDP's powerSGD_hook, rank 1 (start_powerSGD_iter 2, warm start, error
                       feedback; its min_compression_rate 2 leaves small matrices uncompressed).
-                      Its callbacks launch the next allreduce when the previous one completes,
-                      so with two buckets the ranks may issue them in different orders: on Gloo
-                      the basic net's job aborted with a collective mismatch in 3 tries of 3
-                      (results/ddp/README.md); leave it out with --rows where it does
+                      Both PowerSGD rows (stock and ours) run with DDP's parameters in one
+                      bucket (ONE_BUCKET_MB), so that they compare step for step: DDP's hook
+                      launches a bucket's second and third allreduces from the callback of its
+                      first, on Gloo's thread, while the main thread launches the next
+                      bucket's first; with two buckets the ranks issue them in different
+                      orders and Gloo, which pairs collectives by order, aborts ("140 vs 96
+                      bytes"). With one bucket the callbacks are the only launches in flight.
     ours:<scheme>[:route]   hvd_compress.ddp's hook (none, fp16, bit16, bf16, bit8 allgather and
                       two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
                       with the suffix @last, one-phase buckets are decoded at the last bucket
@@ -51,6 +54,8 @@ DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the l
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
         "ours:bit16:alltoall", "ours:bf16", "ours:bit8:allgather", "ours:bit8:alltoall",
         "ours:powersgd1", "ours:topk", "ours:auto"]
+# DDP's bucket cap (MiB) that puts either lab network in one bucket: the PowerSGD rows' (above)
+ONE_BUCKET_MB = 1024
 MASTER_PORT = 29533          # on an emulated link: rank 0's address in its namespace
 IN_BACKWARD = ("copy_s", "compress_s", "communicate_s", "decompress_s")   # the hook's work
 
@@ -77,9 +82,10 @@ def make_row(row, model, trial_steps=0):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     import hvd_compress.ddp as hcd
     from hvd_compress.compression import Compression
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
     row, deferred = row.removesuffix(DEFERRED), row.endswith(DEFERRED)
     who, scheme, *route = row.split(":")
+    one_bucket = {"bucket_cap_mb": ONE_BUCKET_MB} if scheme.startswith("powersgd") else {}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, **one_bucket)
     if who == "stock":
         if scheme == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)

@@ -29,6 +29,9 @@ def test_the_hook_equals_ddps_own_and_carries_every_scheme(request, np):
     for label in ("bit8:allgather", "bit8:alltoall", "bit16:alltoall", "bf16:alltoall",
                   "int8:alltoall", "onebit:allgather", "topk:allgather", "powersgd:allreduce"):
         assert f"{label}: every rank holds the same bits" in names
+    assert any(k.startswith("powersgd: a bucket's three allreduces = one or two per tensor")
+               for k in names)
+    assert "powersgd grouped: same bits everywhere" in names
     assert "auto: reports its plan" in names
     assert "an integer bucket is refused" in names
     assert "disagreeing ranks are refused" in names
