@@ -331,7 +331,11 @@ class HookState:
             state["communicator"] = own
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, plan=True):
+        """Restore a state_dict() of this rank. plan=False leaves auto's plan out: the ranks
+        changed (torchrun restarted the job), so auto measures and plans again, as Horovod's
+        elastic reset does; residuals, PowerSGD's Q and top-k's state are restored all the
+        same (they belong to the checkpoint's model)."""
         if state.get("scheme") != self.describe():
             raise ValueError(f"this checkpoint's hook state is for {state.get('scheme')!r}, "
                              f"not {self.describe()!r}")
@@ -342,7 +346,8 @@ class HookState:
             for layout in self._layouts.values():
                 self._take_residual(layout)
         own = state.get("communicator")
-        if own is not None:
+        if own is not None and not (plan is False and isinstance(self.communicator,
+                                                                 AutoCommunicator)):
             if isinstance(self.communicator, AutoCommunicator):
                 # auto's plan is for DDP's buckets, which the hook learns in the first step
                 # after a restart: taken up at the end of the first step whose buckets fit it

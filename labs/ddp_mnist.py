@@ -53,8 +53,8 @@ class HookedOptimizer:
     all of the exchange's time is reported as in_backward_s (the recorder moves it out of
     forward_backward_s into compress/communicate/decompress)."""
 
-    def __init__(self, base, state):
-        self._base, self._state = base, state
+    def __init__(self, base, state, restarted=False):
+        self._base, self._state, self._restarted = base, state, restarted
         # DDP's own allreduce (no hook): what the manifest asks of a communicator
         self.communicator = state.communicator if state is not None else SimpleNamespace(
             route=Route.ALLREDUCE, codec_path=lambda: "none")
@@ -98,8 +98,10 @@ class HookedOptimizer:
         return self._state.state_dict() if self._state is not None else None
 
     def load_compression_state_dict(self, state):
+        """The hook's state from the checkpoint; after torchrun restarted the job (the ranks
+        changed) without auto's plan, which is measured and made again."""
         if self._state is not None and state is not None:
-            self._state.load_state_dict(state)
+            self._state.load_state_dict(state, plan=not self._restarted)
 
 
 # DDP's bucket cap (MiB) that puts either lab network in one bucket (--ddp-powersgd's default)
@@ -152,6 +154,21 @@ def config_name(args, world_size):
     return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
 
 
+def elastic_restart(args, engine):
+    """True if torchrun restarted this job after a failure (--max-restarts): then the run in
+    --out is continued from its last checkpoint, as --resume does (the hook's state with it,
+    auto's plan made again). Without --out the restarted job starts a new run folder."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return False
+    found = bool(args.out) and (Path(args.out) / "manifest.json").is_file()
+    if engine.broadcast_object(found, root_rank=0, name="restart_resume"):   # rank 0's disk
+        args.resume = True
+    elif engine.rank() == 0:
+        print("torchrun restarted this job: pass --out RUN_FOLDER to continue the same run; "
+              "starting a new one", file=sys.stderr, flush=True)
+    return True
+
+
 def train(epoch, model, optimizer, data, args, run):
     model.train()
     shard = lab_data.train_shard(len(data.train_y), run.rank, run.size, args.seed, epoch)
@@ -194,6 +211,7 @@ def main(argv=None):
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
     dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300))
     engine = TorchEngine()
+    restarted = elastic_restart(args, engine)
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
@@ -208,7 +226,7 @@ def main(argv=None):
     if args.compression != "none" or args.route is not None:
         state = hcd.HookState(compression_of(args), args.route, error_feedback=args.error_feedback,
                               scale_block=args.scale_block, model=model)
-    optimizer = HookedOptimizer(base, state)
+    optimizer = HookedOptimizer(base, state, restarted)
     first_epoch = run.resume(model, optimizer)
     # DDP broadcasts rank 0's parameters and buffers when it wraps the model
     ddp = torch.nn.parallel.DistributedDataParallel(
