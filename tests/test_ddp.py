@@ -185,6 +185,8 @@ def test_ddp_targets_reads_the_grid():
     assert auto["base"] == "ours:bit8:allgather" and auto["verdict"] == "missed"
     assert table["none vs DDP default"]["verdict"].startswith("met")
     assert table["PowerSGD vs DDP's PowerSGD"]["ratio"] == pytest.approx(0.9, rel=0.01)
+    # the issue sets bit8's targets at the basic net's 100 Mbit/s, none's on loopback only
+    assert bit8["issue_cell"] and not table["none vs DDP default"]["issue_cell"]
 
 
 @pytest.mark.unit
