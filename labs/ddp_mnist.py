@@ -154,6 +154,20 @@ def config_name(args, world_size):
     return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
 
 
+def attempt_store():
+    """Under torchrun's agent store, the group's rendezvous under a prefix of its own for each
+    restart: with the agent's one store the keys of the attempt before are still there, and a
+    restarted rank read the dead attempt's addresses (Gloo: 'Connection refused', or a hang)
+    in 2 tries of 5 here. {} elsewhere (env:// as usual)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=300))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"ddp_mnist/attempt{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
 def elastic_restart(args, engine):
     """True if torchrun restarted this job after a failure (--max-restarts): then the run in
     --out is continued from its last checkpoint, as --resume does (the hook's state with it,
@@ -209,7 +223,8 @@ def main(argv=None):
     if "RANK" not in os.environ:        # python labs/ddp_mnist.py: a job of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-    dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300))
+    dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300),
+                            **attempt_store())
     engine = TorchEngine()
     restarted = elastic_restart(args, engine)
     torch.set_num_threads(args.num_threads)
