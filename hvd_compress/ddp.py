@@ -145,11 +145,16 @@ class HookState:
                 self._first_hook = time.perf_counter()
             layout = self._layout(grad_bucket, buffer)
             comm, exchanges = self.communicator, []
+            memory = self.memory if comm.takes_memory else None
+            start_group = getattr(comm, "start_group", None)   # PowerSGD: a bucket at once
             for members, bucket in zip(layout.members, layout.buckets):
                 with comm.stats.timing("copy_s"):
                     for j, view in enumerate(members):
                         bucket.put(j, view)
-                exchanges.append(comm.start(bucket, self.memory if comm.takes_memory else None))
+                if start_group is None:
+                    exchanges.append(comm.start(bucket, memory))
+            if start_group is not None:
+                exchanges.append(start_group(layout.buckets, memory))
             if self.decode_in_callback and isinstance(comm, _ONE_PHASE):
                 future = torch.futures.collect_all(
                     [self.engine.future(ex.handle) for ex in exchanges]).then(
@@ -168,9 +173,10 @@ class HookState:
     def _finish(self, layout, exchanges, buffer):
         """Write one DDP bucket's reduced values into its buffer; the buffer."""
         comm = self.communicator
-        for (members, bucket), ex in zip(zip(layout.members, layout.buckets), exchanges):
+        for ex in exchanges:
             comm.finish(ex)
-            with comm.stats.timing("copy_s"):
+        with comm.stats.timing("copy_s"):
+            for members, bucket in zip(layout.members, layout.buckets):
                 for j, view in enumerate(members):
                     result = bucket.result(j)
                     if result is not view:
@@ -263,7 +269,8 @@ class HookState:
     def _rebind(self, layout, buffer):
         """DDP may hand a new buffer object for the same layout: point the views at it."""
         first = layout.members[0][0]
-        if first.data_ptr() == buffer.data_ptr() and len(layout.members) == 1:
+        if first.data_ptr() == buffer.data_ptr():
+            # the same buffer (the views hold its storage: no other can have its address)
             return layout
         if len(layout.members) == 1:
             layout.members = [[buffer]]
@@ -324,7 +331,11 @@ class HookState:
             state["communicator"] = own
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, plan=True):
+        """Restore a state_dict() of this rank. plan=False leaves auto's plan out: the ranks
+        changed (torchrun restarted the job), so auto measures and plans again, as Horovod's
+        elastic reset does; residuals, PowerSGD's Q and top-k's state are restored all the
+        same (they belong to the checkpoint's model)."""
         if state.get("scheme") != self.describe():
             raise ValueError(f"this checkpoint's hook state is for {state.get('scheme')!r}, "
                              f"not {self.describe()!r}")
@@ -335,7 +346,8 @@ class HookState:
             for layout in self._layouts.values():
                 self._take_residual(layout)
         own = state.get("communicator")
-        if own is not None:
+        if own is not None and not (plan is False and isinstance(self.communicator,
+                                                                 AutoCommunicator)):
             if isinstance(self.communicator, AutoCommunicator):
                 # auto's plan is for DDP's buckets, which the hook learns in the first step
                 # after a restart: taken up at the end of the first step whose buckets fit it

@@ -5,6 +5,7 @@ and the same run records, so the lab's table can have a DDP column.
     torchrun --nproc-per-node 2 labs/ddp_mnist.py                     # DDP's own allreduce
     torchrun --nproc-per-node 2 labs/ddp_mnist.py --bit8-allreduce    # hvd_compress's hook
     torchrun --nproc-per-node 4 labs/ddp_mnist.py --bit16-allreduce --route allgather
+    torchrun --nproc-per-node 2 labs/ddp_mnist.py --ddp-powersgd 1    # DDP's own PowerSGD hook
 
 labs/mnist.py is the course's page (Horovod); this is its twin on torch.distributed (Gloo on
 the CPU, NCCL with --cuda GPUs), in as few lines as the twin needs: the flags, networks, data
@@ -13,7 +14,14 @@ RunRecorder (run folder, steps/epochs CSV, manifest, checkpoint with the hook's 
 --resume, the watchdog), given torch.distributed's collectives (hvd_compress/engine/). With no
 compression flag DDP runs without a hook (its own allreduce); any flag registers
 hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit8-ddp).
+
+Two flags of DDP's own: --bucket-cap-mb (DDP's bucket_cap_mb) and --ddp-powersgd RANK, DDP's
+powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
+with --powersgd-allreduce RANK; it runs with every parameter in one bucket unless
+--bucket-cap-mb says otherwise (with two buckets it launches collectives from Gloo's threads in
+an order the ranks do not share, and Gloo aborts: scripts/bench_ddp.py).
 """
+import argparse
 import os
 import sys
 import time
@@ -45,8 +53,8 @@ class HookedOptimizer:
     all of the exchange's time is reported as in_backward_s (the recorder moves it out of
     forward_backward_s into compress/communicate/decompress)."""
 
-    def __init__(self, base, state):
-        self._base, self._state = base, state
+    def __init__(self, base, state, restarted=False):
+        self._base, self._state, self._restarted = base, state, restarted
         # DDP's own allreduce (no hook): what the manifest asks of a communicator
         self.communicator = state.communicator if state is not None else SimpleNamespace(
             route=Route.ALLREDUCE, codec_path=lambda: "none")
@@ -90,15 +98,89 @@ class HookedOptimizer:
         return self._state.state_dict() if self._state is not None else None
 
     def load_compression_state_dict(self, state):
+        """The hook's state from the checkpoint; after torchrun restarted the job (the ranks
+        changed) without auto's plan, which is measured and made again."""
         if self._state is not None and state is not None:
-            self._state.load_state_dict(state)
+            self._state.load_state_dict(state, plan=not self._restarted)
+
+
+# DDP's bucket cap (MiB) that puts either lab network in one bucket (--ddp-powersgd's default)
+ONE_BUCKET_MB = 1024
+
+
+def parse_args(argv=None):
+    """labs/mnist.py's flags, and DDP's own: --bucket-cap-mb, --ddp-powersgd RANK."""
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MB",
+                     help="DDP's bucket_cap_mb (default: DDP's 25, one bucket for "
+                          "--ddp-powersgd)")
+    own.add_argument("--ddp-powersgd", type=int, default=None, metavar="RANK",
+                     help="DDP's own powerSGD_hook at this rank instead of hvd_compress's "
+                          "hook (compare with --powersgd-allreduce RANK)")
+    extra, rest = own.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        own.print_help()
+    args = mnist.parse_args(rest)
+    args.bucket_cap_mb, args.ddp_powersgd = extra.bucket_cap_mb, extra.ddp_powersgd
+    if args.ddp_powersgd is not None:
+        if args.ddp_powersgd < 1:
+            sys.exit(f"error: --ddp-powersgd RANK must be at least 1, got {args.ddp_powersgd}")
+        if args.compression != "none" or args.route is not None:
+            sys.exit("error: --ddp-powersgd is DDP's own hook: no compression flag with it")
+        if args.bucket_cap_mb is None:
+            args.bucket_cap_mb = ONE_BUCKET_MB
+    if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
+        sys.exit(f"error: --bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
+    return args
+
+
+def ddp_powersgd(ddp, rank):
+    """DDP's own PowerSGD hook on `ddp`; its state (error feedback and warm start are per
+    bucket, kept by DDP's hook state: not in the lab's checkpoint)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
 def config_name(args, world_size):
-    """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp)."""
-    name = run_name(world_size, args.compression, args.route,
-                    error_feedback=bool(args.error_feedback), variant="ddp")
+    """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp); DDP's own
+    PowerSGD hook 'np2-powersgd-ddphook'."""
+    if getattr(args, "ddp_powersgd", None) is not None:
+        name = run_name(world_size, "powersgd", variant="ddphook")
+    else:
+        name = run_name(world_size, args.compression, args.route,
+                        error_feedback=bool(args.error_feedback), variant="ddp")
     return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
+
+
+def attempt_store():
+    """Under torchrun's agent store, the group's rendezvous under a prefix of its own for each
+    restart: with the agent's one store the keys of the attempt before are still there, and a
+    restarted rank read the dead attempt's addresses (Gloo: 'Connection refused', or a hang)
+    in 2 tries of 5 here. {} elsewhere (env:// as usual)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=300))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"ddp_mnist/attempt{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
+def elastic_restart(args, engine):
+    """True if torchrun restarted this job after a failure (--max-restarts): then the run in
+    --out is continued from its last checkpoint, as --resume does (the hook's state with it,
+    auto's plan made again). Without --out the restarted job starts a new run folder."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return False
+    found = bool(args.out) and (Path(args.out) / "manifest.json").is_file()
+    if engine.broadcast_object(found, root_rank=0, name="restart_resume"):   # rank 0's disk
+        args.resume = True
+    elif engine.rank() == 0:
+        print("torchrun restarted this job: pass --out RUN_FOLDER to continue the same run; "
+              "starting a new one", file=sys.stderr, flush=True)
+    return True
 
 
 def train(epoch, model, optimizer, data, args, run):
@@ -135,14 +217,16 @@ def test(epoch, model, data, args, run, engine):
 
 
 def main(argv=None):
-    args = mnist.parse_args(argv)
+    args = parse_args(argv)
     if args.use_adasum or args.optimizer == "horovod":
         sys.exit("error: --use-adasum and --optimizer horovod are Horovod's; this is DDP")
     if "RANK" not in os.environ:        # python labs/ddp_mnist.py: a job of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-    dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300))
+    dist.init_process_group("nccl" if args.cuda else "gloo", timeout=timedelta(seconds=300),
+                            **attempt_store())
     engine = TorchEngine()
+    restarted = elastic_restart(args, engine)
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
@@ -157,12 +241,15 @@ def main(argv=None):
     if args.compression != "none" or args.route is not None:
         state = hcd.HookState(compression_of(args), args.route, error_feedback=args.error_feedback,
                               scale_block=args.scale_block, model=model)
-    optimizer = HookedOptimizer(base, state)
+    optimizer = HookedOptimizer(base, state, restarted)
     first_epoch = run.resume(model, optimizer)
     # DDP broadcasts rank 0's parameters and buffers when it wraps the model
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, **({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}))
     if state is not None:
         ddp.register_comm_hook(state, hcd.hook)
+    elif args.ddp_powersgd is not None:
+        ddp_powersgd(ddp, args.ddp_powersgd)
     try:
         with run.recording(optimizer, data):
             for epoch in range(first_epoch, args.epochs + 1):

@@ -16,10 +16,13 @@ scripts/wins_losses.py read them unchanged):
     stock:fp16        DDP's fp16_compress_hook
     stock:powersgd1   DDP's powerSGD_hook, rank 1 (start_powerSGD_iter 2, warm start, error
                       feedback; its min_compression_rate 2 leaves small matrices uncompressed).
-                      Its callbacks launch the next allreduce when the previous one completes,
-                      so with two buckets the ranks may issue them in different orders: on Gloo
-                      the basic net's job aborted with a collective mismatch in 3 tries of 3
-                      (results/ddp/README.md); leave it out with --rows where it does
+                      Both PowerSGD rows (stock and ours) run with DDP's parameters in one
+                      bucket (ONE_BUCKET_MB), so that they compare step for step: DDP's hook
+                      launches a bucket's second and third allreduces from the callback of its
+                      first, on Gloo's thread, while the main thread launches the next
+                      bucket's first; with two buckets the ranks issue them in different
+                      orders and Gloo, which pairs collectives by order, aborts ("140 vs 96
+                      bytes"). With one bucket the callbacks are the only launches in flight.
     ours:<scheme>[:route]   hvd_compress.ddp's hook (none, fp16, bit16, bf16, bit8 allgather and
                       two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
                       with the suffix @last, one-phase buckets are decoded at the last bucket
@@ -27,11 +30,13 @@ scripts/wins_losses.py read them unchanged):
 bf16_compress_hook is not a row: it needs CUDA and NCCL.
 
 Writes OUT/steps.csv, OUT/calibration.csv, OUT/plans/, OUT/summary.csv and OUT/summary.png as
-bench_step does (vs_stock_none: against DDP's own allreduce; vs_stock_fp16: against
+bench_step does, and OUT/cells.csv (each cell's start, seconds and load average before and
+after; with --lock, each cell holds the lock alone) (vs_stock_none: against DDP's own allreduce; vs_stock_fp16: against
 fp16_compress_hook).
 """
 import argparse
 import csv
+import fcntl
 import json
 import math
 import os
@@ -39,6 +44,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,7 +57,11 @@ DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the l
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
         "ours:bit16:alltoall", "ours:bf16", "ours:bit8:allgather", "ours:bit8:alltoall",
         "ours:powersgd1", "ours:topk", "ours:auto"]
+# DDP's bucket cap (MiB) that puts either lab network in one bucket: the PowerSGD rows' (above)
+ONE_BUCKET_MB = 1024
 MASTER_PORT = 29533          # on an emulated link: rank 0's address in its namespace
+CELL_COLUMNS = ["model", "link", "ranks", "started_utc", "seconds", "load1_start", "load5_start",
+                "load15_start", "load1_end", "load5_end", "load15_end"]
 IN_BACKWARD = ("copy_s", "compress_s", "communicate_s", "decompress_s")   # the hook's work
 
 
@@ -77,9 +87,10 @@ def make_row(row, model, trial_steps=0):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     import hvd_compress.ddp as hcd
     from hvd_compress.compression import Compression
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
     row, deferred = row.removesuffix(DEFERRED), row.endswith(DEFERRED)
     who, scheme, *route = row.split(":")
+    one_bucket = {"bucket_cap_mb": ONE_BUCKET_MB} if scheme.startswith("powersgd") else {}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, **one_bucket)
     if who == "stock":
         if scheme == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -202,7 +213,37 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@contextmanager
+def cell_lock(path):
+    """Hold `path`'s flock (shared with `flock PATH cmd`) while a cell runs, so that no other
+    benchmark on the machine runs beside it; nothing held without --lock."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def launch(args, model, link, n, csv_path):
+    """One cell's job (under --lock), its start, length and load average in OUT/cells.csv."""
+    cells = Path(csv_path).parent / "cells.csv"
+    if not cells.exists():
+        cells.write_text(",".join(CELL_COLUMNS) + "\n")
+    with cell_lock(args.lock):
+        start, load_start = time.time(), os.getloadavg()
+        _launch(args, model, link, n, csv_path)
+        load_end = os.getloadavg()
+    with open(cells, "a", newline="") as f:
+        csv.writer(f).writerow([model, link, n, time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                              time.gmtime(start)),
+                                round(time.time() - start, 1), *load_start, *load_end])
+
+
+def _launch(args, model, link, n, csv_path):
     per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
            "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
@@ -247,6 +288,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--timeout", type=int, default=2400, help="seconds per job (default 2400)")
     p.add_argument("--out", default="results/ddp")
+    p.add_argument("--lock", default=None, help="hold this file's flock during each cell "
+                   "(/tmp/hvd-bench.lock: one benchmark at a time on a shared machine)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--link", help=argparse.SUPPRESS)
@@ -278,6 +321,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    (Path(args.out) / "cells.csv").unlink(missing_ok=True)
     out = bench_step.run_cells(args, launch, tag="bench_ddp")
     summary = bench_step.replot(out, title="Training step on DDP (Gloo): DDP's own hooks "
                                 "(grey) vs hvd_compress's hook (blue; auto: orange), median "

@@ -29,6 +29,9 @@ def test_the_hook_equals_ddps_own_and_carries_every_scheme(request, np):
     for label in ("bit8:allgather", "bit8:alltoall", "bit16:alltoall", "bf16:alltoall",
                   "int8:alltoall", "onebit:allgather", "topk:allgather", "powersgd:allreduce"):
         assert f"{label}: every rank holds the same bits" in names
+    assert any(k.startswith("powersgd: a bucket's three allreduces = one or two per tensor")
+               for k in names)
+    assert "powersgd grouped: same bits everywhere" in names
     assert "auto: reports its plan" in names
     assert "an integer bucket is refused" in names
     assert "disagreeing ranks are refused" in names
@@ -158,3 +161,47 @@ def test_the_hook_needs_no_horovod():
     done = subprocess.run([sys.executable, "-c", NO_HOROVOD % ddprun.free_port()],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+@pytest.mark.unit
+def test_ddp_targets_reads_the_grid():
+    """scripts/ddp_targets.py: each target against the fastest of its rows and bases, round by
+    round, and its verdict."""
+    import pandas as pd
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import ddp_targets
+    ms = {"stock:none": 500, "stock:fp16": 260, "ours:none": 505, "ours:bit8:allgather": 190,
+          "ours:bit8:alltoall": 220, "ours:auto": 210, "ours:fp16": 258,
+          "ours:powersgd1": 90, "stock:powersgd1": 100}
+    rows = [dict(model="basic", link="100mbit", ranks=2, row=row, round=rnd, step=i,
+                 step_ms=v * (1 + 0.01 * rnd) + i)
+            for row, v in ms.items() for rnd in range(1, 7) for i in range(3)]
+    table = {t["target"]: t for t in ddp_targets.targets(pd.DataFrame(rows))}
+    bit8 = table["bit8 vs fp16_compress_hook"]
+    assert bit8["row"] == "ours:bit8:allgather" and bit8["base"] == "stock:fp16"
+    assert bit8["ratio"] == pytest.approx(190 / 260, rel=0.01) and bit8["verdict"] == "missed"
+    assert table["bit8 vs DDP default"]["verdict"].startswith("met")
+    auto = table["auto vs fastest value row"]
+    assert auto["base"] == "ours:bit8:allgather" and auto["verdict"] == "missed"
+    assert table["none vs DDP default"]["verdict"].startswith("met")
+    assert table["PowerSGD vs DDP's PowerSGD"]["ratio"] == pytest.approx(0.9, rel=0.01)
+    # the issue sets bit8's targets at the basic net's 100 Mbit/s, none's on loopback only
+    assert bit8["issue_cell"] and not table["none vs DDP default"]["issue_cell"]
+
+
+@pytest.mark.unit
+def test_ddp_trainers_own_flags():
+    """labs/ddp_mnist.py's --ddp-powersgd (DDP's own hook, one bucket unless told) and
+    --bucket-cap-mb, beside the lab's flags; a compression flag with --ddp-powersgd refused."""
+    sys.path.insert(0, str(ROOT))
+    from labs import ddp_mnist
+    args = ddp_mnist.parse_args(["--ddp-powersgd", "1"])
+    assert args.ddp_powersgd == 1 and args.bucket_cap_mb == ddp_mnist.ONE_BUCKET_MB
+    assert ddp_mnist.config_name(args, 2) == "np2-powersgd-ddphook"
+    args = ddp_mnist.parse_args(["--powersgd-allreduce", "1", "--bucket-cap-mb", "50"])
+    assert args.ddp_powersgd is None and args.bucket_cap_mb == 50
+    assert ddp_mnist.config_name(args, 2) == "np2-powersgd-ddp"
+    for bad in (["--ddp-powersgd", "1", "--bit8-allreduce"], ["--ddp-powersgd", "0"],
+                ["--bucket-cap-mb", "0"]):
+        with pytest.raises(SystemExit):
+            ddp_mnist.parse_args(bad)

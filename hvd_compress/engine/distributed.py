@@ -115,6 +115,12 @@ class TorchEngine(Engine):
         handle.future.wait()                 # raises the collective's error, if any
         return handle.result()
 
+    def wait(self, handle):
+        """synchronize(): a torch Future waits on a condition variable, without the GIL and
+        without spinning (what Engine.wait's sleeps avoid in Horovod's synchronize), and
+        returns as soon as the collective completes, not up to a sleep later."""
+        return self.synchronize(handle)
+
     # ---- blocking --------------------------------------------------------------------------
     def allgather(self, tensor, name):
         """Rows of every rank's tensor in rank order; the first dimensions may differ."""

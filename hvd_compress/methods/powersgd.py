@@ -72,6 +72,10 @@ def initial_q(name, m, r, seed, device="cpu"):
     return torch.randn(m, r, generator=gen).to(device)
 
 
+def _cat(flats):
+    return torch.cat(flats) if flats else None
+
+
 def orthonormal(p):
     """An orthonormal basis of p's columns (reduced QR; deterministic for the same bits)."""
     q, _ = torch.linalg.qr(p, mode="reduced")
@@ -108,6 +112,30 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         n = self.engine.size()
         self.stats.add("bytes_sent", 2 * (n - 1) * tensor.numel() * 4 // n if n > 1 else 0)
 
+    def _p(self, bucket, nm, memory):
+        """(compensated matrix M, P = M Q) of one gradient viewed as an n x m matrix."""
+        n, m = nm
+        r = min(self.compression.rank, n, m)
+        matrix = bucket.tensor.detach().to(torch.float32).reshape(n, m)
+        if memory is not None:
+            matrix = memory.compensate(bucket.name, matrix)
+        q = self.qs.get(bucket.name)
+        if q is None or q.shape != (m, r):
+            q = self.qs[bucket.name] = initial_q(bucket.name, m, r, self.compression.seed,
+                                                 matrix.device)
+        elif q.device != matrix.device:            # a checkpoint's Q, loaded on the CPU
+            q = self.qs[bucket.name] = q.to(matrix.device)
+        return matrix, matrix @ q
+
+    def _approximate(self, bucket, matrix, p, q, memory):
+        """The gradient P Q^T, Q kept for the next step's warm start, the residual remembered."""
+        self.qs[bucket.name] = q                 # warm start: identical on every rank
+        approx = p @ q.t()
+        if memory is not None:
+            memory.remember(bucket.name, matrix, approx)
+        grad = bucket.tensor
+        bucket.tensor = approx.view(grad.shape).to(grad.dtype)
+
     def start(self, bucket, memory=None):
         """Vectors: launch their allreduce (phase 0). Matrices: compensate, P = M Q, launch P's."""
         memory = self._memory(memory)
@@ -120,21 +148,39 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
                 self._count(flat)
                 handle = self.engine.allreduce_async_(flat, self._tag(bucket.name, "v"), AVERAGE)
                 return Exchange(bucket, handle, phase=0, memory=memory)
-            n, m = nm
-            r = min(self.compression.rank, n, m)
-            matrix = grad.detach().to(torch.float32).reshape(n, m)
-            if memory is not None:
-                matrix = memory.compensate(bucket.name, matrix)
-            q = self.qs.get(bucket.name)
-            if q is None or q.shape != (m, r):
-                q = self.qs[bucket.name] = initial_q(bucket.name, m, r, self.compression.seed,
-                                                     matrix.device)
-            elif q.device != matrix.device:        # a checkpoint's Q, loaded on the CPU
-                q = self.qs[bucket.name] = q.to(matrix.device)
-            p = matrix @ q
+            matrix, p = self._p(bucket, nm, memory)
         self._count(p)
         handle = self.engine.allreduce_async_(p, self._tag(bucket.name, "p"), AVERAGE)
         return Exchange(bucket, handle, ctx=[matrix, None], phase=1, memory=memory)
+
+    def start_group(self, buckets, memory=None):
+        """Several tensors (one DDP bucket's: hvd_compress/ddp.py) in three allreduces, as
+        DDP's own PowerSGD hook does, instead of one or two per tensor: every vector in one,
+        every matrix's P in one, later every Q in one. Each tensor's arithmetic is the
+        per-tensor path's (the collective may sum a concatenation's elements in another rank
+        order at more than 2 ranks: the last bit may differ, never between ranks)."""
+        memory = self._memory(memory)
+        vectors, matrices = [], []             # buckets; (bucket, M, P)
+        with self.stats.timing("compress_s"):
+            for bucket in buckets:
+                check_device("PowerSGD", bucket.tensor)
+                nm = matrix_shape(bucket.tensor.shape)
+                if nm is None or 0 in nm:
+                    vectors.append(bucket)
+                else:
+                    matrices.append((bucket, *self._p(bucket, nm, memory)))
+            flat_v = _cat([b.tensor.detach().to(torch.float32).reshape(-1) for b in vectors])
+            flat_p = _cat([p.reshape(-1) for _, _, p in matrices])
+        name = buckets[0].name if buckets else "empty"
+        group = {"vectors": vectors, "matrices": matrices, "v": None}
+        if flat_v is not None:
+            self._count(flat_v)
+            group["v"] = self.engine.allreduce_async_(flat_v, self._tag(name, "group.v"), AVERAGE)
+        handle = None
+        if flat_p is not None:
+            self._count(flat_p)
+            handle = self.engine.allreduce_async_(flat_p, self._tag(name, "group.p"), AVERAGE)
+        return Exchange(buckets, handle, ctx=group, phase=1 if matrices else 0, memory=memory)
 
     def progress(self, step, wait=False):
         """P reduced (or wait=True): orthogonalise, Q = M^T P, launch Q's allreduce."""
@@ -142,12 +188,24 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
             return
         with self.stats.timing("communicate_s"):
             p = self.engine.wait(step.handle)
+        group = isinstance(step.bucket, list)
         with self.stats.timing("compress_s"):
-            matrix = step.ctx[0]
-            step.ctx[1] = p = orthonormal(p)
-            q = matrix.t() @ p
+            if group:
+                matrices, offset, qs = step.ctx["matrices"], 0, []
+                for j, (bucket, matrix, own_p) in enumerate(matrices):
+                    reduced = orthonormal(p[offset:offset + own_p.numel()].view(own_p.shape))
+                    offset += own_p.numel()
+                    matrices[j] = (bucket, matrix, reduced)
+                    qs.append((matrix.t() @ reduced).reshape(-1))
+                q = torch.cat(qs)
+                name = f"{step.bucket[0].name}.group"
+            else:
+                matrix = step.ctx[0]
+                step.ctx[1] = p = orthonormal(p)
+                q = matrix.t() @ p
+                name = step.bucket.name
         self._count(q)
-        step.handle = self.engine.allreduce_async_(q, self._tag(step.bucket.name, "q"), AVERAGE)
+        step.handle = self.engine.allreduce_async_(q, self._tag(name, "q"), AVERAGE)
         step.phase = 2
 
     def advance(self, steps):
@@ -156,6 +214,8 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
     def finish(self, step):
         bucket = step.bucket
         self.progress(step, wait=True)
+        if isinstance(bucket, list):
+            return self._finish_group(step)
         with self.stats.timing("communicate_s"):
             reduced = self.engine.wait(step.handle)
         with self.stats.timing("decompress_s"):
@@ -164,11 +224,25 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
                 bucket.tensor = reduced.view(grad.shape).to(grad.dtype)
                 return
             matrix, p = step.ctx
-            self.qs[bucket.name] = reduced           # warm start: identical on every rank
-            approx = p @ reduced.t()
-            if step.memory is not None:
-                step.memory.remember(bucket.name, matrix, approx)
-            bucket.tensor = approx.view(grad.shape).to(grad.dtype)
+            self._approximate(bucket, matrix, p, reduced, step.memory)
+
+    def _finish_group(self, step):
+        group = step.ctx
+        with self.stats.timing("communicate_s"):
+            flat_v = self.engine.wait(group["v"]) if group["v"] is not None else None
+            flat_q = self.engine.wait(step.handle) if group["matrices"] else None
+        with self.stats.timing("decompress_s"):
+            offset = 0
+            for bucket in group["vectors"]:
+                grad = bucket.tensor
+                bucket.tensor = flat_v[offset:offset + grad.numel()].view(grad.shape).to(grad.dtype)
+                offset += grad.numel()
+            offset = 0
+            for bucket, matrix, p in group["matrices"]:
+                k = matrix.shape[1] * p.shape[1]
+                q = flat_q[offset:offset + k].view(matrix.shape[1], p.shape[1]).clone()
+                offset += k
+                self._approximate(bucket, matrix, p, q, step.memory)
 
     def state_dict(self):
         """Q per tensor and the error-feedback residuals: what a checkpoint must keep."""

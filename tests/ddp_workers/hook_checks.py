@@ -63,6 +63,29 @@ def ours(compression, route=None, **kw):
     return register
 
 
+def powersgd_grouped_and_alone(engine, rank, steps=3):
+    """The same tensors (matrices and vectors) over `steps` steps through PowerSGD's grouped
+    start (a DDP bucket's three allreduces) and tensor by tensor: (grouped, alone) results."""
+    from hvd_compress.exchange.fusion import Bucket
+    from hvd_compress.methods.powersgd import PowerSGD
+    shapes = {"w1": (16, 9), "b1": (16,), "w2": (10, 4, 3, 3), "b2": (10,), "w3": (7, 5)}
+    g = torch.Generator().manual_seed(700 + rank)
+    grads = [{k: torch.randn(s, generator=g) for k, s in shapes.items()} for _ in range(steps)]
+    out = []
+    for grouped in (True, False):
+        comm = PowerSGD(2).communicator(engine=engine)
+        for step in grads:
+            buckets = [Bucket(k, [k], [v], flat=False) for k, v in step.items()]
+            for b, v in zip(buckets, step.values()):
+                b.put(0, v.clone())
+            exchanges = [comm.start_group(buckets)] if grouped else [comm.start(b) for b in buckets]
+            comm.advance(exchanges)
+            for ex in exchanges:
+                comm.finish(ex)
+        out.append([b.tensor for b in buckets] + [comm.qs[k] for k in sorted(comm.qs)])
+    return out
+
+
 def same_everywhere(engine, tensor):
     every = engine.allgather_object(cases.digest([tensor]), "digest")
     return all(d == every[0] for d in every)
@@ -98,6 +121,15 @@ def run(dist):
     checks.check("powersgd rank 1: same bits everywhere", same_everywhere(engine, params))
     checks.check("powersgd keeps Q per parameter name",
                  any(k.startswith("fc1.") for k in state.communicator.qs))
+    grouped, alone = powersgd_grouped_and_alone(engine, rank)
+    label = "powersgd: a bucket's three allreduces = one or two per tensor"
+    if n == 2:                      # a sum of two is the same in any order
+        checks.check(label + ", bit for bit", all(map(torch.equal, grouped, alone)))
+    else:                           # the collective may sum the concatenation in another order
+        worst = max((g - a).abs().max().item() for g, a in zip(grouped, alone))
+        checks.check(label + ", to rounding", worst < 1e-5, f"{worst}")
+    checks.check("powersgd grouped: same bits everywhere", same_everywhere(engine, torch.cat(
+        [g.reshape(-1) for g in grouped])))
     params, state = train(rank, ours(Compression.auto(warmup_steps=2)), steps=STEPS)
     checks.check("auto: trains, same bits everywhere",
                  bool(torch.isfinite(params).all()) and same_everywhere(engine, params))
