@@ -14,6 +14,7 @@ Which Communicator carries a scheme is decided in one place, `exchange.routes.ma
 from the scheme's entry in registry.py (a method such as top-k declares its own communicator).
 docs/extending.md walks through writing one; docs/architecture.md shows where each layer sits.
 """
+import threading
 import time
 from contextlib import contextmanager
 
@@ -59,7 +60,28 @@ except ModuleNotFoundError as missing:   # hvd.Compression.fp16 is Compression.f
             return tensor.type(ctx) if ctx.is_floating_point else tensor
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "PacketCompressor", "Memory",
-           "Communicator", "Stats", "flat_float32", "pad4"]
+           "Communicator", "Stats", "flat_float32", "pad4", "rounding_stream", "current_stream"]
+
+_STREAM = threading.local()
+
+
+@contextmanager
+def rounding_stream(key):
+    """Name what is being encoded (a bucket and its phase) for a stochastic codec, which then
+    draws from a random stream of its own per name. Without it, results would depend on the
+    order of the encodes, and the two-phase route re-encodes buckets in the order their first
+    phases complete, which timing decides. Communicators set it; codecs read current_stream()."""
+    previous = getattr(_STREAM, "key", None)
+    _STREAM.key = key
+    try:
+        yield
+    finally:
+        _STREAM.key = previous
+
+
+def current_stream():
+    """The name rounding_stream set in this thread, or None outside one."""
+    return getattr(_STREAM, "key", None)
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 

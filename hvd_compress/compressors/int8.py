@@ -5,9 +5,12 @@ allgather (or the two-phase route), decoded and summed in float32 in rank order.
 codecs/int8.py (torch code, not a native kernel: int8 is here to compare accuracy and bytes).
 Unbiased: E[decoded] = x. 8 bits + 32/block per value.
 """
+import zlib
+
 import torch
 
 from ..codecs import int8 as int8_codec
+from ..roles import current_stream
 from .blockcodec import BlockCodec, check_scales
 
 __all__ = ["Int8Compressor"]
@@ -16,9 +19,11 @@ __all__ = ["Int8Compressor"]
 class Int8Compressor(BlockCodec):
     """float32 -> int8 with a scale per block (amax / 127) and stochastic rounding (QSGD-style).
 
-    Each rank rounds with its own generator, seeded `seed * 1000003 + rank` on first use, so the
-    ranks' rounding errors are independent and a run is repeatable. (The generator's state is
-    not in a checkpoint: a resumed run rounds with other random numbers.)
+    Each rank rounds with its own generators, one per stream a communicator names (a bucket
+    and its phase: roles.rounding_stream), seeded from `seed * 1000003 + rank` and the stream's
+    name on first use, so the ranks' rounding errors are independent and a run is repeatable
+    whatever order the buckets are encoded in. (The generators' state is not in a checkpoint:
+    a resumed run rounds with other random numbers.)
     """
     name = "int8"
     bits = 8
@@ -27,9 +32,13 @@ class Int8Compressor(BlockCodec):
 
     @classmethod
     def generator(cls, device):
-        key = str(device)
+        stream = current_stream()
+        key = (str(device), stream)
         if key not in cls._generators:
-            cls._generators[key] = torch.Generator(device).manual_seed(cls.seed * 1_000_003 + _rank())
+            seed = cls.seed * 1_000_003 + _rank()
+            if stream is not None:          # 32 bits of the name below the rank's seed
+                seed = (seed << 32) | zlib.crc32(str(stream).encode())
+            cls._generators[key] = torch.Generator(device).manual_seed(seed)
         return cls._generators[key]
 
     @classmethod

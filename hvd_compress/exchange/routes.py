@@ -30,7 +30,7 @@ from ..codecs import SCALE_BLOCK
 from ..compressors import compressor_name
 from ..registry import SCHEMES, Route, load_plugins, resolve_route
 from ..engine.base import AVERAGE
-from ..roles import FP16Compressor, PacketCompressor
+from ..roles import FP16Compressor, PacketCompressor, rounding_stream
 from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 from .sender import ChunkedHandle, Sender, chunk_count
@@ -139,7 +139,8 @@ class _PacketBase(_Base):
         message, sizes, bounds = self._layout(bucket, pieces)
         if memory is not None:
             memory.compensate(bucket.name, x, inplace=True)
-        comp.encode_chunks(x, message, bounds, self.scale_block)
+        with rounding_stream(bucket.name):
+            comp.encode_chunks(x, message, bounds, self.scale_block)
         if memory is not None:
             kept = bucket.scratch("kept", bucket.numel, torch.float32)
             memory.remember(bucket.name, x, comp.decode_chunks(message, bounds, kept, self.scale_block))
@@ -270,8 +271,9 @@ class AlltoallCommunicator(_PacketBase):
             received, _ = self.engine.wait(exchange.handle)
         with self.stats.timing("decompress_s"):   # and re-encode: one pass, in one call
             reduced = bucket.scratch("reduced", sizes[me], torch.uint8, zero=True)
-            self.compression.reduce_encode(received.view(n, -1), b - a, reduced, self._block(b - a),
-                                           self._divisor(n))
+            with rounding_stream(bucket.name + ".reduce"):     # its own: phase 2s run in
+                self.compression.reduce_encode(                  # the order phase 1s complete
+                    received.view(n, -1), b - a, reduced, self._block(b - a), self._divisor(n))
         exchange.handle = self.engine.allgather_async(reduced, self._tag(bucket.name + ".gather"),
                                                       sizes)
         exchange.phase = 2
