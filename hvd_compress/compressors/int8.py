@@ -35,11 +35,16 @@ class Int8Compressor(BlockCodec):
         stream = current_stream()
         key = (str(device), stream)
         if key not in cls._generators:
-            seed = cls.seed * 1_000_003 + _rank()
-            if stream is not None:          # 32 bits of the name below the rank's seed
-                seed = (seed << 32) | zlib.crc32(str(stream).encode())
-            cls._generators[key] = torch.Generator(device).manual_seed(seed)
+            cls._generators[key] = torch.Generator(device).manual_seed(cls.stream_seed(_rank(), stream))
         return cls._generators[key]
+
+    @classmethod
+    def stream_seed(cls, rank, stream=None):
+        """The seed of `rank`'s generator for `stream` (None: outside any named stream)."""
+        seed = cls.seed * 1_000_003 + rank
+        if stream is not None:              # 32 bits of the name below the rank's seed
+            seed = (seed << 32) | zlib.crc32(str(stream).encode())
+        return seed
 
     @classmethod
     def reseed(cls, seed=0):

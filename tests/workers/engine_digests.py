@@ -29,8 +29,9 @@ def exchange(hvd, label, name, route, ef):
     results = []
     for step in range(cases.STEPS):
         flat = cases.bucket(step, hvd.rank())
-        if comm.fuses:
-            buckets = [Bucket("ddp.0", ["ddp.0"], [flat], flat=True)]
+        if comm.fuses:                   # named as the hook names it (int8 rounds by name)
+            bucket_name = f"ddp.0.{flat.numel()}"
+            buckets = [Bucket(bucket_name, [bucket_name], [flat], flat=True)]
             members = [flat]
         else:                            # per tensor, named as the hook names them
             members, offset = [], 0

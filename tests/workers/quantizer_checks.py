@@ -14,6 +14,7 @@ from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel.methods import bytes_per_step
 from hvd_compress.exchange.memory import ResidualMemory
 from hvd_compress.compressors import Int8Compressor
+from hvd_compress.roles import rounding_stream
 import checks
 
 rank = world = None               # this job's rank and world size, set by run()
@@ -26,23 +27,30 @@ def grads(step, r, numel):
 
 
 class Streams:
-    """Every rank's int8 rounding stream, as that rank's Int8Compressor holds it."""
+    """Every rank's int8 rounding streams (one per bucket and phase: roles.rounding_stream), as
+    that rank's Int8Compressor holds them."""
 
     def __init__(self):
-        self.gens = {r: torch.Generator().manual_seed(SEED * 1_000_003 + r) for r in range(world)}
+        self.gens = {r: {} for r in range(world)}
 
-    def use(self, r):
-        Int8Compressor._generators = {"cpu": self.gens[r]}
+    def use(self, r, stream):
+        """Rank r's generator for `stream` in place; enter the returned context to draw from it."""
+        key = ("cpu", stream)
+        if key not in self.gens[r]:
+            self.gens[r][key] = torch.Generator().manual_seed(Int8Compressor.stream_seed(r, stream))
+        Int8Compressor._generators = self.gens[r]
+        return rounding_stream(stream)
 
 
-def reference(comp, route, xs, streams):
-    """The reduced tensor and each rank's message, replayed in this one process."""
+def reference(comp, route, xs, streams, name):
+    """The reduced tensor and each rank's message, replayed in this one process (the bucket is
+    named by its one tensor's name)."""
     numel = xs[0].numel()
     if route == "allgather":
         msgs = []
         for r in range(world):
-            streams.use(r)
-            msgs.append(comp.encode_message(xs[r].clone(), torch.zeros(comp.message_bytes(numel), dtype=torch.uint8)))
+            with streams.use(r, name):
+                msgs.append(comp.encode_message(xs[r].clone(), torch.zeros(comp.message_bytes(numel), dtype=torch.uint8)))
         out = torch.empty(numel)
         comp.decode_messages(torch.stack(msgs), numel, out, SCALE_BLOCK, world)
         return out, msgs
@@ -52,13 +60,13 @@ def reference(comp, route, xs, streams):
     offsets = [sum(sizes[:k]) for k in range(world + 1)]
     msgs = []
     for r in range(world):
-        streams.use(r)
-        msgs.append(comp.encode_chunks(xs[r].clone(), torch.zeros(sum(sizes), dtype=torch.uint8), bounds))
+        with streams.use(r, name):
+            msgs.append(comp.encode_chunks(xs[r].clone(), torch.zeros(sum(sizes), dtype=torch.uint8), bounds))
     reduced = []
     for k, (a, b) in enumerate(chunks):
-        streams.use(k)
         rows = torch.stack([m[offsets[k]:offsets[k + 1]] for m in msgs])
-        reduced.append(comp.reduce_encode(rows, b - a, torch.zeros(sizes[k], dtype=torch.uint8), SCALE_BLOCK, world))
+        with streams.use(k, name + ".reduce"):
+            reduced.append(comp.reduce_encode(rows, b - a, torch.zeros(sizes[k], dtype=torch.uint8), SCALE_BLOCK, world))
     out = torch.empty(numel)
     comp.decode_chunks(torch.cat(reduced), bounds, out)
     return out, msgs
@@ -91,7 +99,7 @@ def run(hvd):
                 out = comm.reduce([grads(step, rank, numel)], [name], memory)[0]
                 sent = comm.pop_stats()["bytes_sent"]
                 xs = [grads(step, r, numel) + residual[(r, numel)] for r in range(world)]
-                ref, msgs = reference(comp, route, xs, streams)
+                ref, msgs = reference(comp, route, xs, streams, name)
                 Int8Compressor._generators = mine          # this rank's own stream goes on
                 if feedback:
                     for r in range(world):
