@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from labs.classroom import kit as classroom_kit
+from labs.classroom import sandbox
 from labs.classroom.grade import Options, codec_step, codec_task, job_collect, job_task, judge_route
 from labs.classroom.kit_runs import run_tasks
 
@@ -124,7 +125,7 @@ def test_a_process_forked_away_reaches_no_later_run(root):
     assert (runs["np2"].out / "away-started").exists()
     assert not (runs["np4"].out / "away-started").exists()
     _all_passed(codecs, exchange)
-    assert _sandbox_processes() == []
+    assert sandbox.processes_left() == []
 
 
 def test_a_run_over_its_time_is_stopped_and_the_next_run_starts(root):
@@ -148,19 +149,3 @@ def test_the_fork_server_refuses_to_run_outside_a_sandbox(tmp_path):
                           text=True, timeout=120, env={"PYTHONPATH": str(STUDENT_SIDE.parent)})
     assert done.returncode != 0 and "PID 1" in done.stderr
 
-
-def _sandbox_processes():
-    """Processes of this test's sandboxes (their user ids: sandbox.new_uid) still alive."""
-    import os
-    from pathlib import Path
-    low = 200000 + (os.getpid() % 50000) * 16
-    left = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-            uid = int(fields["Uid"].split()[0])
-        except (OSError, KeyError, ValueError):
-            continue
-        if not fields["State"].strip().startswith("Z") and low <= uid < low + 16:
-            left.append(status.parent.name)
-    return left

@@ -63,12 +63,10 @@ def read_npz(path, limit):
         raise Garbage(f"{path.name} is unreadable ({type(err).__name__})") from None
 
 
-def run_kit(kit, work, name, argv, *, inputs=None, files=None, limits=sandbox.DEFAULT, env=None,
-            extra_ro=()):
-    """Run `argv` (the student side: "python /grader/student_side.py ...") in a sandbox over a
-    fresh copy of `kit`. inputs: {file stem: (index, arrays)} written into /grader; files:
-    {name: text}. Returns a Run, or None when the kit is too large to copy."""
-    base = Path(work) / name
+def _prepare(kit, base, limits, sources):
+    """A sandbox's folders made anew under `base`: grader/ (the grader's `sources` copied in),
+    out/, and a fresh copy of the kit. (base, grader_dir, out, kit_copy), or None when the kit
+    is too large to copy."""
     if base.exists():
         shutil.rmtree(base)
     grader_dir, out = base / "grader", base / "out"
@@ -79,7 +77,20 @@ def run_kit(kit, work, name, argv, *, inputs=None, files=None, limits=sandbox.DE
     kit_copy = sandbox.copy_kit(kit, base / "kit", limits)
     if kit_copy is None:
         return None
-    shutil.copyfile(STUDENT_SIDE, grader_dir / STUDENT_SIDE.name)
+    for source in sources:
+        shutil.copyfile(source, grader_dir / source.name)
+    return base, grader_dir, out, kit_copy
+
+
+def run_kit(kit, work, name, argv, *, inputs=None, files=None, limits=sandbox.DEFAULT, env=None,
+            extra_ro=()):
+    """Run `argv` (the student side: "python /grader/student_side.py ...") in a sandbox over a
+    fresh copy of `kit`. inputs: {file stem: (index, arrays)} written into /grader; files:
+    {name: text}. Returns a Run, or None when the kit is too large to copy."""
+    prepared = _prepare(kit, Path(work) / name, limits, (STUDENT_SIDE,))
+    if prepared is None:
+        return None
+    base, grader_dir, out, kit_copy = prepared
     for stem, (index, arrays) in (inputs or {}).items():
         save(str(grader_dir / stem), index, arrays)
     for file_name, text in (files or {}).items():
@@ -115,19 +126,10 @@ def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_fil
     the kit's own runs only): {task name: Run}, or None when the kit is too large to copy.
     data_files: the data set's files, which the fork server decompresses once for every run;
     warm_up: a run trains (the fork server pays torch's first step once for all)."""
-    base = Path(work) / "sandbox"
-    if base.exists():
-        shutil.rmtree(base)
-    grader_dir, out = base / "grader", base / "out"
-    for folder in (grader_dir, out):
-        folder.mkdir(parents=True)
-    os.chmod(base, 0o711)
-    os.chmod(grader_dir, 0o755)
-    kit_copy = sandbox.copy_kit(kit, base / "kit", limits)
-    if kit_copy is None:
+    prepared = _prepare(kit, Path(work) / "sandbox", limits, (STUDENT_SIDE, FORK_SERVER))
+    if prepared is None:
         return None
-    for source in (STUDENT_SIDE, FORK_SERVER):
-        shutil.copyfile(source, grader_dir / source.name)
+    base, grader_dir, out, kit_copy = prepared
     for task in tasks:
         for stem, (index, arrays) in task.inputs.items():
             save(str(grader_dir / stem), index, arrays)

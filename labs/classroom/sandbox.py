@@ -268,10 +268,29 @@ def hand_over(folder, uid):
             os.chown(os.path.join(root, name), uid, uid)
 
 
+def _uid_base():
+    return 200000 + (os.getpid() % 50000) * 16
+
+
 def new_uid():
     """A user id of its own for each sandbox: no process of another sandbox, of the grader or
     of anyone on the host counts against its RLIMIT_NPROC."""
-    return 200000 + (os.getpid() % 50000) * 16 + next(_counter) % 16
+    return _uid_base() + next(_counter) % 16
+
+
+def processes_left():
+    """The pids of this grader's sandboxes' processes still alive (their user ids: new_uid's);
+    zombies not counted (a killed sandbox's init stays one until the host's init reaps it)."""
+    low, left = _uid_base(), []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            uid = int(fields["Uid"].split()[0])
+        except (OSError, KeyError, ValueError):
+            continue
+        if not fields.get("State", "").strip().startswith("Z") and low <= uid < low + 16:
+            left.append(status.parent.name)
+    return left
 
 
 def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, extra_ro=(),
