@@ -21,8 +21,7 @@ from pathlib import Path
 import horovod.torch as hvd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hvd_compress.exchange.base import wait_for  # noqa: E402
+from hvd_compress.exchange.base import wait_for
 
 
 def main():

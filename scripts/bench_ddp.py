@@ -47,8 +47,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))     # bench_step, its sibling script
 
 import bench_step  # noqa: E402
 from bench_step import AUTO_ROW, LINKS, cell_steps, median_ci_pct, plan_fields  # noqa: E402

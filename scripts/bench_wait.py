@@ -186,9 +186,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
     from labs.kit.launch import horovodrun_command, launch_env
+    root = Path(__file__).resolve().parents[1]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv = (out / "steps.csv").resolve()

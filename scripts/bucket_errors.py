@@ -14,15 +14,13 @@ Writes one row per (model, step, bucket, scheme); the planner's CLI takes the la
 """
 import argparse
 import csv
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import hvd_compress as hc                                      # noqa: E402
-from hvd_compress.costmodel.methods import FUSION_BYTES, groups_by_size   # noqa: E402
+import hvd_compress as hc
+from hvd_compress.costmodel.methods import FUSION_BYTES, groups_by_size
 from labs.kit.data import read_idx                             # noqa: E402
 from labs.mnist import MODELS                                  # noqa: E402
 

@@ -9,10 +9,8 @@ and step()'s return (issue 46; results/step-bound/timeline.csv, docs/performance
 The basic net, 14 steps a schedule, the last 4 kept; the allgather communicator's start and
 finish are wrapped to log (a measurement tool, not the plugin's code path)."""
 import csv, sys, time
-from pathlib import Path
 import torch, horovod.torch as hvd, hvd_compress as hc
 import torch.nn.functional as F
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labs.mnist import MODELS
 from hvd_compress.exchange import routes
 hvd.init(); torch.set_num_threads(1)
