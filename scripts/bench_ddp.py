@@ -47,10 +47,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))     # bench_step, its sibling script
-
-import bench_step  # noqa: E402
-from bench_step import AUTO_ROW, LINKS, cell_steps, median_ci_pct, plan_fields  # noqa: E402
+from scripts import bench_step
+from scripts.bench_step import AUTO_ROW, LINKS, cell_steps, plan_fields
 
 DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the last bucket
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
@@ -183,11 +181,7 @@ def worker(args):
         if rank == 0:
             print(f"[bench_ddp] {args.model} {args.link} n={n}: round {rnd}", flush=True)
             out.flush()
-        more = 0.0
-        if rank == 0 and rnd < args.max_rounds:
-            spreads = [median_ci_pct(*t) for t in times.values() if t[0]]
-            worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
-            more = float(rnd < args.rounds or worst > args.target_spread)
+        more = bench_step.another_round(times, rnd, args) if rank == 0 else 0.0
         if not engine.broadcast_object(more, root_rank=0, name=f"more.{rnd}"):
             break
         rnd += 1

@@ -125,6 +125,17 @@ def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
     return per_round, first, max(first, most)
 
 
+def another_round(times, rnd, args):
+    """1.0 if rank 0 should run round rnd + 1: fewer than --rounds done, or some row's median
+    still known to worse than --target-spread (up to --max-rounds); else 0.0.
+    times: {row: (step_ms list, round list)}."""
+    if rnd >= args.max_rounds:
+        return 0.0
+    spreads = [median_ci_pct(*t) for t in times.values() if t[0]]
+    worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
+    return float(rnd < args.rounds or worst > args.target_spread)
+
+
 def _round_medians(step_ms, rounds):
     return sorted(_medians_by_round(step_ms, rounds).values())
 
@@ -332,11 +343,7 @@ def worker(args):
         if rank == 0:
             print(f"[bench_step] {args.model} {args.link} n={n}: round {rnd}", flush=True)
             out.flush()
-        more = 0.0
-        if rank == 0 and rnd < args.max_rounds:
-            spreads = [median_ci_pct(*t) for t in times.values() if t[0]]
-            worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
-            more = float(rnd < args.rounds or worst > args.target_spread)
+        more = another_round(times, rnd, args) if rank == 0 else 0.0
         more = hvd.broadcast(torch.tensor([more]), root_rank=0, name=f"more.{rnd}").item()
         if not more:
             break

@@ -22,14 +22,11 @@ and OUT/targets.md (those cells, a table).
 Pure pandas on the CSV: nothing is run or measured here.
 """
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_step import paired_ratio  # noqa: E402
+from scripts.bench_step import paired_ratio
 
 CELL = ["model", "link", "ranks"]
 VALUE_ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",
