@@ -27,6 +27,9 @@ scripts/wins_losses.py read them unchanged):
                       two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
                       with the suffix @last, one-phase buckets are decoded at the last bucket
                       (HookState(decode_in_callback=False)) instead of in their callback
+    local             the same model with no DDP and no exchange (forward, backward and SGD's
+                      update): the compute floor; with it summary.csv gives every row its
+                      bound, max(floor, the row's wire time), as bench_step's does
 bf16_compress_hook is not a row: it needs CUDA and NCCL.
 
 Writes OUT/steps.csv, OUT/calibration.csv, OUT/plans/, OUT/summary.csv and OUT/summary.png as
@@ -48,7 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from scripts import bench_step
-from scripts.bench_step import AUTO_ROW, LINKS, cell_steps, plan_fields
+from scripts.bench_step import AUTO_ROW, LINKS, LOCAL_ROW, cell_steps, plan_fields
 
 DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the last bucket
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
@@ -84,6 +87,8 @@ def make_row(row, model, trial_steps=0):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     import hvd_compress.ddp as hcd
     from hvd_compress.compression import Compression
+    if row == LOCAL_ROW:
+        return model, None
     row, deferred = row.removesuffix(DEFERRED), row.endswith(DEFERRED)
     who, scheme, *route = row.split(":")
     one_bucket = {"bucket_cap_mb": ONE_BUCKET_MB} if scheme.startswith("powersgd") else {}
@@ -152,6 +157,10 @@ def worker(args):
         raise RuntimeError(f"ours:auto neither planned nor fell back in {args.auto_warmup_max} "
                            "warm-up steps (--auto-warmup-max)")
 
+    # bytes a rank sends where no hook counts them: DDP's float32 / fp16 ring allreduce (as
+    # Horovod's, bench_step.stock_bytes_sent) and the local row's none; PowerSGD's stays NaN
+    bytes_of = {row: bench_step.stock_bytes_sent(row, ddp, n) for row, (ddp, _, _) in rows.items()
+                if row in (LOCAL_ROW, "stock:none", "stock:fp16")}
     out = open(args.csv, "a", newline="") if rank == 0 else None
     writer = csv.writer(out) if out else None
     times = {row: ([], []) for row in rows}
@@ -175,7 +184,8 @@ def worker(args):
                                      1e3 * (t1 - t0 - stats.get("in_backward_s", 0.0)),
                                      *(1e3 * stats.get(k[:-3] + "_s", math.nan)
                                        for k in bench_step.SPLIT[1:]),
-                                     stats.get("bytes_sent", math.nan), *plan.values()])
+                                     stats.get("bytes_sent", bytes_of.get(row, math.nan)),
+                                     *plan.values()])
                     times[row][0].append(1e3 * (t2 - t0))
                     times[row][1].append(rnd)
         if rank == 0:
@@ -293,9 +303,9 @@ def parse_args(argv=None):
         return args
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS]
+    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS + [LOCAL_ROW]]
     if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {ROWS}, links among {list(LINKS)}")
+        p.error(f"rows must be among {ROWS + [LOCAL_ROW]}, links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):
         p.error("models must be among ['lab', 'basic']")
     try:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ddprun
 import hvdrun
@@ -135,6 +136,10 @@ def test_bench_ddp_arguments():
         bench_ddp.parse_args(["--rows", "ours:nonesuch"])
     with pytest.raises(SystemExit):
         bench_ddp.parse_args(["--ranks", "1"])
+    # the local row: the compute floor, the model itself (no DDP, no process group, no hook)
+    assert bench_ddp.parse_args(["--rows", "stock:none,local"]).rows == ["stock:none", "local"]
+    model = torch.nn.Linear(3, 2)
+    assert bench_ddp.make_row("local", model) == (model, None)
 
 
 NO_HOROVOD = r"""
