@@ -22,6 +22,8 @@ import itertools
 import threading
 import time
 
+from ..engine.base import longest_sleep, usable_cores
+
 __all__ = ["Sender", "Ticket", "ChunkedHandle", "chunk_count", "chunk_plan", "MIN_CHUNK_BYTES",
            "DEPTH"]
 
@@ -31,7 +33,7 @@ __all__ = ["Sender", "Ticket", "ChunkedHandle", "chunk_count", "chunk_plan", "MI
 MIN_CHUNK_BYTES = 128 << 10
 MAX_CHUNKS = 8
 DEPTH = 2                       # chunks handed to the engine at once: one on the wire, one next
-POLL_S = 0.0005
+POLL_S = 0.0005                 # between polls; longer on a crowded host (engine.base.longest_sleep)
 
 
 def chunk_count(bucket_bytes, front_bytes, max_chunks=MAX_CHUNKS):
@@ -96,6 +98,8 @@ class Sender:
         self._lock = threading.Condition()
         self._thread = None
         self._closed = False
+        # more ranks than cores: each poll takes a core another rank computes on
+        self._poll_s = max(POLL_S, longest_sleep(engine.local_size(), usable_cores()))
 
     def submit(self, priority, launch, then=None, after=None):
         """Queue `launch()` (returns an engine handle); larger priority first. A Ticket (see
@@ -156,4 +160,4 @@ class Sender:
                     except Exception as err:
                         ticket.error = err
                         ticket.done.set()
-            time.sleep(POLL_S)
+            time.sleep(self._poll_s)
