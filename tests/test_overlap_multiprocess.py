@@ -41,6 +41,7 @@ def test_chunks_and_pieces_are_bit_identical_to_the_bucket_whole(controller, np,
                   "bit16.alltoall", "bit8.alltoall.error_feedback"):
         assert {f"overlap.priority.{label}.{what}" for what in (
             "large_bucket_chunked", "chunked_bit_identical_to_wait", "same_on_every_rank")} <= names
+    assert "overlap.priority.off_by_environment" in names
 
 
 @across_ranks("overlap_checks")

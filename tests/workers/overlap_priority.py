@@ -10,6 +10,8 @@ bit-identical to schedule="wait"'s, where the bucket travels whole; a piece deco
 another piece's place, or reduced in another order, fails it. At 2 and 4 ranks
 (tests/hvdrun.py SUITE).
 """
+import os
+
 import torch
 
 import checks
@@ -21,18 +23,23 @@ STEPS = 4
 FUSION = 200_000             # bytes: the large layer's bucket alone, the others around it
 
 
-def wide(schedule, compression, route, error_feedback=None, seed=0):
-    """(parameters, {bucket: (index, chunks)}) after STEPS steps."""
-    import horovod.torch as hvd
+def make(schedule, compression, route, error_feedback=None):
+    """(model, optimizer): a net whose middle layer's bucket is the one to cut."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 4096), torch.nn.ReLU(),
                                 torch.nn.Linear(4096, 4))
     extra = {"model": model} if schedule == "overlap" else {}
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  model.named_parameters(), compression=compression,
-                                  route=route, error_feedback=error_feedback,
-                                  fusion_threshold_bytes=FUSION, schedule=schedule, **extra)
+    return model, hc.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.named_parameters(),
+        compression=compression, route=route, error_feedback=error_feedback,
+        fusion_threshold_bytes=FUSION, schedule=schedule, **extra)
+
+
+def wide(schedule, compression, route, error_feedback=None, seed=0):
+    """(parameters, {bucket: (index, chunks)}) after STEPS steps."""
+    import horovod.torch as hvd
+    model, opt = make(schedule, compression, route, error_feedback)
     if hasattr(compression, "reseed"):    # int8's rounding streams from their start
         compression.reseed()
     chunked = dict(getattr(opt.communicator, "_chunking", {}))
@@ -63,6 +70,17 @@ def run(hvd):
         check(f"overlap.priority.{label}.chunked_bit_identical_to_wait",
               torch.equal(waited, overlapped), f"max diff {(waited - overlapped).abs().max()}")
         check(f"overlap.priority.{label}.same_on_every_rank", checks.same_everywhere([overlapped]))
+
+    # HVD_COMPRESS_PRIORITY=0 (bench_step's +whole rows): overlap with the bucket whole
+    os.environ["HVD_COMPRESS_PRIORITY"] = "0"
+    try:
+        _, opt = make("overlap", hc.Compression.bit8, "alltoall")
+        check("overlap.priority.off_by_environment",
+              opt.schedule == "overlap" and not getattr(opt.communicator, "_chunking", {}),
+              str(getattr(opt.communicator, "_chunking", None)))
+        opt.close()
+    finally:
+        del os.environ["HVD_COMPRESS_PRIORITY"]
 
 
 if __name__ == "__main__":
