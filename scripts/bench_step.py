@@ -14,7 +14,8 @@ in interleaved rounds, so every ratio is measured in the same run on the same ma
 Rows beyond the grid's (--rows): `local`, the same model trained with no exchange (forward,
 backward and the optimizer's update: the compute floor), and `ours:SCHEME[:ROUTE]+overlap`,
 the optimizer with schedule="overlap" (a bucket's parameters updated as it arrives, the next
-forward waiting per layer). With a local row, summary.csv gives every row its bound (issue 46):
+forward waiting per layer), and `ours:SCHEME[:ROUTE]+whole+overlap`, the same with no bucket
+cut into chunks (what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
 bound_ms = max(floor_ms, the local row's step; wire_ms, the row's bytes a step at the link's
 rate, none over loopback) and step_over_bound.
 
@@ -61,6 +62,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 # The default grid's rows; known_rows() lists every row --rows takes (the registry's schemes).
@@ -69,6 +71,7 @@ ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoa
 AUTO_ROW = "ours:auto"
 LOCAL_ROW = "local"       # the same model, forward + backward + update, no exchange: the floor
 OVERLAP = "+overlap"      # a row of ours with schedule="overlap" (updates as buckets arrive)
+WHOLE = "+whole"          # before +overlap: no bucket cut into chunks (HVD_COMPRESS_PRIORITY=0)
 STOCK_ROWS = ("stock:none", "stock:fp16")     # Horovod's own optimizer and compressions
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
 SPLIT = ["forward_backward_ms", "copy_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
@@ -95,14 +98,15 @@ def known_rows():
             rows += [f"ours:{entry.name}:{route.value}" for route in entry.routes]
     rows += [AUTO_ROW]
     overlapped = [r + OVERLAP for r in rows if r.startswith("ours:") and r != AUTO_ROW]
-    return rows + overlapped + [LOCAL_ROW]
+    whole = [r.removesuffix(OVERLAP) + WHOLE + OVERLAP for r in overlapped]
+    return rows + overlapped + whole + [LOCAL_ROW]
 
 
 def row_compression(row):
     """(compression, route) of a fixed row of ours: the scheme's registry entry, a method at its
     default parameter (top-k's ratio, PowerSGD's rank)."""
     from hvd_compress import registry
-    _, name, *route = row.removesuffix(OVERLAP).split(":")
+    _, name, *route = row.removesuffix(OVERLAP).removesuffix(WHOLE).split(":")
     entry = registry.scheme(name)
     compression = entry.load()
     if entry.parameter is not None:
@@ -230,8 +234,25 @@ def make_optimizer(row, model, trial_steps=0):
     else:
         compression, route = row_compression(row)
     overlap = {"schedule": "overlap", "model": model} if row.endswith(OVERLAP) else {}
-    return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                   compression=compression, route=route, **overlap)
+    with chunks_off(row.endswith(WHOLE + OVERLAP)):     # what the chunks buy, beside them
+        return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                       compression=compression, route=route, **overlap)
+
+
+@contextmanager
+def chunks_off(off):
+    """While an optimizer is made: no bucket cut into chunks if `off` (the optimizer reads
+    HVD_COMPRESS_PRIORITY=0 at construction)."""
+    saved = os.environ.get("HVD_COMPRESS_PRIORITY")
+    if off:
+        os.environ["HVD_COMPRESS_PRIORITY"] = "0"
+    try:
+        yield
+    finally:
+        if off and saved is None:
+            del os.environ["HVD_COMPRESS_PRIORITY"]
+        elif off:
+            os.environ["HVD_COMPRESS_PRIORITY"] = saved
 
 
 def stock_bytes_sent(row, model, n):

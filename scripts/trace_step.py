@@ -4,9 +4,9 @@ each bucket, when a wait for one begins and when it is reduced, forward's and ba
 and step()'s return (issue 46; results/step-bound/timeline.csv, docs/performance.md).
 
     python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- \
-        .venv/bin/python scripts/trace_step.py OUT.csv
+        .venv/bin/python scripts/trace_step.py OUT.csv [allgather|alltoall]
 
-The basic net, 14 steps a schedule, the last 4 kept; the allgather communicator's start and
+The basic net, 14 steps a schedule, the last 4 kept; the route's communicator's start and
 finish are wrapped to log (a measurement tool, not the plugin's code path)."""
 import csv, sys, time
 import torch, horovod.torch as hvd, hvd_compress as hc
@@ -16,7 +16,8 @@ from hvd_compress.exchange import routes
 hvd.init(); torch.set_num_threads(1)
 log = []
 def ev(what, bucket=""): log.append((time.perf_counter(), what, bucket))
-A = routes.AllgatherCommunicator
+route = sys.argv[2] if len(sys.argv) > 2 else "allgather"
+A = {"allgather": routes.AllgatherCommunicator, "alltoall": routes.AlltoallCommunicator}[route]
 ostart, ofinish = A.start, A.finish
 def start(self, b, m=None):
     ev("launch", b.name); return ostart(self, b, m)
@@ -28,7 +29,7 @@ rows = []
 for sched in ("wait", "overlap"):
     torch.manual_seed(0); m = MODELS["basic"]()
     opt = hc.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5), m.named_parameters(),
-          compression=hc.Compression.bit8, schedule=sched, model=m if sched == "overlap" else None)
+          compression=hc.Compression.bit8, route=route, schedule=sched, model=m if sched == "overlap" else None)
     g = torch.Generator().manual_seed(hvd.rank())
     data = [(torch.randn(64, 1, 28, 28, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(4)]
     hvd.allreduce(torch.zeros(1), name=f"b.{sched}")

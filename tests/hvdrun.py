@@ -106,6 +106,8 @@ SUITE = {
     "exchange_checks": [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)],
     "exchange_optimizer": FOUR,      # not at 3 ranks: nothing in it depends on the world size
     "overlap_checks": [("gloo", 2)],  # schedule="overlap" against "wait", every scheme
+    # its chunks and pieces against the bucket whole, on both packet routes, at 2 and 4 ranks
+    "overlap_priority": FOUR,
     # the same buckets as the DDP hook's (tests/test_ddp.py compares the digests)
     "engine_digests": [("gloo", 2), ("gloo", 4)],
     # last: it registers plugin schemes (e5m2, e2m1: docs/examples) in the ranks' registry

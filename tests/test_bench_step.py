@@ -267,6 +267,25 @@ def test_the_local_and_overlap_rows_are_known():
         "local", "ours:bit8+overlap"]
 
 
+def test_the_whole_bucket_row_turns_chunks_off_while_its_optimizer_is_made(monkeypatch):
+    """ours:...+whole+overlap: the same scheme and route, schedule="overlap" with no bucket
+    cut (HVD_COMPRESS_PRIORITY=0 read at construction), the environment as it was after."""
+    import os
+    assert "ours:bit8:alltoall+whole+overlap" in bench.known_rows()
+    compression, route = bench.row_compression("ours:bit8:alltoall+whole+overlap")
+    assert (compression.name, route) == ("bit8", "alltoall")
+    monkeypatch.delenv("HVD_COMPRESS_PRIORITY", raising=False)
+    with bench.chunks_off(True):
+        assert os.environ["HVD_COMPRESS_PRIORITY"] == "0"
+    assert "HVD_COMPRESS_PRIORITY" not in os.environ
+    monkeypatch.setenv("HVD_COMPRESS_PRIORITY", "1")
+    with bench.chunks_off(True):
+        assert os.environ["HVD_COMPRESS_PRIORITY"] == "0"
+    with bench.chunks_off(False):
+        assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
+    assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
+
+
 def test_summary_keeps_a_replanned_rows_last_prediction_apart():
     """A row re-planned in its timed steps: plan_predicted_ms is the median over them (900,
     990 and the new plan's 1200), plan_last_predicted_ms the last plan's own."""

@@ -73,6 +73,18 @@ def test_every_prediction_within_25_percent():
     assert not misses, {p.run: round(100 * p.error) for p in judged}
 
 
+def test_no_step_beats_its_bound_and_the_report_says_each():
+    """step / bound (issue 46) of every network row: at least 1 (no step is faster than its
+    own compute or than its bytes at the link's rate), and the report's column shows it."""
+    net = frame(NET)
+    text = (LAB / "report.md").read_text(encoding="utf-8")
+    for row in net.itertuples():
+        bound = network.step_bound(row, row.netem_rate_bps)
+        assert bound.ratio >= 1.0, (row.run, bound)
+        kind = "wire" if bound.wire_ms >= bound.floor_ms else "floor"
+        assert f"| {row.step_ms:.1f} | {bound.ratio:.2f} of {bound.bound_ms:.0f} ({kind}) |" in text
+
+
 def test_the_committed_report_is_the_committed_runs():
     """results/lab/report.md is what the report builder makes of results/lab (the date line
     and the path to the summary aside), and every figure it shows is committed beside it."""

@@ -127,6 +127,27 @@ def test_predictions_of_a_row(tmp_path):
         network.predictions(net, manifests, loop, busy, {4: idle[2]})
 
 
+def test_step_bound_of_a_row():
+    """bound = max(floor, wire): the floor is the step less its wait for the exchange, the
+    wire the bytes counted at the link's rate; a row without its wait has no bound."""
+    import pandas as pd
+    rows = pd.DataFrame({"run": ["np2-none", "np2-bit8", "np2-stock"],
+                         "step_ms": [580.0, 300.0, 500.0], "communicate_ms": [300.0, 40.0, math.nan],
+                         "bytes_per_step": [4_800_000, 1_200_000, 4_800_000]})
+    wired, floored, blind = rows.itertuples()
+    bound = network.step_bound(wired, 1e8)
+    assert (bound.floor_ms, bound.wire_ms) == (pytest.approx(280.0), pytest.approx(384.0))
+    assert bound.bound_ms == pytest.approx(384.0) and bound.ratio == pytest.approx(580 / 384)
+    bound = network.step_bound(floored, 1e8)
+    assert bound.bound_ms == pytest.approx(260.0) and bound.wire_ms == pytest.approx(96.0)
+    assert bound.ratio == pytest.approx(300 / 260)
+    assert network.step_bound(floored, 1e7).bound_ms == pytest.approx(960.0)   # 10 Mbit/s
+    with pytest.raises(network.NetworkError, match="np2-stock: no step / bound"):
+        network.step_bound(blind, 1e8)
+    with pytest.raises(network.NetworkError, match="link's rate"):
+        network.step_bound(wired, math.nan)
+
+
 def test_rate_text():
     assert network.rate_text(math.inf) == "any rate"
     assert network.rate_text(0.0) == "never"

@@ -1,6 +1,7 @@
 """DistributedOptimizer's schedule="overlap" on 2 real ranks (Gloo; tests/workers/overlap_checks.py
 in the shared job, tests/hvdrun.py): bit-identical to schedule="wait" for every registered scheme,
-updates applied by the forward that needs them or by state_dict(), and the fallbacks."""
+updates applied by the forward that needs them or by state_dict(), and the fallbacks; priority on
+the wire (tests/workers/overlap_priority.py) at 2 and 4 ranks."""
 import pytest
 
 from hvd_compress import registry
@@ -28,9 +29,19 @@ def test_overlap_is_bit_identical_to_waiting(controller, np, request):
         assert {f"overlap.pop_stats.{schedule}.{what}" for what in (
             "first_step_has_no_interval", "floor_under_step", "wire_of_bytes_sent",
             "step_over_bound")} <= names
-    for label in ("bit8", "int8"):        # priority on the wire: chunks, same bits
-        assert {f"overlap.priority.{label}.large_bucket_chunked",
-                f"overlap.priority.{label}.chunked_bit_identical_to_wait"} <= names
+
+
+@across_ranks("overlap_priority")
+def test_chunks_and_pieces_are_bit_identical_to_the_bucket_whole(controller, np, request):
+    """Priority on the wire: the large bucket cut (allgather: chunks; two-phase: pieces, each
+    an alltoall and an allgather, reduced on the sender's thread in order), the bits those of
+    the bucket sent whole, for bit8, int8's stochastic rounding, bit16 and error feedback."""
+    names = set(passed_checks(request))
+    for label in ("bit8.allgather", "int8.allgather", "bit8.alltoall", "int8.alltoall",
+                  "bit16.alltoall", "bit8.alltoall.error_feedback"):
+        assert {f"overlap.priority.{label}.{what}" for what in (
+            "large_bucket_chunked", "chunked_bit_identical_to_wait", "same_on_every_rank")} <= names
+    assert "overlap.priority.off_by_environment" in names
 
 
 @across_ranks("overlap_checks")

@@ -33,7 +33,7 @@ from ..engine.base import AVERAGE
 from ..roles import FP16Compressor, PacketCompressor, rounding_stream
 from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
-from .sender import ChunkedHandle, Sender, chunk_count
+from .sender import MAX_CHUNKS, ChunkedHandle, Sender, chunk_plan
 
 __all__ = ["make_communicator", "route_of", "AllreduceCommunicator", "AllgatherCommunicator",
            "AlltoallCommunicator", "Stats", "start_packet_exchange", "horovod_bytes_sent",
@@ -150,41 +150,41 @@ class _PacketBase(_Base):
         return n if self.op == AVERAGE else 1
 
 
-class AllgatherCommunicator(_PacketBase):
-    """Gather every rank's bucket message; decode and sum all n in one pass (the course's design).
-
-    With priorities (prioritise(), schedule="overlap"): a bucket the next forward needs late
-    and that is larger than what it needs first is cut into chunks on scale-block boundaries,
-    each gathered on its own through a Sender (exchange/sender.py), so the front buckets,
-    launched directly, are not queued behind all of it. The codes are the same (a chunk's
-    segment of the message is the message of its values), so are the bits."""
-    route = Route.ALLGATHER
+class _Prioritised(_PacketBase):
+    """What both packet routes share under schedule="overlap": prioritise() chooses which bucket
+    is cut into chunks (sender.chunk_plan, from the layout alone, so every rank cuts alike) and
+    a Sender hands the chunks to the engine a few at a time; the buckets not cut are launched
+    directly, ahead of the chunks still queued."""
     sender = None
     _chunking = {}
+    max_chunks = MAX_CHUNKS
 
     def prioritise(self, buckets):
         """Buckets in backward order (last layer first, the forward needs the last first):
-        choose each one's chunks (sender.chunk_count from the bytes of the buckets after it)
-        and start sending chunks by priority. Only with block scales (a chunk's own scales)."""
-        if self.scale_block is None or self.engine.size() == 1:
+        choose the chunks and start a sender if any bucket is cut. Only with block scales (a
+        chunk's own scales) and on an engine that matches collectives by name (the sender
+        launches in its own thread, in an order timing decides)."""
+        if self.scale_block is None or self.engine.size() == 1 or self.engine.matches_by_order:
             return
         sizes = [self.compression.message_bytes(b.numel, self._block(b.numel)) for b in buckets]
         self._chunking = {}
-        for i, bucket in enumerate(buckets):
-            count = chunk_count(sizes[i], sum(sizes[i + 1:]))
+        for i, count in chunk_plan(sizes, self.max_chunks).items():
+            count = min(count, self._most_chunks(buckets[i]))
             if count > 1:
-                self._chunking[bucket.name] = (i, count)
+                self._chunking[buckets[i].name] = (i, count)
         if self._chunking and self.sender is None:
             self.sender = Sender(self.engine)
 
+    def _most_chunks(self, bucket):
+        """How many chunks the bucket can be cut into (each at least a scale block)."""
+        return -(-bucket.numel // self.scale_block)
+
     def drop(self, exchange):
         """Wait for an abandoned exchange, its result dropped (its own error too)."""
-        handles = (exchange.handle.tickets if isinstance(exchange.handle, ChunkedHandle)
-                   else [exchange.handle])
-        for handle in handles:
+        chunked = isinstance(exchange.handle, ChunkedHandle)
+        for handle in exchange.handle.tickets if chunked else [exchange.handle]:
             try:
-                self.sender.wait(handle) if isinstance(exchange.handle, ChunkedHandle) \
-                    else wait_for(handle, self.engine)
+                self.sender.wait(handle) if chunked else wait_for(handle, self.engine)
             except Exception:
                 pass
 
@@ -193,6 +193,17 @@ class AllgatherCommunicator(_PacketBase):
             self.sender.close()
             self.sender = None
         self._chunking = {}
+
+
+class AllgatherCommunicator(_Prioritised):
+    """Gather every rank's bucket message; decode and sum all n in one pass (the course's design).
+
+    With priorities (prioritise(), schedule="overlap"): a bucket the next forward needs late
+    and that is larger than what it needs first is cut into chunks on scale-block boundaries,
+    each gathered on its own through a Sender (exchange/sender.py), so the front buckets,
+    launched directly, are not queued behind all of it. The codes are the same (a chunk's
+    segment of the message is the message of its values), so are the bits."""
+    route = Route.ALLGATHER
 
     def start(self, bucket, memory=None):
         if bucket.name in self._chunking and self.sender is not None:
@@ -242,9 +253,24 @@ class AllgatherCommunicator(_PacketBase):
 
 
 
-class AlltoallCommunicator(_PacketBase):
-    """Two-phase: alltoall of encoded chunks, decode-and-sum, re-encode, allgather."""
+class AlltoallCommunicator(_Prioritised):
+    """Two-phase: alltoall of encoded chunks, decode-and-sum, re-encode, allgather.
+
+    With priorities (prioritise(), schedule="overlap"): the bucket that is cut goes in pieces,
+    each a two-phase exchange of its own through a Sender: piece k holds the k-th part of every
+    rank's chunk (cut on scale-block boundaries), so each rank still reduces exactly its own
+    chunk, part after part in order, with the same rounding stream, and the bits are those of
+    the bucket exchanged whole. The sender's thread reduces a piece and launches its allgather
+    as soon as its alltoall completes, while the main thread computes; the front buckets,
+    launched directly, wait behind at most a piece or two. A piece is two collectives, each
+    with Horovod's negotiation round before it: at most half the allgather route's chunks."""
     route = Route.ALLTOALL
+    max_chunks = MAX_CHUNKS // 2
+
+    def _most_chunks(self, bucket):
+        """Every rank's chunk cut into as many parts, each at least a scale block."""
+        chunks = bucket.cached(("chunks", self.engine.size()), lambda: self._chunks(bucket))
+        return min(-(-(b - a) // self.scale_block) for a, b in chunks)
 
     def _chunks(self, bucket):
         # Cut on block boundaries so every chunk's scales are its own; with one scale per tensor
@@ -252,6 +278,8 @@ class AlltoallCommunicator(_PacketBase):
         return chunk_bounds(bucket.numel, self.engine.size(), self.scale_block or 1)
 
     def start(self, bucket, memory=None):
+        if bucket.name in self._chunking and self.sender is not None:
+            return self._start_chunked(bucket, memory, *self._chunking[bucket.name])
         chunks = bucket.cached(("chunks", self.engine.size()), lambda: self._chunks(bucket))
         with self.stats.timing("compress_s"):
             message, sizes = self._encode(bucket, chunks, memory)
@@ -282,7 +310,73 @@ class AlltoallCommunicator(_PacketBase):
     def advance(self, exchanges):
         launch_next_phases(self, exchanges)
 
+    def _start_chunked(self, bucket, memory, priority, count):
+        """Encode the bucket once, in its own order (a stochastic codec draws as for the whole
+        bucket), and queue its pieces: piece k's alltoall sends the k-th part of chunk r to
+        rank r; its next phase (_reduce_piece) runs on the sender's thread. Phase 2 from the
+        start: launch_next_phases and progress leave it to the sender."""
+        n, me = self.engine.size(), self.engine.rank()
+        parts = bucket.cached(("parts", n, count), lambda: self._parts(bucket, count))
+        with self.stats.timing("compress_s"):
+            message, sizes = self._encode(bucket, [part for chunk in parts for part in chunk],
+                                          memory)
+            offsets = [0]
+            for size in sizes:
+                offsets.append(offsets[-1] + size)
+            segment = lambda r, k: message[offsets[r * count + k]:offsets[r * count + k + 1]]
+            sends = [torch.cat([segment(r, k) for r in range(n)]) for k in range(count)]
+        tickets, previous = [], None
+        for k in range(count):
+            row = [sizes[r * count + k] for r in range(n)]
+            splits = torch.tensor(row, dtype=torch.int32)
+            name = self._tag(f"{bucket.name}.c{k}of{count}")
+            launch = (lambda send=sends[k], splits=splits, name=name:
+                      self.engine.alltoall_async(send, splits, name))
+            then = (lambda handle, k=k, row=row, name=name:
+                    self._reduce_piece(bucket, parts[me][k], row, name, handle))
+            previous = self.sender.submit(priority, launch, then, after=previous)
+            tickets.append(previous)
+        mine = sum(sizes[me * count:(me + 1) * count])
+        self.stats.add("bytes_sent", message.numel() - mine + (n - 1) * mine)
+        return Exchange(bucket, ChunkedHandle(tickets), (parts, sizes, count), phase=2)
+
+    def _parts(self, bucket, count):
+        """parts[r][k]: the k-th of `count` parts of rank r's chunk, on scale-block boundaries."""
+        chunks = bucket.cached(("chunks", self.engine.size()), lambda: self._chunks(bucket))
+        return [[(a + x, a + y) for x, y in chunk_bounds(b - a, count, self.scale_block)]
+                for a, b in chunks]
+
+    def _reduce_piece(self, bucket, part, row, name, handle):
+        """On the sender's thread, piece by piece in order: this rank's part of the piece from
+        every rank, decoded, summed, re-encoded (the bucket's reduce stream, drawn on where the
+        previous part left it), and its allgather launched; returns that handle."""
+        n, me = self.engine.size(), self.engine.rank()
+        a, b = part
+        received, _ = self.engine.wait(handle)
+        reduced = bucket.scratch(("reduced", name), row[me], torch.uint8, zero=True)
+        with rounding_stream(bucket.name + ".reduce"):
+            self.compression.reduce_encode(received.view(n, -1), b - a, reduced,
+                                           self._block(b - a), self._divisor(n))
+        return self.engine.allgather_async(reduced, name + ".gather", row)
+
+    def _finish_chunked(self, exchange):
+        bucket, n = exchange.bucket, self.engine.size()
+        parts, sizes, count = exchange.ctx
+        for k, ticket in enumerate(exchange.handle.tickets):
+            with self.stats.timing("communicate_s"):
+                gathered = self.sender.wait(ticket)
+            self.stats.add("decompress_s", ticket.busy_s)      # the middle, on the sender's thread
+            with self.stats.timing("decompress_s"):
+                offset = 0
+                for r in range(n):
+                    (a, b), size = parts[r][k], sizes[r * count + k]
+                    self.compression.decode_chunks(gathered[offset:offset + size], [0, b - a],
+                                                   bucket.buffer[a:b], self.scale_block)
+                    offset += size
+
     def finish(self, exchange):
+        if isinstance(exchange.handle, ChunkedHandle):
+            return self._finish_chunked(exchange)
         self.progress(exchange, wait=True)
         bucket, (chunks, _) = exchange.bucket, exchange.ctx
         with self.stats.timing("communicate_s"):

@@ -1,5 +1,6 @@
 """The network table's numbers: each row's exchange predicted beside the measured one, bytes on
-the wire beside the bytes counted, and the link rate at which compression breaks even.
+the wire beside the bytes counted, the link rate at which compression breaks even, and how far
+each step is from its bound (max of the compute floor and the wire time of its bytes).
 
 Inputs: the network table's summary.csv and run manifests (labs/kit/matrix.py, a run over an
 emulated link: labs.netem), the link's calibration (labs.netem.bench's *_fit.json: alpha and
@@ -157,6 +158,38 @@ def predictions(net_frame, net_manifests, loop_frame, links, links_after=None):
         out.append(Prediction(row.run, n, row.compression, row.exchange_ms,
                               1000 * wire + decode, be))
     return out
+
+
+@dataclass
+class StepBound:
+    """How far a row's step is from what the machine and the link allow (issue 46):
+    bound = max(the compute floor, the wire time of the step's bytes)."""
+    step_ms: float
+    floor_ms: float               # the mean step less its mean wait for the exchange
+    wire_ms: float                # the bytes a rank counted per step, at the link's rate
+
+    @property
+    def bound_ms(self):
+        return max(self.floor_ms, self.wire_ms)
+
+    @property
+    def ratio(self):
+        return self.step_ms / self.bound_ms
+
+
+def step_bound(row, rate_bps):
+    """A table row's StepBound. The floor is what the lab measures of the step without its
+    waits: step_ms less communicate_ms (pop_stats' compute_s); the wire counts the bytes the
+    communicator counted (bytes_per_step) at `rate_bps`, not TCP's and Ethernet's framing
+    (wire_bytes_per_step / bytes_per_step says how much that adds). A row with no wait
+    measured (no pop_stats) has no floor: NetworkError, not a guess."""
+    step, wait, sent = (float(getattr(row, k)) for k in ("step_ms", "communicate_ms",
+                                                        "bytes_per_step"))
+    if not all(map(math.isfinite, (step, wait, sent))) or not rate_bps > 0:
+        raise NetworkError(f"{row.run}: no step / bound without its step, its wait for the "
+                           f"exchange and its bytes (step {step} ms, communicate {wait} ms, "
+                           f"{sent} bytes) and the link's rate ({rate_bps} bit/s)")
+    return StepBound(step, step - wait, 1000 * 8 * sent / rate_bps)
 
 
 @dataclass

@@ -310,11 +310,12 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
              f"{', '.join(map(str, steps))} steps per process per run (a timing table: the "
              f"accuracy of so short a run says nothing). Same network, seed and flags as the "
              f"table above.", "",
-             "| 训练算法 / Algorithm | 设备数 / Devices | 每步 / Step (ms) | step / fp32 | "
+             "| 训练算法 / Algorithm | 设备数 / Devices | 每步 / Step (ms) | step / bound | "
+             "step / fp32 | "
              "step / fp16 | loopback step / fp32 | 通信实测 / Exchange measured (ms) | "
              "预测 / Predicted (ms) | error | 计数字节 / Bytes counted per step | "
              "网卡字节 / Bytes on the wire per step | wire / counted | 盈亏平衡 / Pays below | "
-             "运行 / Run |", "|" + "---|" * 14]
+             "运行 / Run |", "|" + "---|" * 15]
     for row in frame.itertuples():
         if row.ranks < 2 or row.run not in preds:   # auto: its own table below
             continue
@@ -326,8 +327,14 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
                 network.rate_text(p.break_even_bps))
         shifted = (row.run in loop and fp32 in loop
                    and abs(state_shift(loop[row.run], loop[fp32])) > STATE_TOLERANCE)
+        try:
+            bound = network.step_bound(row, rate)
+        except network.NetworkError as err:
+            raise ReportError(str(err)) from None
         lines.append(
             f"| {algorithm(row)} | {row.ranks} | {row.step_ms:.1f} | "
+            f"{bound.ratio:.2f} of {bound.bound_ms:.0f} "
+            f"({'wire' if bound.wire_ms >= bound.floor_ms else 'floor'}) | "
             f"{_ratio(net, row.run, fp32):.2f} | {_ratio(net, row.run, fp16):.2f} | "
             f"{_ratio(loop, row.run, fp32):.2f}{' †' if shifted else ''} | {p.measured_ms:.1f} | "
             f"{p.predicted_ms:.1f} | "
@@ -354,6 +361,13 @@ def network_section(net_path, calibration, loop_frame, skipped=None):
               "(`hvd_compress/costmodel/methods.py` exchange_seconds, `labs/kit/network.py`). "
               "Encoding is left out: it runs before each launch, inside S or while earlier "
               "units are on the wire.",
+              "- step / bound: the step against what the machine and the link allow, "
+              "bound = max(floor, wire) in ms, and which of the two it is: floor, the row's mean "
+              "step less its mean wait for the exchange (the process's own forward, backward, "
+              "coding and update); wire, the bytes a process counted per step at the link's "
+              "rate (TCP and Ethernet framing not counted: wire / counted says how much they "
+              "add). 1.00 would be a step that waits for nothing the link does not force "
+              "(`labs/kit/network.py` step_bound).",
               "- Pays below: the link rate b* under which the compressed exchange is faster "
               "than float32's, from the fit without overlap (the exchange after backward: the "
               "idle-core fit where there is one): T(b) = L + D + 8 W / b, "

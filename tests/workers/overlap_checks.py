@@ -9,6 +9,7 @@ schedule="overlap" (hvd_compress/overlap.py) on real ranks.
   zero_grad() with pending updates (set_to_none either way) zeroes them after their update.
 - The fallbacks: an optimizer whose step is not known to be elementwise, and a step with a
   closure, wait for every bucket, say so once, and give the waiting schedule's bits.
+Priority on the wire (a large bucket in chunks) is tests/workers/overlap_priority.py's.
 The model is the exchange checks' (a layer only rank 0 uses on odd steps: a module whose
 forward does not run on a rank has its update applied at the next backward), with buckets small
 enough that it has several.
@@ -79,31 +80,6 @@ def train(schedule, compression, route, make=None, zero_none=True, closure=False
     return params, torch.cat(flat) if flat else torch.zeros(0)
 
 
-def wide(schedule, compression):
-    """(parameters, chunked buckets) after STEPS steps of a net with a layer large enough that
-    schedule="overlap" cuts its bucket into chunks sent by priority (exchange/sender.py)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2048),
-                                torch.nn.ReLU(), torch.nn.Linear(2048, 4))
-    extra = {"model": model} if schedule == "overlap" else {}
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  model.named_parameters(), compression=compression,
-                                  fusion_threshold_bytes=200_000, schedule=schedule, **extra)
-    if hasattr(compression, "reseed"):
-        compression.reseed()
-    chunked = dict(getattr(opt.communicator, "_chunking", {}))
-    exchange_checks.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(exchange_checks.RANK)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    params = torch.cat([v.reshape(-1) for v in model.state_dict().values()])
-    opt.close()
-    return params, chunked
-
-
 def same(label, a, b):
     check(label, torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]),
           f"parameters max diff {(a[0] - b[0]).abs().max()}, state equal {torch.equal(a[1], b[1])}")
@@ -123,15 +99,6 @@ def run(hvd):
             same(f"overlap.{label}.zero_grad_in_place.bit_identical_to_wait",
                  train("wait", comp, route, zero_none=False),
                  train("overlap", comp, route, zero_none=False))
-
-    # priority on the wire: the large bucket in chunks, the bits unchanged
-    for label, comp in (("bit8", hc.Compression.bit8), ("int8", hc.Compression.int8)):
-        waited, _ = wide("wait", comp)
-        overlapped, chunked = wide("overlap", comp)
-        check(f"overlap.priority.{label}.large_bucket_chunked",
-              len(chunked) == 1 and list(chunked.values())[0][1] >= 2, str(chunked))
-        check(f"overlap.priority.{label}.chunked_bit_identical_to_wait",
-              torch.equal(waited, overlapped), f"max diff {(waited - overlapped).abs().max()}")
 
     # step() returns before any update; the next forward applies them; state_dict() flushes
     seen = {}
