@@ -44,6 +44,17 @@ is taken from backward: a collective's `cpu` (its measured CPU seconds x Measure
 is added to backward's end and to every later hook, in the share of its run that overlaps
 backward. The fold leaves it out; the timeline, which chooses, has it.
 
+Across the step boundary (schedule="overlap"; `Measurements.needed_s`): step() returns at
+backward's end B' and the next forward runs on; bucket i is first needed `needed_i` after
+that (its pace measured as backward's is: the forward's pre-hooks, waits taken out), so in
+order of need
+
+    at_i = max(B' + needed_i + lag, Q_i) + dec_i,   lag = at_i - B' - needed_i   (lag_0: 0)
+    step = fixed_s + B' + lag                        the forward is in fixed_s; only its waits add
+
+With every need 0 this is the waiting fold. A bucket the next forward needs late hides its
+exchange behind the forward's first layers, which the waiting schedule cannot.
+
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
 idle link's, where one was measured; a collective across that moment does the rest at idle pace
@@ -165,7 +176,9 @@ class Measurements:
     {collective: Affine} the CPU a collective's threads spend per call (bytes as for `links`),
     and `cpu_share`: the backward seconds one such CPU second costs where backward computes
     meanwhile (the cores' threads per core, 0 where a core is free; module docstring, "The
-    collectives' CPU")."""
+    collectives' CPU"). `needed_s`: under schedule="overlap", per bucket, when the next
+    forward first needs it (s after step() returns, waits excluded; module docstring, "Across
+    the step boundary"); None: the waiting schedule is priced."""
 
     n: int
     buckets: tuple
@@ -177,6 +190,13 @@ class Measurements:
     fixed_s: float = 0.0
     links_cpu: dict = field(default_factory=dict)
     cpu_share: float = 0.0
+    needed_s: tuple | None = None
+
+    @property
+    def schedule(self):
+        """The schedule a plan's step is priced on: "overlap" where the forward's needs are
+        given, else "wait"."""
+        return "wait" if self.needed_s is None else "overlap"
 
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
@@ -197,6 +217,13 @@ class Measurements:
                              f"is ready ({last!r} s)")
         if any(b.ready_s > a.ready_s for a, b in zip(self.buckets[1:], self.buckets)):
             raise ValueError("buckets must be given in launch order (ready times non-decreasing)")
+        if self.needed_s is not None:
+            object.__setattr__(self, "needed_s", tuple(self.needed_s))
+            if len(self.needed_s) != len(self.buckets) or not all(
+                    isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
+                    for t in self.needed_s):
+                raise ValueError(f"needed_s must give every bucket a finite time >= 0 "
+                                 f"({len(self.buckets)} buckets), got {self.needed_s!r}")
 
 
 # ---------------------------------------------------------------- one bucket, one option
@@ -344,6 +371,8 @@ class Timeline:
     loss: float = 0.0
     stolen_s: tuple = ()     # backward's time the collectives' CPU took before each bucket's
                              # hook, then in all
+    applied_s: tuple = ()    # when each bucket is decoded and applied (the waiting schedule:
+                             # in step(); overlap: when the next forward needs it)
 
 
 def _options(m, plan, candidates=None):
@@ -403,11 +432,29 @@ def _timeline(m, opts):
             pending.append((i, k + 1, Q))
         else:
             done[i] = Q
-    t = clock
-    for opt, d in zip(opts, done):
-        t = max(t, d) + opt.dec
+    applied = [0.0] * len(opts)
+    if m.needed_s is None:            # step() decodes bucket by bucket, then returns
+        t = clock
+        for i, (opt, d) in enumerate(zip(opts, done)):
+            t = applied[i] = max(t, d) + opt.dec
+    else:                             # step() returns; the next forward waits per bucket
+        t = _across_boundary(m.needed_s, opts, done, backward_end, clock, applied)
     return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
-                    sum(o.loss for o in opts), tuple(before) + (stolen,))
+                    sum(o.loss for o in opts), tuple(before) + (stolen,), tuple(applied))
+
+
+def _across_boundary(needed, opts, done, backward_end, clock, applied):
+    """schedule="overlap": step() returns at backward's end (the later phases it launched
+    after `clock`); the next forward reaches bucket i's first need `needed[i]` later, plus
+    every wait before it, then waits for its exchange and decodes it. Returns the step's
+    time as the waiting fold counts it (from backward's start, `fixed_s` not included): the
+    forward's own time is in fixed_s, so what the exchange adds is the lag it leaves."""
+    lag = clock - backward_end
+    for i in sorted(range(len(opts)), key=lambda i: (needed[i], i)):
+        at = max(backward_end + needed[i] + lag, done[i]) + opts[i].dec
+        applied[i] = at
+        lag = at - backward_end - needed[i]
+    return backward_end + lag
 
 
 def fixed_plan(m: Measurements, text: str):
@@ -499,8 +546,10 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
     fastest = min([f.step_s for f in finals] + [upper])
     finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
-    # the fold times neither a waiting later phase nor the collectives' CPU
-    phased = any(len(o.phases) > 1 or any(o.cpu) for per in opts for o in per)
+    # the fold times neither a waiting later phase nor the collectives' CPU, nor the next
+    # forward's needs (schedule="overlap")
+    phased = m.needed_s is not None or any(len(o.phases) > 1 or any(o.cpu)
+                                           for per in opts for o in per)
     by_label = [{o.label: o for o in per} for per in opts]
     shortlist = {tuple(f.indices) for f in finals + finals2} | {tuple(o.index for o in f)
                                                                 for f in fixed}
