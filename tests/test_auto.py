@@ -957,9 +957,10 @@ def test_the_default_candidates_are_the_registrys_schemes_that_carry_values():
         hc.Compression.auto(candidates=["onebit"])
 
 
-def overlapped(rank, needed):
-    """A rank's measurements (rank_measurements' dict) as taken under schedule="overlap"."""
-    return dict(rank, pace=dict(rank["pace"], needed_s=list(needed)))
+def overlapped(rank, needed, chunks=None):
+    """A rank's measurements (rank_measurements' dict) as taken under schedule="overlap"
+    (the allgather routes' chunks: {label: {bucket: count}})."""
+    return dict(rank, pace=dict(rank["pace"], needed_s=list(needed)), chunks=chunks or {})
 
 
 @pytest.mark.unit
@@ -968,6 +969,7 @@ def test_combine_prices_the_overlapped_schedule_only_where_every_rank_measured_i
             overlapped(rank_measurements(), (0.04, 0.001))]
     m = calibration.combine(records(both), [link_rows(100e6)] * 2, 2)
     assert m.schedule == "overlap" and m.needed_s == (0.04, 0.001)    # the slowest rank's
+    assert m.chunks == {}
     one = [both[0], rank_measurements()]
     assert calibration.combine(records(one), [link_rows(100e6)] * 2, 2).schedule == "wait"
 
@@ -979,7 +981,7 @@ def test_an_overlapped_plan_is_reported_as_such_and_re_decided_from_its_record(t
     comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
     sizes = [(b.name, b.bytes) for b in comm.plan_report().buckets]
     ranks = [overlapped(rank_measurements(backward=0.02, ready=(0.01, 0.02), sizes=sizes),
-                        (0.03, 0.0))] * 2
+                        (0.03, 0.0), {"bit8:allgather": {"fc.weight": 4}})] * 2
     d = decide(comm.settings, ranks, [link_rows(100e6)] * 2, [], 2)
     assert d.ok and d.measurements.schedule == "overlap"
     waiting = decide(comm.settings, [rank_measurements(backward=0.02, ready=(0.01, 0.02),
@@ -995,6 +997,7 @@ def test_an_overlapped_plan_is_reported_as_such_and_re_decided_from_its_record(t
     again = PlanReport.from_dict(json.loads(path.read_text()))
     assert again.schedule == "overlap"
     assert again.measurements.needed_s == {"fc.weight": 0.03, "conv.weight": 0.0}
+    assert again.measurements.chunks == {("fc.weight", "bit8:allgather"): 4}
     m, busy, plan = inputs.replay(again)
     assert m.needed_s == (0.03, 0.0)
     assert plan.schemes == d.labels and plan.predicted_s == d.predicted_s

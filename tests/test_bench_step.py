@@ -262,9 +262,18 @@ def test_round_mean_counts_each_exchange_once():
 def test_the_local_and_overlap_rows_are_known():
     rows = bench.known_rows()
     assert bench.LOCAL_ROW in rows and "ours:bit8:allgather+overlap" in rows
-    assert "stock:none+overlap" not in rows and "ours:auto+overlap" not in rows
+    assert "stock:none+overlap" not in rows and "ours:auto+overlap" in rows
     assert bench.parse_args(["--rows", "local,ours:bit8+overlap"]).rows == [
         "local", "ours:bit8+overlap"]
+
+
+def test_the_overlapped_auto_row_plans_itself_and_keeps_its_own_plan_report():
+    assert bench.is_auto("ours:auto") and bench.is_auto("ours:auto+overlap")
+    assert not bench.is_auto("ours:bit8+overlap") and not bench.is_auto("local")
+    assert bench.plans_name("basic", "100mbit", 2, "ours:auto") == "basic-100mbit-n2.json"
+    assert bench.plans_name("basic", "100mbit", 2, "ours:auto+overlap") == \
+        "basic-100mbit-n2-overlap.json"
+    assert bench.plan_fields("ours:bit8+overlap", {})["plan"] == ""
 
 
 def test_summary_keeps_a_replanned_rows_last_prediction_apart():

@@ -632,3 +632,30 @@ def test_forward_needs_must_give_every_bucket_a_finite_time(needs):
     b = [pl.Bucket(f"b{i}", 4096, 0.01) for i in range(3)]
     with pytest.raises(ValueError, match="needed_s"):
         measurements(b, 0.01, link(1e9), needed_s=needs)
+
+
+def test_overlap_prices_the_chunks_a_front_bucket_jumps_ahead_of():
+    # fc's 4 MiB in 8 chunks from 5 ms on; the convs' bucket, ready at 20 ms, goes in after the
+    # chunk on the wire and the one handed next, and fc's rest waits for it
+    b = [pl.Bucket("fc", 4 * MiB, 0.005), pl.Bucket("conv", 64 * 1024, 0.020)]
+    l = link(100e6, 0.0)
+    costs = {"bit8:allgather": pl.CodecCost()}
+    plan = ["bit8:allgather", "bit8:allgather"]
+    plain = measurements(b, 0.020, l, codecs=costs, fixed_s=0.040, needed_s=(0.030, 0.0))
+    cut = pl.Measurements(**{**plain.__dict__, "chunks": {("fc", "bit8:allgather"): 8}})
+    p, c = pl.predict(plain, plan), pl.predict(cut, plan)
+    whole = p.done_s[0] - 0.005                       # fc's exchange alone
+    conv = p.done_s[1] - p.leaves_s[1]                # the convs'
+    piece = whole / 8
+    starts = 0.005 + piece * (math.ceil((0.020 - 0.005) / piece) + 1)
+    assert c.leaves_s == pytest.approx((0.005, starts))
+    assert c.done_s == pytest.approx((0.005 + whole + conv, starts + conv))
+    # the forward has its convs long before fc's last chunk: the step is fc's, 30 ms hidden
+    assert c.step_s < p.step_s
+    assert c.step_s == pytest.approx(0.040 + 0.005 + whole + conv - 0.030)
+    # the waiting schedule cuts nothing: chunks are not priced there
+    waiting = pl.Measurements(**{**cut.__dict__, "needed_s": None})
+    assert pl.predict(waiting, plan) == pl.predict(
+        pl.Measurements(**{**plain.__dict__, "needed_s": None}), plan)
+    with pytest.raises(ValueError, match="chunks"):
+        pl.Measurements(**{**plain.__dict__, "chunks": {("fc", "bit8:allgather"): 0}})

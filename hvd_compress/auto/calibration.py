@@ -458,9 +458,13 @@ def combine(ranks, link_rows, n):
                 err = float(err) if err is not None else math.nan
                 old = errors.get(key, -math.inf)
                 errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
+    # overlap's chunks are cut from the layout alone, alike on every rank: rank 0's
+    chunks = {(b, t): int(c) for t, row in ranks[0].chunks.items() for b, c in row.items()
+              if int(c) > 1} if needed is not None else {}
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
                                 fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
-                                cpu_share=cpu_share([r.host for r in ranks]), needed_s=needed)
+                                cpu_share=cpu_share([r.host for r in ranks]), needed_s=needed,
+                                chunks=chunks)
 
 
 def fastest_repetitions(link_rows):

@@ -169,6 +169,7 @@ class AutoCommunicator(CommunicatorBase):
         self._buckets, self._index, self._active = [], {}, {}
         self._clock, self._log = _Clock(), _Log()
         self._adopted = None                 # the last decision adopted: its measurements
+        self._chunks = {}                    # overlap: {label: {bucket: chunks}} (prioritise)
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
@@ -287,9 +288,15 @@ class AutoCommunicator(CommunicatorBase):
         """schedule="overlap": every allgather route cuts a large bucket into chunks sent
         behind the front layers' buckets, as it does for a fixed scheme (exchange/sender.py);
         whichever label a bucket takes, its route's cut is the one the fixed scheme makes."""
-        for sub in self._subs.values():
+        self._chunks = {}
+        for text, sub in self._subs.items():
             if callable(getattr(sub, "prioritise", None)):
                 sub.prioritise(buckets)
+                # the cut it made, for the planner to price ({bucket name: (priority, count)})
+                cut = {name: int(count) for name, (_, count) in
+                       getattr(sub, "_chunking", {}).items()}
+                if cut:
+                    self._chunks[text] = cut
 
     def close(self):
         for sub in self._subs.values():
@@ -435,7 +442,8 @@ class AutoCommunicator(CommunicatorBase):
                 calibration.pace_summary(self._warmup.samples),
                 calibration.time_codecs(buffers, self.settings.candidates, n, self.scale_block),
                 calibration.measure_errors(buffers, [b.name for b in self._buckets],
-                                           self.settings.candidates, self.scale_block))
+                                           self.settings.candidates, self.scale_block),
+                self._chunks)
         except Exception as err:
             return f"rank {rank}: {_say(err)}"
 

@@ -55,6 +55,11 @@ order of need
 With every need 0 this is the waiting fold. A bucket the next forward needs late hides its
 exchange behind the forward's first layers, which the waiting schedule cannot.
 
+Priority on the wire (overlap only; `Measurements.chunks`): a bucket its route cuts into c
+chunks runs as c equal pieces, handed to Horovod two at a time; a bucket launched later, while
+they run, goes in after the piece on the wire and the next one, and pushes the rest back by
+its own time.
+
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
 idle link's, where one was measured; a collective across that moment does the rest at idle pace
@@ -178,7 +183,9 @@ class Measurements:
     meanwhile (the cores' threads per core, 0 where a core is free; module docstring, "The
     collectives' CPU"). `needed_s`: under schedule="overlap", per bucket, when the next
     forward first needs it (s after step() returns, waits excluded; module docstring, "Across
-    the step boundary"); None: the waiting schedule is priced."""
+    the step boundary"); None: the waiting schedule is priced. `chunks`: {(bucket name,
+    label): count} the chunks a one-collective route cuts a bucket into under that schedule
+    (priority on the wire; a bucket not named is not cut)."""
 
     n: int
     buckets: tuple
@@ -191,6 +198,7 @@ class Measurements:
     links_cpu: dict = field(default_factory=dict)
     cpu_share: float = 0.0
     needed_s: tuple | None = None
+    chunks: dict = field(default_factory=dict)
 
     @property
     def schedule(self):
@@ -217,6 +225,9 @@ class Measurements:
                              f"is ready ({last!r} s)")
         if any(b.ready_s > a.ready_s for a, b in zip(self.buckets[1:], self.buckets)):
             raise ValueError("buckets must be given in launch order (ready times non-decreasing)")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+               for c in self.chunks.values()):
+            raise ValueError(f"chunks must be whole counts >= 1, got {self.chunks!r}")
         if self.needed_s is not None:
             object.__setattr__(self, "needed_s", tuple(self.needed_s))
             if len(self.needed_s) != len(self.buckets) or not all(
@@ -271,6 +282,7 @@ class _Option:
     phases: tuple        # ((busy s, idle s), ...): the bucket's collectives
     cpu: tuple           # per phase: backward seconds its CPU costs, run during backward
     loss: float          # bytes * measured error: what the tie-break minimises
+    chunks: int = 1      # overlap: the chunks its route cuts it into (Measurements.chunks)
 
 
 def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
@@ -289,9 +301,11 @@ def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
         phases.append((busy, min(busy, _unit_seconds([(c, b)], m.n, idle))))
         cpu.append(_unit_cpu(m, c, b))
     err = 0.0 if scheme == "none" else m.errors.get((bucket.name, scheme), math.nan)
+    chunks = m.chunks.get((bucket.name, text), 1) if m.needed_s is not None else 1
     return _Option(text, index, cost.encode.seconds(bucket.nbytes),
                    cost.reduce.seconds(bucket.nbytes), cost.decode.seconds(bucket.nbytes),
-                   tuple(phases), tuple(cpu), bucket.nbytes * err)
+                   tuple(phases), tuple(cpu), bucket.nbytes * err,
+                   chunks if len(phases) == 1 else 1)
 
 
 def candidates_for(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND):
@@ -399,15 +413,34 @@ def _timeline(m, opts):
     E = Q = stolen = 0.0
     leaves, done, pending = [], [0.0] * len(opts), []      # pending: (bucket, phase, ended)
     before = []
+    chunked = None       # overlap: a bucket whose chunks are on the wire [index, grid, piece, end]
+    ahead = 0.0          # when the buckets that went ahead of its chunks are done
     for j, (bucket, opt) in enumerate(zip(m.buckets, opts)):
         before.append(stolen)
         E += opt.enc
         hook = bucket.ready_s + E
-        leaves.append(max(Q, hook))
-        Q = _run(leaves[-1], opt.phases[0], m.backward_s + E)
-        took = _stolen(leaves[-1], Q, opt.cpu[0], m.backward_s + E)
+        jumps = chunked is not None and chunked[3] > hook and opt.chunks <= 1
+        if jumps:        # in after the chunk on the wire and the one handed next (sender.DEPTH)
+            i, grid, piece, end = chunked
+            boundary = grid + piece * max(1, math.ceil((hook - grid) / piece - 1e-9))
+            leaves.append(max(hook, ahead, min(end, boundary + piece)))
+            jumps = leaves[-1] < end
+            if not jumps:
+                leaves.pop()
+        if jumps:
+            mine_end = ahead = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+            shift = mine_end - leaves[-1]
+            chunked = [i, grid + shift, piece, end + shift]
+            Q = done[i] = end + shift
+        else:
+            leaves.append(max(Q, hook))
+            Q = mine_end = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+            if opt.chunks > 1:
+                chunked = [j, leaves[-1], (Q - leaves[-1]) / opt.chunks, Q]
+                ahead = leaves[-1]
+        took = _stolen(leaves[-1], mine_end, opt.cpu[0], m.backward_s + E)
         E, stolen = E + took, stolen + took
-        mine, still = (j, 1, Q), []
+        mine, still = (j, 1, mine_end), []
         for i, k, ended in pending:
             if ended > hook:
                 still.append((i, k, ended))

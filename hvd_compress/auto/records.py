@@ -98,9 +98,11 @@ class RankMeasurements:
     pace: Pace
     codecs: dict
     errors: dict
+    chunks: dict = field(default_factory=dict)   # {label: {bucket: count}}: overlap's cut
 
     def to_dict(self):
         return {"buckets": [list(b) for b in self.buckets], "labels": list(self.labels),
+                "chunks": {t: dict(row) for t, row in self.chunks.items()},
                 "host": None if self.host is None else {"machine": self.host.machine,
                                                         "cores": self.host.cores,
                                                         "threads": self.host.threads},
@@ -118,7 +120,9 @@ class RankMeasurements:
                    Pace.from_dict(d["pace"]),
                    {t: {op: tuple(tuple(p) for p in points) for op, points in parts.items()}
                     for t, parts in d["codecs"].items()},
-                   {b: dict(row) for b, row in d["errors"].items()})
+                   {b: dict(row) for b, row in d["errors"].items()},
+                   {t: {b: int(c) for b, c in row.items()}
+                    for t, row in (d.get("chunks") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,7 @@ class MeasurementsRecord:
     measured_step_s: float = math.nan
     measured_on: tuple | None = None
     needed_s: dict | None = None
+    chunks: dict = field(default_factory=dict)      # {(bucket name, label): chunk count}
 
     @property
     def schedule(self):
@@ -177,6 +182,8 @@ class MeasurementsRecord:
             "schedule": self.schedule}
         if self.needed_s is not None:
             out["needed_s"] = dict(self.needed_s)
+        if self.chunks:
+            out["chunks"] = {f"{b} {t}": c for (b, t), c in sorted(self.chunks.items())}
         return out
 
     @classmethod
@@ -204,7 +211,9 @@ class MeasurementsRecord:
                 busy_factor=_nan(d.get("busy_factor")),
                 measured_step_s=_nan(d.get("measured_step_s")),
                 measured_on=None if on is None else tuple(on),
-                needed_s=None if needed is None else {k: float(v) for k, v in needed.items()})
+                needed_s=None if needed is None else {k: float(v) for k, v in needed.items()},
+                chunks={tuple(k.rsplit(" ", 1)): int(c)
+                        for k, c in (d.get("chunks") or {}).items()})
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"not a plan report's measurements: {err!r} missing or malformed") \
                 from None
@@ -224,7 +233,8 @@ class MeasurementsRecord:
             self.n, tuple(order), self.backward_s,
             {c: Link(f.alpha, f.beta) for c, f in self.links.items()},
             dict(self.codecs), dict(self.errors), fixed_s=self.fixed_s,
-            links_cpu=dict(self.links_cpu), cpu_share=self.cpu_share, needed_s=needed)
+            links_cpu=dict(self.links_cpu), cpu_share=self.cpu_share, needed_s=needed,
+            chunks=dict(self.chunks))
 
 
 @dataclass(frozen=True)
