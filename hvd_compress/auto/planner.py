@@ -19,7 +19,9 @@ The timeline, per step, times from the start of backward (a plan changes nothing
     decode     t = B'; t = max(t, Q_i) + dec_i       at step(), bucket by bucket
     step       = fixed_s + t                         fixed_s: forward, update (no plan moves them)
 
-A later phase (a two-phase bucket's allgather) is where that fold and the plugin differ: the
+A later phase (a two-phase bucket's allgather) is where that fold and the plugin differ
+(under schedule="overlap" it is launched where the optimizer looks at its pending buckets:
+at step() and where the next forward needs one): the
 plugin launches it from the first gradient hook after the phase before it ended (after that
 hook's own bucket has been launched; its middle reduce runs in the hook, on backward's thread)
 or, from backward's end on, as soon as that phase ends. `predict` times every plan so, event by
@@ -456,6 +458,11 @@ def _timeline(m, opts):
             if k == len(opts[i].phases):
                 done[i] = ended
     backward_end = clock = m.backward_s + E
+    applied = [0.0] * len(opts)
+    if m.needed_s is not None:        # step() returns; the next forward waits per bucket
+        t = _across_boundary(m.needed_s, opts, done, pending, Q, backward_end, applied)
+        return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
+                        sum(o.loss for o in opts), tuple(before) + (stolen,), tuple(applied))
     while pending:                    # step(): each later phase as soon as the one before ends
         pending.sort(key=lambda p: p[2])
         i, k, ended = pending.pop(0)
@@ -465,28 +472,50 @@ def _timeline(m, opts):
             pending.append((i, k + 1, Q))
         else:
             done[i] = Q
-    applied = [0.0] * len(opts)
-    if m.needed_s is None:            # step() decodes bucket by bucket, then returns
-        t = clock
-        for i, (opt, d) in enumerate(zip(opts, done)):
-            t = applied[i] = max(t, d) + opt.dec
-    else:                             # step() returns; the next forward waits per bucket
-        t = _across_boundary(m.needed_s, opts, done, backward_end, clock, applied)
+    t = clock                         # step() decodes bucket by bucket, then returns
+    for i, (opt, d) in enumerate(zip(opts, done)):
+        t = applied[i] = max(t, d) + opt.dec
     return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
                     sum(o.loss for o in opts), tuple(before) + (stolen,), tuple(applied))
 
 
-def _across_boundary(needed, opts, done, backward_end, clock, applied):
-    """schedule="overlap": step() returns at backward's end (the later phases it launched
-    after `clock`); the next forward reaches bucket i's first need `needed[i]` later, plus
-    every wait before it, then waits for its exchange and decodes it. Returns the step's
-    time as the waiting fold counts it (from backward's start, `fixed_s` not included): the
-    forward's own time is in fixed_s, so what the exchange adds is the lag it leaves."""
-    lag = clock - backward_end
+def _across_boundary(needed, opts, done, pending, Q, backward_end, applied):
+    """schedule="overlap": step() returns at backward's end; the next forward reaches bucket
+    i's first need `needed[i]` later, plus every wait before it, then waits for its exchange
+    and decodes it. A later phase (two-phase) is launched where the optimizer looks at the
+    pending exchanges: at step() and at each need (its middle reduce on the main thread), and
+    a bucket's own, waited for, where it is needed. Returns the step's time as the waiting
+    fold counts it (from backward's start, `fixed_s` not included): the forward's own time is
+    in fixed_s, so what the exchange adds is the lag it leaves. Fills `done` and `applied`."""
+    pending = list(pending)
+
+    def launch(i, k, now, Q):
+        now += opts[i].mid
+        Q = _run(max(Q, now), opts[i].phases[k], backward_end)
+        if k + 1 < len(opts[i].phases):
+            pending.append((i, k + 1, Q))
+        else:
+            done[i] = Q
+        return now, Q
+
+    def progress(now, Q):
+        while True:
+            ready = sorted((p for p in pending if p[2] <= now), key=lambda p: (p[2], p[0]))
+            if not ready:
+                return now, Q
+            pending.remove(ready[0])
+            now, Q = launch(*ready[0][:2], now, Q)
+
+    now, Q = progress(backward_end, Q)
+    lag = now - backward_end
     for i in sorted(range(len(opts)), key=lambda i: (needed[i], i)):
-        at = max(backward_end + needed[i] + lag, done[i]) + opts[i].dec
-        applied[i] = at
-        lag = at - backward_end - needed[i]
+        now, Q = progress(backward_end + needed[i] + lag, Q)
+        while any(p[0] == i for p in pending):          # its own later phases, waited for
+            p = next(p for p in pending if p[0] == i)
+            pending.remove(p)
+            now, Q = launch(i, p[1], max(now, p[2]), Q)
+        now = applied[i] = max(now, done[i]) + opts[i].dec
+        lag = now - backward_end - needed[i]
     return backward_end + lag
 
 
