@@ -102,6 +102,9 @@ def test_the_next_forwards_pace_is_taken_from_its_applies_waits_excluded():
     needed, waited = calibration.forward_needs(applies, 10.5, 3)
     assert needed == pytest.approx((0.07, 0.02, 0.07)) and waited == pytest.approx(0.05)
     assert calibration.forward_needs(applies[:2], 10.5, 3) == (None, pytest.approx(0.04))
+    # an apply from before step() returned is an abandoned step's: left out
+    stale = [(0, 10.2, 0.5)] + applies
+    assert calibration.forward_needs(stale, 10.5, 3) == calibration.forward_needs(applies, 10.5, 3)
     # the step's wait is what the applies took (step() returned at once), not until the last
     s = calibration.step_sample(1.0, 10.0, 10.5, 10.61, [(10.3, 0.05), (10.1, 0.02), (10.4, 0.0)],
                                 applies)

@@ -107,11 +107,14 @@ def forward_needs(applies, backward_end, count):
     """(per bucket, when the next forward first needed it, s after step() returned with the
     waits before that moment taken out; the waits in all), from the optimizer's applies
     ((bucket, needed at, took) in the order applied: a forward pre-hook's buckets share its
-    moment). (None, wait) where a bucket was never applied."""
+    moment; one before step() returned is an abandoned step's, left out). (None, wait) where a
+    bucket was never applied."""
     needed = [None] * count
     waited = before = 0.0
     moment = None
     for index, at, took in applies:
+        if at < backward_end:                  # an abandoned step's (its updates were dropped)
+            continue
         if at != moment:                       # a later hook: every wait so far came before it
             moment, before = at, waited
         if 0 <= index < count and needed[index] is None:

@@ -188,6 +188,7 @@ class AutoCommunicator(CommunicatorBase):
         self._warmup = _Warmup()             # the plan in force stays, and its steps
         self._clock.last_end = None
         self._clock.launches = [None] * len(self._buckets)
+        self._clock.applies = []
 
     def _event(self, text, calibration_s=None):
         """Note an event for pop_stats() and the history; a calibration's event carries what
