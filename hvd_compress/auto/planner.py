@@ -54,7 +54,8 @@ order of need
     at_i = max(B' + needed_i + lag, Q_i) + dec_i,   lag = at_i - B' - needed_i   (lag_0: 0)
     step = fixed_s + B' + lag                        the forward is in fixed_s; only its waits add
 
-With every need 0 this is the waiting fold. A bucket the next forward needs late hides its
+With every need 0 and one collective a bucket this is the waiting fold (a later phase waits
+for the optimizer to look: at step() and at each need). A bucket the next forward needs late hides its
 exchange behind the forward's first layers, which the waiting schedule cannot.
 
 Priority on the wire (overlap only; `Measurements.chunks`): a bucket its route cuts into c
