@@ -860,7 +860,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 # must give the same plan and the same predicted step, to the bit.
 CURRENT_PLANS = sorted((RESULTS / "step-auto-rerun" / "plans").glob("*.json")) + [
     RESULTS / "lab-auto-head" / "xeon-reps" / "np4-auto" / "manifest.json"] + sorted(
-    (RESULTS / "step-bound" / "auto-overlap").glob("*/plans/*.json"))   # overlap's, and waiting
+    (RESULTS / "step-bound" / "auto-overlap").glob("**/plans/*.json"))   # overlap's, and waiting
 
 
 def committed_report(path):
