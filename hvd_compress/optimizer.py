@@ -114,8 +114,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if schedule == "wait":
             return schedule
         why = why_not_overlap(type(self))
-        if why is None and self._communicator.route is None:
-            why = "Compression.auto re-plans its buckets at the step boundary"
         if why is not None:
             warnings.warn(f"schedule='overlap' falls back to 'wait': {why}", stacklevel=4)
             return "wait"
@@ -351,7 +349,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         start = time.perf_counter()
         self._progress_pending()
         for b in wanted:
-            self._apply(b)
+            self._apply(b, start)
         self._own_stats["forward_wait_s"] += time.perf_counter() - start
 
     def flush(self):
@@ -361,13 +359,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         call it, or apply what they need, themselves."""
         if not self._pending:
             return
+        start = time.perf_counter()
         self._communicator.advance(list(self._pending.values()))
         for b in list(self._pending):
-            self._apply(b)
+            self._apply(b, start)
 
-    def _apply(self, b):
+    def _apply(self, b, needed_at):
         """Finish bucket b's exchange, put the reduced gradients in .grad, update its
-        parameters (the step's settings), zero their gradients if zero_grad() asked."""
+        parameters (the step's settings), zero their gradients if zero_grad() asked.
+        needed_at: when the forward (or a flush) asked for it; Compression.auto times the next
+        forward's pace from it (record_apply)."""
+        began = time.perf_counter()
         exchange = self._pending.pop(b)
         members = [p for _, p in self._members[b]]
         try:
@@ -392,6 +394,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.copy_(result)
         settings = self._pending_step[0]
         start = time.perf_counter()
+        record_apply = getattr(self._communicator, "record_apply", None)
+        if record_apply is not None:             # the wait, decode and copy: not the update
+            record_apply(b, needed_at, start - began)
         step_subset(self, super(self.__class__, self).step, members, settings)
         self._own_stats["update_s"] += time.perf_counter() - start
         for p in members:
@@ -626,7 +631,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         returns at once; each bucket's parameters are updated when it is reduced, and a
         module's forward waits for its own: docs/performance.md); "overlap" needs `model`, and
         falls back to "wait", with a warning, for an optimizer not known to update each
-        parameter from its own gradient alone (overlap.ELEMENTWISE) and for Compression.auto.
+        parameter from its own gradient alone (overlap.ELEMENTWISE). Compression.auto then
+        plans at the step boundary after every update of the step is applied, and prices the
+        overlapped step (docs/planner.md).
     """
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("hvd_compress.DistributedOptimizer supports op=hvd.Average or hvd.Sum; "

@@ -14,7 +14,8 @@ in interleaved rounds, so every ratio is measured in the same run on the same ma
 Rows beyond the grid's (--rows): `local`, the same model trained with no exchange (forward,
 backward and the optimizer's update: the compute floor), and `ours:SCHEME[:ROUTE]+overlap`,
 the optimizer with schedule="overlap" (a bucket's parameters updated as it arrives, the next
-forward waiting per layer), and `ours:SCHEME[:ROUTE]+whole+overlap`, the same with no bucket
+forward waiting per layer; `ours:auto+overlap` plans on that schedule, its plan report in
+plans/<cell>-overlap.json), and `ours:SCHEME[:ROUTE]+whole+overlap`, the same with no bucket
 cut into chunks (what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
 bound_ms = max(floor_ms, the local row's step; wire_ms, the row's bytes a step at the link's
 rate, none over loopback) and step_over_bound.
@@ -97,9 +98,19 @@ def known_rows():
         if len(entry.routes) > 1:
             rows += [f"ours:{entry.name}:{route.value}" for route in entry.routes]
     rows += [AUTO_ROW]
-    overlapped = [r + OVERLAP for r in rows if r.startswith("ours:") and r != AUTO_ROW]
-    whole = [r.removesuffix(OVERLAP) + WHOLE + OVERLAP for r in overlapped]
+    overlapped = [r + OVERLAP for r in rows if r.startswith("ours:")]
+    whole = [r.removesuffix(OVERLAP) + WHOLE + OVERLAP for r in overlapped if r != AUTO_ROW + OVERLAP]
     return rows + overlapped + whole + [LOCAL_ROW]
+
+
+def is_auto(row):
+    """ours:auto, waiting or overlapped (ours:auto+overlap): a row that plans itself."""
+    return row.removesuffix(OVERLAP) == AUTO_ROW
+
+
+def plans_name(model, link, n, row):
+    """plans/<this>: the auto row's plan report in a cell (the overlapped one's "-overlap")."""
+    return f"{model}-{link}-n{n}{'-overlap' if row.endswith(OVERLAP) else ''}.json"
 
 
 def row_compression(row):
@@ -229,7 +240,7 @@ def make_optimizer(row, model, trial_steps=0):
     if who == "stock":
         return hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, scheme))
-    if row == AUTO_ROW:
+    if is_auto(row):
         compression, route = auto_compression()(trial_steps=trial_steps), None
     else:
         compression, route = row_compression(row)
@@ -267,7 +278,7 @@ def stock_bytes_sent(row, model, n):
 def plan_fields(row, stats):
     """A step's plan columns: auto's from pop_stats() (a missing key is an error, never a
     blank), empty for a fixed row."""
-    if row != AUTO_ROW:
+    if not is_auto(row):
         return {"plan": "", "plan_predicted_ms": math.nan, "plan_measured_ms": math.nan,
                 "plan_event": ""}
     from labs.kit.recorder import plan_columns      # the lab's steps.csv columns, the same
@@ -318,6 +329,7 @@ def worker(args):
             if "fallback" in fields["plan_event"]:
                 outcome = fields["plan_event"]
             if fields["plan"] or outcome:
+                opt.flush()              # overlapped: its last exchange not into the next row's
                 seconds = time.perf_counter() - start
                 steps = torch.tensor([float(i + 1)])
                 lo = hvd.allreduce(steps, op=hvd.Min, name="auto_decided.min").item()
@@ -338,10 +350,10 @@ def worker(args):
     while True:                                     # round 0 warms every row up
         for row, (model, opt) in rows.items():
             hvd.allreduce(torch.zeros(1), name="barrier")
-            if rnd == 0 and row == AUTO_ROW:
+            if rnd == 0 and is_auto(row):
                 count, seconds, outcome, report = warm_up_auto(model, opt)
                 if rank == 0:
-                    write_calibration(args, n, count, seconds, outcome, report)
+                    write_calibration(args, n, row, count, seconds, outcome, report)
                 continue
             # the other rows ran since this one's last step: not a step of its own (auto
             # would read the whole round into its next step and re-plan on drift not there)
@@ -369,21 +381,22 @@ def worker(args):
         if not more:
             break
         rnd += 1
-    if AUTO_ROW in rows and rank == 0:
+    for row in [r for r in rows if is_auto(r)] if rank == 0 else []:
         plans = Path(args.csv).parent / "plans"
         plans.mkdir(exist_ok=True)
-        (plans / f"{args.model}-{args.link}-n{n}.json").write_text(
-            json.dumps(rows[AUTO_ROW][1].plan_report().to_dict(), indent=2, default=str) + "\n")
+        (plans / plans_name(args.model, args.link, n, row)).write_text(
+            json.dumps(rows[row][1].plan_report().to_dict(), indent=2, default=str) + "\n")
     if out:
         out.close()
 
 
-def write_calibration(args, n, count, seconds, outcome, report):
-    """One line of calibration.csv: auto's warm-up until it decided, and what it reports."""
+def write_calibration(args, n, row, count, seconds, outcome, report):
+    """One line of calibration.csv: an auto row's warm-up until it decided, and what it
+    reports."""
     calibration = report.calibration_s if report is not None else math.nan
     plan = " ".join(report.labels) if report is not None else ""
     with open(Path(args.csv).parent / "calibration.csv", "a", newline="") as stream:
-        csv.writer(stream).writerow([args.model, args.link, n, AUTO_ROW, count, seconds,
+        csv.writer(stream).writerow([args.model, args.link, n, row, count, seconds,
                                      calibration, outcome, plan])
 
 
@@ -436,7 +449,7 @@ def summarise(steps, calibration=None):
         summary[f"vs_{base.replace(':', '_')}"] = [
             s / ref.get(tuple(k), math.nan) for s, k in zip(summary.step_ms, summary[CELL].values)]
     # the fastest fixed row of each cell (stock or ours, any scheme; auto is what is judged)
-    fixed = summary[~summary.row.isin([AUTO_ROW, LOCAL_ROW])]
+    fixed = summary[~summary.row.map(is_auto) & (summary.row != LOCAL_ROW)]
     fastest = fixed.loc[fixed.groupby(CELL, sort=False).step_ms.idxmin()].set_index(CELL)
     cells = [tuple(k) for k in summary[CELL].values]
     summary["fastest_row"] = [fastest.row.get(k, "") for k in cells]
@@ -534,7 +547,7 @@ def plot(summary, path, title=None):
             frame = summary[(summary.model == model) & (summary.link == link) & (summary.ranks == n)]
             base = frame.step_ms / frame.vs_stock_none
             spread = [(frame.step_ms - frame.step_p10_ms) / base, (frame.step_p90_ms - frame.step_ms) / base]
-            colors = ["#999" if r.startswith("stock") else "#ff7f0e" if r == AUTO_ROW
+            colors = ["#999" if r.startswith("stock") else "#ff7f0e" if is_auto(r)
                       else "#2ca02c" if r == LOCAL_ROW else "#1f77b4" for r in frame.row]
             ax.bar(range(len(frame)), frame.vs_stock_none, color=colors, yerr=spread, capsize=2)
             ax.axhline(1.0, color="k", lw=0.8)
@@ -619,7 +632,7 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least {least}")
     if min(args.ranks) < 2:
         p.error("--ranks: at least 2 ranks (there is nothing to exchange on one)")
-    if AUTO_ROW in args.rows:
+    if any(is_auto(r) for r in args.rows):
         from labs.kit.flags import auto_compression
         try:
             auto_compression()

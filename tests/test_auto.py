@@ -94,6 +94,40 @@ def test_pace_summary_discards_the_first_step_and_takes_medians():
         calibration.pace_summary([s(1.0, 0.1), None])
 
 
+@pytest.mark.unit
+def test_the_next_forwards_pace_is_taken_from_its_applies_waits_excluded():
+    # step() at 10.5; bucket 1 applied by the forward's first hook at 10.52, taking 0.03 s
+    # (its wait and decode); bucket 0 by a later hook at 10.60 with bucket 2 (0.01 s each)
+    applies = [(1, 10.52, 0.03), (0, 10.60, 0.01), (2, 10.60, 0.01)]
+    needed, waited = calibration.forward_needs(applies, 10.5, 3)
+    assert needed == pytest.approx((0.07, 0.02, 0.07)) and waited == pytest.approx(0.05)
+    assert calibration.forward_needs(applies[:2], 10.5, 3) == (None, pytest.approx(0.04))
+    # an apply from before step() returned is an abandoned step's: left out
+    stale = [(0, 10.2, 0.5)] + applies
+    assert calibration.forward_needs(stale, 10.5, 3) == calibration.forward_needs(applies, 10.5, 3)
+    # the step's wait is what the applies took (step() returned at once), not until the last
+    s = calibration.step_sample(1.0, 10.0, 10.5, 10.61, [(10.3, 0.05), (10.1, 0.02), (10.4, 0.0)],
+                                applies)
+    assert s.needed_s == pytest.approx((0.07, 0.02, 0.07)) and s.wait_s == pytest.approx(0.05)
+    assert s.fixed_s == pytest.approx(1.0 - 0.5 - 0.05)
+    assert calibration.step_sample(1.0, 10.0, 10.5, 10.61, [(10.3, 0.05)] * 3,
+                                   applies[:2]) is None
+    # waiting: no needs
+    assert calibration.step_sample(1.0, 10.0, 10.5, 10.6, [(10.3, 0.05)]).needed_s == ()
+
+
+@pytest.mark.unit
+def test_pace_summary_keeps_the_forwards_needs_where_every_step_measured_them():
+    def s(step, needed=(0.01, 0.02)):
+        return StepSample(step, step / 2, 0.0, step / 2, (0.1, 0.2), needed)
+    out = calibration.pace_summary([s(9.0), s(1.0, (0.01, 0.03)), s(3.0, (0.03, 0.05)), s(2.0)])
+    assert out.needed_s == pytest.approx((0.01, 0.03))
+    assert calibration.pace_summary([s(9.0), s(1.0), s(2.0, ())]).needed_s == ()
+    assert Pace.from_dict(out.to_dict()) == out
+    waiting = calibration.pace_summary([s(9.0, ()), s(1.0, ())])
+    assert "needed_s" not in waiting.to_dict() and Pace.from_dict(waiting.to_dict()) == waiting
+
+
 # ---------------------------------------------------------------- every rank's -> one
 
 def rank_measurements(step=0.5, backward=0.3, ready=(0.05, 0.25), enc=1e-9, err=0.03,
@@ -825,7 +859,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 # The plans this version of the planner made, committed: re-decided from their records they
 # must give the same plan and the same predicted step, to the bit.
 CURRENT_PLANS = sorted((RESULTS / "step-auto-rerun" / "plans").glob("*.json")) + [
-    RESULTS / "lab-auto-head" / "xeon-reps" / "np4-auto" / "manifest.json"]
+    RESULTS / "lab-auto-head" / "xeon-reps" / "np4-auto" / "manifest.json"] + sorted(
+    (RESULTS / "step-bound" / "auto-overlap").glob("**/plans/*.json"))   # overlap's, and waiting
 
 
 def committed_report(path):
@@ -924,3 +959,55 @@ def test_the_default_candidates_are_the_registrys_schemes_that_carry_values():
         assert hc.Compression.auto(candidates=[name]).candidates[1].startswith(name + ":")
     with pytest.raises(ValueError, match="carries_values"):
         hc.Compression.auto(candidates=["onebit"])
+
+
+def overlapped(rank, needed, chunks=None):
+    """A rank's measurements (rank_measurements' dict) as taken under schedule="overlap"
+    (the allgather routes' chunks: {label: {bucket: count}})."""
+    return dict(rank, pace=dict(rank["pace"], needed_s=list(needed)), chunks=chunks or {})
+
+
+@pytest.mark.unit
+def test_combine_prices_the_overlapped_schedule_only_where_every_rank_measured_it():
+    both = [overlapped(rank_measurements(), (0.03, 0.0)),
+            overlapped(rank_measurements(), (0.04, 0.001))]
+    m = calibration.combine(records(both), [link_rows(100e6)] * 2, 2)
+    assert m.schedule == "overlap" and m.needed_s == (0.04, 0.001)    # the slowest rank's
+    assert m.chunks == {}
+    one = [both[0], rank_measurements()]
+    assert calibration.combine(records(one), [link_rows(100e6)] * 2, 2).schedule == "wait"
+
+
+@pytest.mark.unit
+def test_an_overlapped_plan_is_reported_as_such_and_re_decided_from_its_record(tmp_path, capsys):
+    from hvd_compress.auto import cli
+    comm = AutoCommunicator(hc.Compression.auto())
+    comm.plan(["fc.weight", "conv.weight"], [torch.zeros(MiB), torch.zeros(16 * 1024)])
+    sizes = [(b.name, b.bytes) for b in comm.plan_report().buckets]
+    ranks = [overlapped(rank_measurements(backward=0.02, ready=(0.01, 0.02), sizes=sizes),
+                        (0.03, 0.0), {"bit8:allgather": {"fc.weight": 4}})] * 2
+    d = decide(comm.settings, ranks, [link_rows(100e6)] * 2, [], 2)
+    assert d.ok and d.measurements.schedule == "overlap"
+    waiting = decide(comm.settings, [rank_measurements(backward=0.02, ready=(0.01, 0.02),
+                                                       sizes=sizes)] * 2,
+                     [link_rows(100e6)] * 2, [], 2)
+    assert waiting.measurements.schedule == "wait"
+    assert d.predicted_s != waiting.predicted_s          # priced on another timeline
+    comm.apply_decision(d, 0.1)
+    report = comm.plan_report()
+    assert report.schedule == "overlap" and report.to_dict()["schedule"] == "overlap"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(report.to_dict()))
+    again = PlanReport.from_dict(json.loads(path.read_text()))
+    assert again.schedule == "overlap"
+    assert again.measurements.needed_s == {"fc.weight": 0.03, "conv.weight": 0.0}
+    assert again.measurements.chunks == {("fc.weight", "bit8:allgather"): 4}
+    m, busy, plan = inputs.replay(again)
+    assert m.needed_s == (0.03, 0.0)
+    assert plan.schemes == d.labels and plan.predicted_s == d.predicted_s
+    assert cli.main(["--report", str(path)]) == 0
+    assert "schedule='overlap'" in capsys.readouterr().out
+    # a record of an earlier version (no needs) reads back as the waiting schedule
+    old = report.to_dict()
+    del old["schedule"], old["measurements"]["needed_s"], old["measurements"]["schedule"]
+    assert PlanReport.from_dict(old).schedule == "wait"

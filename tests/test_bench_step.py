@@ -262,7 +262,7 @@ def test_round_mean_counts_each_exchange_once():
 def test_the_local_and_overlap_rows_are_known():
     rows = bench.known_rows()
     assert bench.LOCAL_ROW in rows and "ours:bit8:allgather+overlap" in rows
-    assert "stock:none+overlap" not in rows and "ours:auto+overlap" not in rows
+    assert "stock:none+overlap" not in rows and "ours:auto+overlap" in rows
     assert bench.parse_args(["--rows", "local,ours:bit8+overlap"]).rows == [
         "local", "ours:bit8+overlap"]
 
@@ -284,6 +284,15 @@ def test_the_whole_bucket_row_turns_chunks_off_while_its_optimizer_is_made(monke
     with bench.chunks_off(False):
         assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
     assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
+
+
+def test_the_overlapped_auto_row_plans_itself_and_keeps_its_own_plan_report():
+    assert bench.is_auto("ours:auto") and bench.is_auto("ours:auto+overlap")
+    assert not bench.is_auto("ours:bit8+overlap") and not bench.is_auto("local")
+    assert bench.plans_name("basic", "100mbit", 2, "ours:auto") == "basic-100mbit-n2.json"
+    assert bench.plans_name("basic", "100mbit", 2, "ours:auto+overlap") == \
+        "basic-100mbit-n2-overlap.json"
+    assert bench.plan_fields("ours:bit8+overlap", {})["plan"] == ""
 
 
 def test_summary_keeps_a_replanned_rows_last_prediction_apart():

@@ -50,14 +50,26 @@ def test_overlap_falls_back_to_waiting_and_says_so(controller, np, request):
     assert {"overlap.fallback.unknown_optimizer_said_once",
             "overlap.fallback.unknown_optimizer_bit_identical_to_wait",
             "overlap.fallback.closure_said_once", "overlap.fallback.closure_bit_identical_to_wait",
-            "overlap.fallback.auto_waits", "overlap.without_model_refused_clearly"} <= names
+            "overlap.without_model_refused_clearly"} <= names
 
 
-def test_a_rank_that_dies_mid_step_makes_the_next_forward_raise_not_hang(tmp_path):
+@across_ranks("overlap_checks")
+def test_auto_runs_overlapped_bit_identical_to_waiting_and_prices_the_overlap(controller, np,
+                                                                             request):
+    names = set(passed_checks(request))
+    assert {"overlap.auto.runs_overlapped", "overlap.auto.pinned_plan_is_the_plan_run",
+            "overlap.auto.pinned_plan_bit_identical_to_wait",
+            "overlap.auto.plans_on_every_rank_alike", "overlap.auto.prices_the_overlapped_schedule",
+            "overlap.auto.identical_weights",
+            "overlap.auto.waiting_prices_the_waiting_schedule"} <= names
+
+
+@pytest.mark.parametrize("compression", ["bit8", "auto"])
+def test_a_rank_that_dies_mid_step_makes_the_next_forward_raise_not_hang(tmp_path, compression):
     """Rank 1 leaves after its forward; rank 0 raises Horovod's error within seconds (in
     backward or step() where its launches fail, else in the next forward, which waits for
     the buckets) and leaves the optimizer with nothing pending
-    (tests/workers/overlap_dying_rank.py)."""
+    (tests/workers/overlap_dying_rank.py); Compression.auto alike."""
     import json
     import subprocess
     import sys
@@ -65,7 +77,7 @@ def test_a_rank_that_dies_mid_step_makes_the_next_forward_raise_not_hang(tmp_pat
     from conftest import ROOT
     from labs.kit.launch import horovodrun_command, launch_env
     script = ROOT / "tests" / "workers" / "overlap_dying_rank.py"
-    cmd = horovodrun_command(2, [sys.executable, str(script), str(tmp_path)], "gloo",
+    cmd = horovodrun_command(2, [sys.executable, str(script), str(tmp_path), compression], "gloo",
                              cached_build_check=True)
     env = launch_env()
     env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "60"

@@ -550,3 +550,132 @@ def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
             "sys.exit(f'imported {bad}' if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+# ---------------------------------------------------------------- across the step boundary
+
+def test_overlap_with_every_need_at_once_is_the_waiting_step():
+    # a forward that needs every bucket the moment step() returns waits as step() would (one
+    # collective a bucket: a later phase is launched where the optimizer looks, below)
+    rng = random.Random(11)
+    for _ in range(20):
+        m = random_instance(rng, k=rng.randint(1, 5))
+        now = pl.Measurements(**{**m.__dict__, "needed_s": (0.0,) * len(m.buckets)})
+        assert now.schedule == "overlap" and m.schedule == "wait"
+        for text in ONE_PHASE:
+            plan = pl.fixed_plan(m, text)
+            assert pl.predict(now, plan).step_s == pytest.approx(pl.predict(m, plan).step_s,
+                                                                 rel=1e-12)
+
+
+def test_overlap_waits_first_for_the_bucket_the_next_forward_needs_first():
+    # fc's 4 MiB leaves first, the convs' small bucket last, queued behind it; the next
+    # forward needs the convs at once and fc 30 ms later: it waits for the convs (so for fc's
+    # whole exchange), then decodes fc's when it needs it: nothing is hidden, fc's decode is
+    # no longer done while the convs' bucket is on the wire
+    b = [pl.Bucket("fc", 4 * MiB, 0.005), pl.Bucket("conv", 64 * 1024, 0.020)]
+    l = link(100e6, 0.0)
+    dec = pl.CodecCost(decode=pl.Affine(0.001, 0.0))
+    waiting = measurements(b, 0.020, l, codecs={"bit8:allgather": dec}, fixed_s=0.040)
+    late = pl.Measurements(**{**waiting.__dict__, "needed_s": (0.030, 0.0)})
+    plan = ["bit8:allgather", "bit8:allgather"]
+    w, o = pl.predict(waiting, plan), pl.predict(late, plan)
+    fc_done, conv_done = w.done_s
+    assert o.done_s == w.done_s                       # the wire does not change
+    assert w.step_s == pytest.approx(0.040 + conv_done + 0.001)
+    # the forward waits for the convs (needed at 20 ms), then runs 30 ms to fc's need
+    conv_applied = max(0.020, conv_done) + 0.001
+    fc_applied = max(conv_applied + 0.030, fc_done) + 0.001
+    assert o.applied_s == pytest.approx((fc_applied, conv_applied))
+    assert o.step_s == pytest.approx(0.040 + fc_applied - 0.030)
+    assert o.step_s == pytest.approx(w.step_s + 0.001)
+    # a forward that needs nothing until fc, 200 ms in, waits for nothing but the decodes
+    never = pl.Measurements(**{**waiting.__dict__, "needed_s": (0.2, 0.2)})
+    assert pl.predict(never, plan).step_s == pytest.approx(0.040 + 0.020 + 0.002)
+
+
+def test_overlap_hides_the_exchange_of_a_bucket_the_next_forward_needs_late():
+    # the convs' small bucket leaves first, fc's 4 MiB last; the forward needs the convs at
+    # once (done long before) and fc 30 ms later: fc's exchange runs on behind those 30 ms
+    b = [pl.Bucket("conv", 64 * 1024, 0.005), pl.Bucket("fc", 4 * MiB, 0.020)]
+    l = link(100e6, 0.0)
+    dec = pl.CodecCost(decode=pl.Affine(0.001, 0.0))
+    waiting = measurements(b, 0.020, l, codecs={"bit8:allgather": dec}, fixed_s=0.040)
+    late = pl.Measurements(**{**waiting.__dict__, "needed_s": (0.0, 0.030)})
+    plan = ["bit8:allgather", "bit8:allgather"]
+    w, o = pl.predict(waiting, plan), pl.predict(late, plan)
+    fc_done = w.done_s[1]
+    assert w.step_s == pytest.approx(0.040 + fc_done + 0.001)
+    assert o.applied_s[0] == pytest.approx(0.020 + 0.001)
+    assert o.step_s == pytest.approx(w.step_s - 0.030)
+
+
+def test_overlap_is_searched_on_its_own_timeline_and_said_not_proven_by_the_dp():
+    rng = random.Random(3)
+    for _ in range(10):
+        m = random_instance(rng, k=rng.randint(2, 4))
+        needs = tuple(rng.uniform(0, 0.05) for _ in m.buckets)
+        o = pl.Measurements(**{**m.__dict__, "needed_s": needs})
+        brute = pl.exhaustive(o)
+        assert brute.predicted_s == pl.predict(o, brute.schemes).step_s
+        for text in pl.DEFAULT_CANDIDATES:
+            allowed, _ = pl.candidates_for(o)
+            if all(text in ok for ok in allowed):
+                assert brute.predicted_s <= pl.predict(o, pl.fixed_plan(o, text)).step_s * (1 + 1e-12)
+        dp = pl.search(o, exhaustive_plans=0)
+        assert not dp.exact
+        assert dp.predicted_s == pl.predict(o, dp.schemes).step_s
+        assert dp.fastest_s >= brute.fastest_s * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("needs", [(0.1,), (0.1, -0.01, 0.0), (0.1, math.nan, 0.0)])
+def test_forward_needs_must_give_every_bucket_a_finite_time(needs):
+    b = [pl.Bucket(f"b{i}", 4096, 0.01) for i in range(3)]
+    with pytest.raises(ValueError, match="needed_s"):
+        measurements(b, 0.01, link(1e9), needed_s=needs)
+
+
+def test_overlap_prices_the_chunks_a_front_bucket_jumps_ahead_of():
+    # fc's 4 MiB in 8 chunks from 5 ms on; the convs' bucket, ready at 20 ms, goes in after the
+    # chunk on the wire and the one handed next, and fc's rest waits for it
+    b = [pl.Bucket("fc", 4 * MiB, 0.005), pl.Bucket("conv", 64 * 1024, 0.020)]
+    l = link(100e6, 0.0)
+    costs = {"bit8:allgather": pl.CodecCost()}
+    plan = ["bit8:allgather", "bit8:allgather"]
+    plain = measurements(b, 0.020, l, codecs=costs, fixed_s=0.040, needed_s=(0.030, 0.0))
+    cut = pl.Measurements(**{**plain.__dict__, "chunks": {("fc", "bit8:allgather"): 8}})
+    p, c = pl.predict(plain, plan), pl.predict(cut, plan)
+    whole = p.done_s[0] - 0.005                       # fc's exchange alone
+    conv = p.done_s[1] - p.leaves_s[1]                # the convs'
+    piece = whole / 8
+    starts = 0.005 + piece * (math.ceil((0.020 - 0.005) / piece) + 1)
+    assert c.leaves_s == pytest.approx((0.005, starts))
+    assert c.done_s == pytest.approx((0.005 + whole + conv, starts + conv))
+    # the forward has its convs long before fc's last chunk: the step is fc's, 30 ms hidden
+    assert c.step_s < p.step_s
+    assert c.step_s == pytest.approx(0.040 + 0.005 + whole + conv - 0.030)
+    # the waiting schedule cuts nothing: chunks are not priced there
+    waiting = pl.Measurements(**{**cut.__dict__, "needed_s": None})
+    assert pl.predict(waiting, plan) == pl.predict(
+        pl.Measurements(**{**plain.__dict__, "needed_s": None}), plan)
+    with pytest.raises(ValueError, match="chunks"):
+        pl.Measurements(**{**plain.__dict__, "chunks": {("fc", "bit8:allgather"): 0}})
+
+
+def test_overlap_launches_a_later_phase_only_where_the_optimizer_looks():
+    # two-phase fc, its alltoall done after step() returned: waiting, step() launches its
+    # allgather as soon as the alltoall ends; overlapped, nothing looks until the forward
+    # needs a bucket (200 ms after step()): the allgather starts there, and ends later
+    b = [pl.Bucket("fc", 4 * MiB, 0.005)]
+    l = link(100e6, 0.0)
+    costs = {"bit8:alltoall": pl.CodecCost()}
+    waiting = measurements(b, 0.010, l, codecs=costs, fixed_s=0.040)
+    w = pl.predict(waiting, ["bit8:alltoall"])
+    first, second = (methods.COLLECTIVE_COSTS[c](2, nbytes).seconds(l)
+                     for c, nbytes in pl.wire_units("bit8", "alltoall", MiB, 2))
+    assert w.done_s[0] == pytest.approx(0.005 + first + second)
+    late = pl.Measurements(**{**waiting.__dict__, "needed_s": (0.200,)})
+    o = pl.predict(late, ["bit8:alltoall"])
+    assert 0.005 + first < 0.210                    # the alltoall ended before the need
+    assert o.done_s[0] == pytest.approx(0.210 + second) and o.done_s[0] > w.done_s[0]
+    assert o.step_s == pytest.approx(0.040 + 0.010 + second)

@@ -4,7 +4,9 @@ one planner.Measurements (docs/planner.md, "In the job").
 On each rank, no collective inside (an error here is gathered, never raised past a collective
 the other ranks are in):
   step_sample     one step's pace from the optimizer's times: when each bucket left (hook work
-                  before it subtracted), backward's span, the wait after it, the rest (fixed)
+                  before it subtracted), backward's span, the wait after it, the rest (fixed);
+                  under schedule="overlap" also when the next forward needed each bucket
+                  (forward_needs: its pre-hooks, as backward's pace is taken from its hooks)
   pace_summary    the median of the warm-up steps, the first discarded
   time_codecs     each candidate's encode / two-phase reduce / decode on the real buckets
   measure_errors  each lossy scheme's ||decode(encode(g)) - g|| / ||g|| on the buckets
@@ -36,7 +38,7 @@ __all__ = ["LINK_COLLECTIVES", "LINK_SMALL_BYTES", "LINK_LARGE_BYTES", "LINK_REP
            "LINK_REPS_MAX", "LINK_REP_BUDGET_S", "more_link_reps", "carried_units",
            "fastest_repetitions",
            "LINK_RESOLVED_RATIO", "LINK_GROW_MAX_S", "time_collectives", "combine", "host",
-           "cpu_share", "whole_size", "carry", "carried"]
+           "cpu_share", "whole_size", "carry", "carried", "forward_needs"]
 
 LINK_COLLECTIVES = ("allreduce", "allreduce_fp16", "allgather", "alltoall")
 # Two sizes per collective (alpha and beta need two): a small message, and the job's largest
@@ -69,13 +71,18 @@ _POLL_S = 50e-6
 
 # ---------------------------------------------------------------- the pace (each rank)
 
-def step_sample(step_s, backward_start, backward_end, now, launches) -> StepSample | None:
+def step_sample(step_s, backward_start, backward_end, now, launches,
+                applies=None) -> StepSample | None:
     """One step's pace, times from time.perf_counter(). launches: per bucket (launch order),
     (when its start() began, how long it took), or None if it never launched. Times are from
     backward's start, taken as the step's first gradient hook (what precedes it -- the loss's
     own backward to the last layer's gradient -- counts as fixed). Hook work (the starts) is
     subtracted: the planner adds each plan's own encodes. None where the step is incomplete
-    (no hook fired, a bucket not launched)."""
+    (no hook fired, a bucket not launched).
+
+    Under schedule="overlap" `applies` ((bucket, needed at, took), in the order applied) says
+    when the next forward needed each bucket: the wait is what those applies took (step()
+    returned at once), and the forward's pace is `forward_needs`'."""
     if backward_start is None or backward_end is None or any(x is None for x in launches):
         return None
     order = sorted(range(len(launches)), key=lambda i: launches[i][0])
@@ -85,8 +92,37 @@ def step_sample(step_s, backward_start, backward_end, now, launches) -> StepSamp
         ready[i] = max(0.0, began - backward_start - work)
         work += cost
     span = backward_end - backward_start
-    wait = now - backward_end
-    return StepSample(step_s, max(span - work, 0.0), wait, step_s - span - wait, tuple(ready))
+    needed = ()
+    if applies is None:
+        wait = now - backward_end
+    else:
+        needed, wait = forward_needs(applies, backward_end, len(launches))
+        if needed is None:
+            return None
+    return StepSample(step_s, max(span - work, 0.0), wait, step_s - span - wait, tuple(ready),
+                      needed)
+
+
+def forward_needs(applies, backward_end, count):
+    """(per bucket, when the next forward first needed it, s after step() returned with the
+    waits before that moment taken out; the waits in all), from the optimizer's applies
+    ((bucket, needed at, took) in the order applied: a forward pre-hook's buckets share its
+    moment; one before step() returned is an abandoned step's, left out). (None, wait) where a
+    bucket was never applied."""
+    needed = [None] * count
+    waited = before = 0.0
+    moment = None
+    for index, at, took in applies:
+        if at < backward_end:                  # an abandoned step's (its updates were dropped)
+            continue
+        if at != moment:                       # a later hook: every wait so far came before it
+            moment, before = at, waited
+        if 0 <= index < count and needed[index] is None:
+            needed[index] = max(0.0, at - backward_end - before)
+        waited += max(0.0, took)
+    if any(x is None for x in needed):
+        return None, waited
+    return tuple(needed), waited
 
 
 def pace_summary(samples) -> Pace:
@@ -101,8 +137,13 @@ def pace_summary(samples) -> Pace:
         return statistics.median(getattr(s, field) for s in usable)
     ready = tuple(statistics.median(s.ready_s[i] for s in usable)
                   for i in range(len(usable[0].ready_s)))
+    # the next forward's pace, where every step measured it (schedule="overlap")
+    needed = ()
+    if all(len(s.needed_s) == len(s.ready_s) for s in usable):
+        needed = tuple(statistics.median(s.needed_s[i] for s in usable)
+                       for i in range(len(ready)))
     return Pace(median("step_s"), median("backward_s"), median("wait_s"),
-                max(median("fixed_s"), 0.0), ready, len(usable))
+                max(median("fixed_s"), 0.0), ready, len(usable), needed)
 
 
 # ---------------------------------------------------------------- codecs (each rank)
@@ -391,6 +432,12 @@ def combine(ranks, link_rows, n):
         ready.append(last)
     buckets = [planner.Bucket(name, int(nbytes), t) for (name, nbytes), t in zip(layout, ready)]
     backward = max(pace["backward_s"], ready[-1] if ready else 0.0)
+    # schedule="overlap" (every rank measured the next forward): the slowest rank's need of
+    # each bucket, as its ready times; else the waiting schedule is priced
+    needed = None
+    if all(len(r.pace.needed_s) == len(layout) for r in ranks):
+        needed = tuple(max(_finite(r.pace.needed_s[j], f"rank {i}'s forward need")
+                           for i, r in enumerate(ranks)) for j in range(len(layout)))
 
     links = planner.fit_links(fastest_repetitions(link_rows))
 
@@ -414,9 +461,13 @@ def combine(ranks, link_rows, n):
                 err = float(err) if err is not None else math.nan
                 old = errors.get(key, -math.inf)
                 errors[key] = math.nan if math.isnan(err) or math.isnan(old) else max(old, err)
+    # overlap's chunks are cut from the layout alone, alike on every rank: rank 0's
+    chunks = {(b, t): int(c) for t, row in ranks[0].chunks.items() for b, c in row.items()
+              if int(c) > 1} if needed is not None else {}
     return planner.Measurements(n, tuple(buckets), backward, links, codecs, errors,
                                 fixed_s=pace["fixed_s"], links_cpu=_links_cpu(link_rows),
-                                cpu_share=cpu_share([r.host for r in ranks]))
+                                cpu_share=cpu_share([r.host for r in ranks]), needed_s=needed,
+                                chunks=chunks)
 
 
 def fastest_repetitions(link_rows):

@@ -358,11 +358,20 @@ def print_tables(m, plan, timeline, fixed, margin):
         print(f"| {t} | {s * 1e3:.2f} ms | {s / base:.3f}x |")
     print(f"| **plan** | {plan.predicted_s * 1e3:.2f} ms | {plan.predicted_s / base:.3f}x |")
     print()
-    print("| bucket | fp32 bytes | ready | scheme | leaves | exchange done |")
-    print("|---|---:|---:|---|---:|---:|")
-    for b, s, lv, d in zip(m.buckets, plan.schemes, timeline.leaves_s, timeline.done_s):
-        print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
-              f"| {d * 1e3:.2f} ms |")
+    if m.needed_s is None:
+        print("| bucket | fp32 bytes | ready | scheme | leaves | exchange done |")
+        print("|---|---:|---:|---|---:|---:|")
+        for b, s, lv, d in zip(m.buckets, plan.schemes, timeline.leaves_s, timeline.done_s):
+            print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
+                  f"| {d * 1e3:.2f} ms |")
+    else:               # schedule="overlap": when the next forward needs and applies each
+        print("| bucket | fp32 bytes | ready | scheme | leaves | exchange done "
+              "| next forward needs it (after step()) | applied |")
+        print("|---|---:|---:|---|---:|---:|---:|---:|")
+        for b, s, lv, d, nd, ap in zip(m.buckets, plan.schemes, timeline.leaves_s,
+                                       timeline.done_s, m.needed_s, timeline.applied_s):
+            print(f"| {b.name} | {b.nbytes:,} | {b.ready_s * 1e3:.2f} ms | {s} | {lv * 1e3:.2f} ms "
+                  f"| {d * 1e3:.2f} ms | {nd * 1e3:.2f} ms | {ap * 1e3:.2f} ms |")
     print(f"\nbackward ends {timeline.backward_end_s * 1e3:.2f} ms (encodes included); "
           f"fastest allowed plan {plan.fastest_s * 1e3:.2f} ms; tie margin {margin * 100:g}%; "
           f"search {'exact' if plan.exact else 'not proven optimal (docs/planner.md, The search)'}")
@@ -400,7 +409,7 @@ def explain(path, fmt="table", margin=None):
     same = list(plan.schemes) == labels
     rival = trial is not None and trial.chosen not in (None, "plan")   # trial.Contender("plan")
     measured = report.measurements
-    out = {"report": str(path), "n": m.n, "busy_factor": busy,
+    out = {"report": str(path), "n": m.n, "schedule": m.schedule, "busy_factor": busy,
            "measured_on": None if measured.measured_on is None else list(measured.measured_on),
            "measured_step_s": measured.measured_step_s,
            "job": {"plan": labels, "predicted_s": report.predicted_s,
@@ -418,7 +427,7 @@ def explain(path, fmt="table", margin=None):
         print(json.dumps(out, indent=2))
         return 0
     ms = 1e3
-    print(f"{path}: n = {m.n}, {len(m.buckets)} buckets")
+    print(f"{path}: n = {m.n}, {len(m.buckets)} buckets, priced on schedule={m.schedule!r}")
     print(f"  pace: backward {m.backward_s * ms:.2f} ms, the rest of the step "
           f"{m.fixed_s * ms:.2f} ms (measured on {' '.join(measured.measured_on or [])}, "
           f"step {measured.measured_step_s * ms:.2f} ms)")

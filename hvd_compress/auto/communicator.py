@@ -42,7 +42,7 @@ import torch
 from .. import registry
 from ..codecs import SCALE_BLOCK
 from ..engine.base import AVERAGE
-from ..exchange.base import CommunicatorBase, launch_next_phases
+from ..exchange.base import CommunicatorBase, launch_next_phases, wait_for
 from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
@@ -80,10 +80,13 @@ class _Warmup:
 class _Clock:
     """The step clock: steps ended, when the last one ended (None: not a step's end to time
     from, after pause_step_clock or a change of plan), this step's launches per bucket
-    ((began, took) or None), and how often it was paused."""
+    ((began, took) or None), under schedule="overlap" its buckets' applies in the next forward
+    ((bucket, needed at, took), in the order applied; empty: the waiting schedule), and how
+    often it was paused."""
     steps: int = 0
     last_end: float | None = None
     launches: list = field(default_factory=list)
+    applies: list = field(default_factory=list)
     pauses: int = 0
 
 
@@ -166,6 +169,7 @@ class AutoCommunicator(CommunicatorBase):
         self._buckets, self._index, self._active = [], {}, {}
         self._clock, self._log = _Clock(), _Log()
         self._adopted = None                 # the last decision adopted: its measurements
+        self._chunks = {}                    # overlap: {label: {bucket: chunks}} (prioritise)
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
@@ -184,6 +188,7 @@ class AutoCommunicator(CommunicatorBase):
         self._warmup = _Warmup()             # the plan in force stays, and its steps
         self._clock.last_end = None
         self._clock.launches = [None] * len(self._buckets)
+        self._clock.applies = []
 
     def _event(self, text, calibration_s=None):
         """Note an event for pop_stats() and the history; a calibration's event carries what
@@ -273,6 +278,43 @@ class AutoCommunicator(CommunicatorBase):
         work taking `took` s: what the warm-up's pace is taken from (start() calls it)."""
         self._clock.launches[index] = (began, took)
 
+    def record_apply(self, index, needed_at, took):
+        """Under schedule="overlap": bucket `index` of the step was applied when the next
+        forward (or a flush) needed it at `needed_at` (time.perf_counter()), its wait, decode
+        and copy taking `took` s: the next forward's pace is taken from it (the optimizer calls
+        it, in the order it applies them)."""
+        self._clock.applies.append((index, needed_at, took))
+
+    def prioritise(self, buckets):
+        """schedule="overlap": every allgather route cuts a large bucket into chunks sent
+        behind the front layers' buckets, as it does for a fixed scheme (exchange/sender.py);
+        whichever label a bucket takes, its route's cut is the one the fixed scheme makes."""
+        self._chunks = {}
+        for text, sub in self._subs.items():
+            if callable(getattr(sub, "prioritise", None)):
+                sub.prioritise(buckets)
+                # the cut it made, for the planner to price ({bucket name: (priority, count)})
+                cut = sub.chunk_counts() if callable(getattr(sub, "chunk_counts", None)) else {}
+                if cut:
+                    self._chunks[text] = cut
+
+    def close(self):
+        for sub in self._subs.values():
+            if callable(getattr(sub, "close", None)):
+                sub.close()
+
+    def drop(self, exchange):
+        """Wait for an abandoned exchange (its result and its own error dropped) by the route
+        that started it."""
+        sub = self._active.pop(id(exchange.bucket), None)
+        drop = getattr(sub, "drop", None)
+        if callable(drop):
+            return drop(exchange)
+        try:
+            wait_for(exchange.handle, self.engine)
+        except Exception:
+            pass
+
     def progress(self, exchange, wait=False):
         sub = self._active[id(exchange.bucket)]
         if sub.route == Route.ALLTOALL:
@@ -306,7 +348,7 @@ class AutoCommunicator(CommunicatorBase):
         step_s = now - clock.last_end if clock.last_end is not None else math.nan
         if self._phase == Phase.MEASURING:        # the pace is only needed while measuring
             sample = calibration.step_sample(step_s, backward_start, backward_end, now,
-                                             clock.launches)
+                                             clock.launches, clock.applies or None)
             # Horovod's broadcast_optimizer_state steps once, with zero gradients and no
             # backward, before training: that is no warm-up step. Counted, it would take the
             # place of the slow first real step that pace_summary discards.
@@ -329,6 +371,7 @@ class AutoCommunicator(CommunicatorBase):
                 if due and math.isfinite(predicted):
                     self._check_drift(predicted)
         clock.launches = [None] * len(self._buckets)
+        clock.applies = []
         clock.last_end = time.perf_counter()
 
     def _check_drift(self, predicted):
@@ -399,7 +442,8 @@ class AutoCommunicator(CommunicatorBase):
                 calibration.pace_summary(self._warmup.samples),
                 calibration.time_codecs(buffers, self.settings.candidates, n, self.scale_block),
                 calibration.measure_errors(buffers, [b.name for b in self._buckets],
-                                           self.settings.candidates, self.scale_block))
+                                           self.settings.candidates, self.scale_block),
+                self._chunks)
         except Exception as err:
             return f"rank {rank}: {_say(err)}"
 

@@ -69,7 +69,9 @@ def summary(m: planner.Measurements, busy_factor=math.nan, measured_step_s=math.
         {c: records.LinkRecord(f.alpha, f.beta, getattr(f, "r2", math.nan))
          for c, f in m.links.items()},
         dict(m.codecs), dict(m.errors), dict(m.links_cpu), m.cpu_share, busy_factor,
-        measured_step_s, None if measured_on is None else tuple(measured_on))
+        measured_step_s, None if measured_on is None else tuple(measured_on),
+        None if m.needed_s is None else {b.name: t for b, t in zip(m.buckets, m.needed_s)},
+        dict(m.chunks))
 
 
 def replay(report, margin=None):

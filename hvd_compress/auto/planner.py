@@ -19,7 +19,9 @@ The timeline, per step, times from the start of backward (a plan changes nothing
     decode     t = B'; t = max(t, Q_i) + dec_i       at step(), bucket by bucket
     step       = fixed_s + t                         fixed_s: forward, update (no plan moves them)
 
-A later phase (a two-phase bucket's allgather) is where that fold and the plugin differ: the
+A later phase (a two-phase bucket's allgather) is where that fold and the plugin differ
+(under schedule="overlap" it is launched where the optimizer looks at its pending buckets:
+at step() and where the next forward needs one): the
 plugin launches it from the first gradient hook after the phase before it ended (after that
 hook's own bucket has been launched; its middle reduce runs in the hook, on backward's thread)
 or, from backward's end on, as soon as that phase ends. `predict` times every plan so, event by
@@ -43,6 +45,23 @@ for twice the bytes, results/collective-cpu). Where the compute threads fill the
 is taken from backward: a collective's `cpu` (its measured CPU seconds x Measurements.cpu_share)
 is added to backward's end and to every later hook, in the share of its run that overlaps
 backward. The fold leaves it out; the timeline, which chooses, has it.
+
+Across the step boundary (schedule="overlap"; `Measurements.needed_s`): step() returns at
+backward's end B' and the next forward runs on; bucket i is first needed `needed_i` after
+that (its pace measured as backward's is: the forward's pre-hooks, waits taken out), so in
+order of need
+
+    at_i = max(B' + needed_i + lag, Q_i) + dec_i,   lag = at_i - B' - needed_i   (lag_0: 0)
+    step = fixed_s + B' + lag                        the forward is in fixed_s; only its waits add
+
+With every need 0 and one collective a bucket this is the waiting fold (a later phase waits
+for the optimizer to look: at step() and at each need). A bucket the next forward needs late hides its
+exchange behind the forward's first layers, which the waiting schedule cannot.
+
+Priority on the wire (overlap only; `Measurements.chunks`): a bucket its route cuts into c
+chunks runs as c equal pieces, handed to Horovod two at a time; a bucket launched later, while
+they run, goes in after the piece on the wire and the next one, and pushes the rest back by
+its own time.
 
 A collective that runs while backward still computes takes the busy link's pace; after
 backward's end (as far as it is known at its launch, `backward_s` plus the encodes so far) the
@@ -165,7 +184,11 @@ class Measurements:
     {collective: Affine} the CPU a collective's threads spend per call (bytes as for `links`),
     and `cpu_share`: the backward seconds one such CPU second costs where backward computes
     meanwhile (the cores' threads per core, 0 where a core is free; module docstring, "The
-    collectives' CPU")."""
+    collectives' CPU"). `needed_s`: under schedule="overlap", per bucket, when the next
+    forward first needs it (s after step() returns, waits excluded; module docstring, "Across
+    the step boundary"); None: the waiting schedule is priced. `chunks`: {(bucket name,
+    label): count} the chunks a one-collective route cuts a bucket into under that schedule
+    (priority on the wire; a bucket not named is not cut)."""
 
     n: int
     buckets: tuple
@@ -177,6 +200,14 @@ class Measurements:
     fixed_s: float = 0.0
     links_cpu: dict = field(default_factory=dict)
     cpu_share: float = 0.0
+    needed_s: tuple | None = None
+    chunks: dict = field(default_factory=dict)
+
+    @property
+    def schedule(self):
+        """The schedule a plan's step is priced on: "overlap" where the forward's needs are
+        given, else "wait"."""
+        return "wait" if self.needed_s is None else "overlap"
 
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
@@ -197,6 +228,16 @@ class Measurements:
                              f"is ready ({last!r} s)")
         if any(b.ready_s > a.ready_s for a, b in zip(self.buckets[1:], self.buckets)):
             raise ValueError("buckets must be given in launch order (ready times non-decreasing)")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+               for c in self.chunks.values()):
+            raise ValueError(f"chunks must be whole counts >= 1, got {self.chunks!r}")
+        if self.needed_s is not None:
+            object.__setattr__(self, "needed_s", tuple(self.needed_s))
+            if len(self.needed_s) != len(self.buckets) or not all(
+                    isinstance(t, (int, float)) and math.isfinite(t) and t >= 0
+                    for t in self.needed_s):
+                raise ValueError(f"needed_s must give every bucket a finite time >= 0 "
+                                 f"({len(self.buckets)} buckets), got {self.needed_s!r}")
 
 
 # ---------------------------------------------------------------- one bucket, one option
@@ -244,6 +285,7 @@ class _Option:
     phases: tuple        # ((busy s, idle s), ...): the bucket's collectives
     cpu: tuple           # per phase: backward seconds its CPU costs, run during backward
     loss: float          # bytes * measured error: what the tie-break minimises
+    chunks: int = 1      # overlap: the chunks its route cuts it into (Measurements.chunks)
 
 
 def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
@@ -262,9 +304,11 @@ def _option(m: Measurements, bucket: Bucket, text: str, index: int) -> _Option:
         phases.append((busy, min(busy, _unit_seconds([(c, b)], m.n, idle))))
         cpu.append(_unit_cpu(m, c, b))
     err = 0.0 if scheme == "none" else m.errors.get((bucket.name, scheme), math.nan)
+    chunks = m.chunks.get((bucket.name, text), 1) if m.needed_s is not None else 1
     return _Option(text, index, cost.encode.seconds(bucket.nbytes),
                    cost.reduce.seconds(bucket.nbytes), cost.decode.seconds(bucket.nbytes),
-                   tuple(phases), tuple(cpu), bucket.nbytes * err)
+                   tuple(phases), tuple(cpu), bucket.nbytes * err,
+                   chunks if len(phases) == 1 else 1)
 
 
 def candidates_for(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND):
@@ -344,6 +388,8 @@ class Timeline:
     loss: float = 0.0
     stolen_s: tuple = ()     # backward's time the collectives' CPU took before each bucket's
                              # hook, then in all
+    applied_s: tuple = ()    # when each bucket is decoded and applied (the waiting schedule:
+                             # in step(); overlap: when the next forward needs it)
 
 
 def _options(m, plan, candidates=None):
@@ -370,15 +416,34 @@ def _timeline(m, opts):
     E = Q = stolen = 0.0
     leaves, done, pending = [], [0.0] * len(opts), []      # pending: (bucket, phase, ended)
     before = []
+    chunked = None       # overlap: a bucket whose chunks are on the wire [index, grid, piece, end]
+    ahead = 0.0          # when the buckets that went ahead of its chunks are done
     for j, (bucket, opt) in enumerate(zip(m.buckets, opts)):
         before.append(stolen)
         E += opt.enc
         hook = bucket.ready_s + E
-        leaves.append(max(Q, hook))
-        Q = _run(leaves[-1], opt.phases[0], m.backward_s + E)
-        took = _stolen(leaves[-1], Q, opt.cpu[0], m.backward_s + E)
+        jumps = chunked is not None and chunked[3] > hook and opt.chunks <= 1
+        if jumps:        # in after the chunk on the wire and the one handed next (sender.DEPTH)
+            i, grid, piece, end = chunked
+            boundary = grid + piece * max(1, math.ceil((hook - grid) / piece - 1e-9))
+            leaves.append(max(hook, ahead, min(end, boundary + piece)))
+            jumps = leaves[-1] < end
+            if not jumps:
+                leaves.pop()
+        if jumps:
+            mine_end = ahead = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+            shift = mine_end - leaves[-1]
+            chunked = [i, grid + shift, piece, end + shift]
+            Q = done[i] = end + shift
+        else:
+            leaves.append(max(Q, hook))
+            Q = mine_end = _run(leaves[-1], opt.phases[0], m.backward_s + E)
+            if opt.chunks > 1:
+                chunked = [j, leaves[-1], (Q - leaves[-1]) / opt.chunks, Q]
+                ahead = leaves[-1]
+        took = _stolen(leaves[-1], mine_end, opt.cpu[0], m.backward_s + E)
         E, stolen = E + took, stolen + took
-        mine, still = (j, 1, Q), []
+        mine, still = (j, 1, mine_end), []
         for i, k, ended in pending:
             if ended > hook:
                 still.append((i, k, ended))
@@ -394,6 +459,11 @@ def _timeline(m, opts):
             if k == len(opts[i].phases):
                 done[i] = ended
     backward_end = clock = m.backward_s + E
+    applied = [0.0] * len(opts)
+    if m.needed_s is not None:        # step() returns; the next forward waits per bucket
+        t = _across_boundary(m.needed_s, opts, done, pending, Q, backward_end, applied)
+        return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
+                        sum(o.loss for o in opts), tuple(before) + (stolen,), tuple(applied))
     while pending:                    # step(): each later phase as soon as the one before ends
         pending.sort(key=lambda p: p[2])
         i, k, ended = pending.pop(0)
@@ -403,11 +473,51 @@ def _timeline(m, opts):
             pending.append((i, k + 1, Q))
         else:
             done[i] = Q
-    t = clock
-    for opt, d in zip(opts, done):
-        t = max(t, d) + opt.dec
+    t = clock                         # step() decodes bucket by bucket, then returns
+    for i, (opt, d) in enumerate(zip(opts, done)):
+        t = applied[i] = max(t, d) + opt.dec
     return Timeline(m.fixed_s + t, backward_end, tuple(leaves), tuple(done),
-                    sum(o.loss for o in opts), tuple(before) + (stolen,))
+                    sum(o.loss for o in opts), tuple(before) + (stolen,), tuple(applied))
+
+
+def _across_boundary(needed, opts, done, pending, Q, backward_end, applied):
+    """schedule="overlap": step() returns at backward's end; the next forward reaches bucket
+    i's first need `needed[i]` later, plus every wait before it, then waits for its exchange
+    and decodes it. A later phase (two-phase) is launched where the optimizer looks at the
+    pending exchanges: at step() and at each need (its middle reduce on the main thread), and
+    a bucket's own, waited for, where it is needed. Returns the step's time as the waiting
+    fold counts it (from backward's start, `fixed_s` not included): the forward's own time is
+    in fixed_s, so what the exchange adds is the lag it leaves. Fills `done` and `applied`."""
+    pending = list(pending)
+
+    def launch(i, k, now, Q):
+        now += opts[i].mid
+        Q = _run(max(Q, now), opts[i].phases[k], backward_end)
+        if k + 1 < len(opts[i].phases):
+            pending.append((i, k + 1, Q))
+        else:
+            done[i] = Q
+        return now, Q
+
+    def progress(now, Q):
+        while True:
+            ready = sorted((p for p in pending if p[2] <= now), key=lambda p: (p[2], p[0]))
+            if not ready:
+                return now, Q
+            pending.remove(ready[0])
+            now, Q = launch(*ready[0][:2], now, Q)
+
+    now, Q = progress(backward_end, Q)
+    lag = now - backward_end
+    for i in sorted(range(len(opts)), key=lambda i: (needed[i], i)):
+        now, Q = progress(backward_end + needed[i] + lag, Q)
+        while any(p[0] == i for p in pending):          # its own later phases, waited for
+            p = next(p for p in pending if p[0] == i)
+            pending.remove(p)
+            now, Q = launch(i, p[1], max(now, p[2]), Q)
+        now = applied[i] = max(now, done[i]) + opts[i].dec
+        lag = now - backward_end - needed[i]
+    return backward_end + lag
 
 
 def fixed_plan(m: Measurements, text: str):
@@ -499,8 +609,10 @@ def search(m: Measurements, candidates=DEFAULT_CANDIDATES, bound=ERROR_BOUND,
     finals, w1, exact1 = _front(m, opts, upper * (1 + 1e-12), with_loss=False)
     fastest = min([f.step_s for f in finals] + [upper])
     finals2, w2, exact2 = _front(m, opts, fastest * (1 + margin) * (1 + 1e-12), with_loss=True)
-    # the fold times neither a waiting later phase nor the collectives' CPU
-    phased = any(len(o.phases) > 1 or any(o.cpu) for per in opts for o in per)
+    # the fold times neither a waiting later phase nor the collectives' CPU, nor the next
+    # forward's needs (schedule="overlap")
+    phased = m.needed_s is not None or any(len(o.phases) > 1 or any(o.cpu)
+                                           for per in opts for o in per)
     by_label = [{o.label: o for o in per} for per in opts]
     shortlist = {tuple(f.indices) for f in finals + finals2} | {tuple(o.index for o in f)
                                                                 for f in fixed}

@@ -36,13 +36,15 @@ def _affine(d) -> planner.Affine:
 class StepSample:
     """One warm-up step's pace (calibration.step_sample): the step, backward's span less the
     hook work, the wait after it, the rest (fixed), and when each bucket was ready (s from
-    backward's start, launch order)."""
+    backward's start, launch order); under schedule="overlap" when the next forward needed
+    each bucket (s after step() returned, waits before it excluded; () when waiting)."""
 
     step_s: float
     backward_s: float
     wait_s: float
     fixed_s: float
     ready_s: tuple
+    needed_s: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -56,15 +58,19 @@ class Pace:
     fixed_s: float
     ready_s: tuple
     steps: int
+    needed_s: tuple = ()            # schedule="overlap": the next forward's need of each bucket
 
     def to_dict(self):
-        return {"step_s": self.step_s, "backward_s": self.backward_s, "wait_s": self.wait_s,
-                "fixed_s": self.fixed_s, "ready_s": list(self.ready_s), "steps": self.steps}
+        out = {"step_s": self.step_s, "backward_s": self.backward_s, "wait_s": self.wait_s,
+               "fixed_s": self.fixed_s, "ready_s": list(self.ready_s), "steps": self.steps}
+        if self.needed_s:
+            out["needed_s"] = list(self.needed_s)
+        return out
 
     @classmethod
     def from_dict(cls, d):
         return cls(d["step_s"], d["backward_s"], d["wait_s"], d["fixed_s"], tuple(d["ready_s"]),
-                   d["steps"])
+                   d["steps"], tuple(d.get("needed_s") or ()))
 
 
 @dataclass(frozen=True)
@@ -92,9 +98,11 @@ class RankMeasurements:
     pace: Pace
     codecs: dict
     errors: dict
+    chunks: dict = field(default_factory=dict)   # {label: {bucket: count}}: overlap's cut
 
     def to_dict(self):
         return {"buckets": [list(b) for b in self.buckets], "labels": list(self.labels),
+                "chunks": {t: dict(row) for t, row in self.chunks.items()},
                 "host": None if self.host is None else {"machine": self.host.machine,
                                                         "cores": self.host.cores,
                                                         "threads": self.host.threads},
@@ -112,7 +120,9 @@ class RankMeasurements:
                    Pace.from_dict(d["pace"]),
                    {t: {op: tuple(tuple(p) for p in points) for op, points in parts.items()}
                     for t, parts in d["codecs"].items()},
-                   {b: dict(row) for b, row in d["errors"].items()})
+                   {b: dict(row) for b, row in d["errors"].items()},
+                   {t: {b: int(c) for b, c in row.items()}
+                    for t, row in (d.get("chunks") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,10 @@ class MeasurementsRecord:
     (backward, the rest of the step, each bucket's ready time), each collective's link timed
     alone and its CPU, each codec's cost, each (bucket, scheme)'s measured error; and what the
     busy factor was fitted to: the step `measured_step_s` on the plan then in force
-    (`measured_on`; None in records older than that field: float32 everywhere)."""
+    (`measured_on`; None in records older than that field: float32 everywhere). `needed_s`
+    ({bucket name: s after step() returns}), when the next forward first needs each bucket,
+    where the job ran schedule="overlap": the schedule its plans were priced on (`schedule`);
+    None: the waiting schedule."""
 
     n: int
     backward_s: float
@@ -145,9 +158,16 @@ class MeasurementsRecord:
     busy_factor: float = math.nan
     measured_step_s: float = math.nan
     measured_on: tuple | None = None
+    needed_s: dict | None = None
+    chunks: dict = field(default_factory=dict)      # {(bucket name, label): chunk count}
+
+    @property
+    def schedule(self):
+        """The schedule the plans were priced on: "overlap" or "wait"."""
+        return "wait" if self.needed_s is None else "overlap"
 
     def to_dict(self):
-        return {
+        out = {
             "n": self.n, "backward_s": self.backward_s, "fixed_s": self.fixed_s,
             "ready_s": dict(self.ready_s),
             "links": {c: {"alpha": f.alpha, "beta": f.beta, "r2": f.r2}
@@ -158,7 +178,13 @@ class MeasurementsRecord:
             "links_cpu": {c: _affine_dict(x) for c, x in self.links_cpu.items()},
             "cpu_share": self.cpu_share, "busy_factor": self.busy_factor,
             "measured_step_s": self.measured_step_s,
-            "measured_on": None if self.measured_on is None else list(self.measured_on)}
+            "measured_on": None if self.measured_on is None else list(self.measured_on),
+            "schedule": self.schedule}
+        if self.needed_s is not None:
+            out["needed_s"] = dict(self.needed_s)
+        if self.chunks:
+            out["chunks"] = {f"{b} {t}": c for (b, t), c in sorted(self.chunks.items())}
+        return out
 
     @classmethod
     def from_dict(cls, d):
@@ -170,6 +196,7 @@ class MeasurementsRecord:
                 bucket, scheme_name = key.rsplit(" ", 1)
                 errors[(bucket, scheme_name)] = _nan(err)
             on = d.get("measured_on")
+            needed = d.get("needed_s")
             return cls(
                 int(d["n"]), float(d["backward_s"]), float(d["fixed_s"]),
                 {name: float(t) for name, t in d["ready_s"].items()},
@@ -183,7 +210,10 @@ class MeasurementsRecord:
                 cpu_share=float(d.get("cpu_share", 0.0)),
                 busy_factor=_nan(d.get("busy_factor")),
                 measured_step_s=_nan(d.get("measured_step_s")),
-                measured_on=None if on is None else tuple(on))
+                measured_on=None if on is None else tuple(on),
+                needed_s=None if needed is None else {k: float(v) for k, v in needed.items()},
+                chunks={tuple(k.rsplit(" ", 1)): int(c)
+                        for k, c in (d.get("chunks") or {}).items()})
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"not a plan report's measurements: {err!r} missing or malformed") \
                 from None
@@ -194,6 +224,8 @@ class MeasurementsRecord:
         try:
             order = [planner.Bucket(name, int(nbytes), self.ready_s[name])
                      for name, nbytes in buckets]
+            needed = (None if self.needed_s is None
+                      else tuple(self.needed_s[name] for name, _ in buckets))
         except KeyError as err:
             raise ValueError(f"not a plan report's measurements: {err!r} missing or malformed") \
                 from None
@@ -201,7 +233,8 @@ class MeasurementsRecord:
             self.n, tuple(order), self.backward_s,
             {c: Link(f.alpha, f.beta) for c, f in self.links.items()},
             dict(self.codecs), dict(self.errors), fixed_s=self.fixed_s,
-            links_cpu=dict(self.links_cpu), cpu_share=self.cpu_share)
+            links_cpu=dict(self.links_cpu), cpu_share=self.cpu_share, needed_s=needed,
+            chunks=dict(self.chunks))
 
 
 @dataclass(frozen=True)
@@ -404,8 +437,14 @@ class PlanReport:
         """The label of each bucket, launch order."""
         return [b.label for b in self.buckets]
 
+    @property
+    def schedule(self):
+        """The schedule the plan's step was priced on ("wait" or "overlap"; "" before any
+        measurement)."""
+        return self.measurements.schedule if self.measurements is not None else ""
+
     def to_dict(self):
-        out = {"plan": self.plan, "phase": self.phase,
+        out = {"plan": self.plan, "phase": self.phase, "schedule": self.schedule,
                "buckets": [{"name": b.name, "bytes": b.bytes, "label": b.label}
                            for b in self.buckets],
                "predicted_s": self.predicted_s, "fastest_s": self.fastest_s,

@@ -175,6 +175,11 @@ class _Prioritised(_PacketBase):
         if self._chunking and self.sender is None:
             self.sender = Sender(self.engine)
 
+    def chunk_counts(self):
+        """{bucket name: chunks} of the cut prioritise() made (empty: nothing cut), for the
+        planner to price."""
+        return {name: count for name, (_, count) in self._chunking.items()}
+
     def _most_chunks(self, bucket):
         """How many chunks the bucket can be cut into (each at least a scale block)."""
         return -(-bucket.numel // self.scale_block)

@@ -9,6 +9,9 @@ schedule="overlap" (hvd_compress/overlap.py) on real ranks.
   zero_grad() with pending updates (set_to_none either way) zeroes them after their update.
 - The fallbacks: an optimizer whose step is not known to be elementwise, and a step with a
   closure, wait for every bucket, say so once, and give the waiting schedule's bits.
+- Compression.auto runs overlapped: a pinned mixed plan gives the waiting schedule's bits;
+  left to itself it plans (alike on every rank) at a step boundary after every update, on
+  the overlapped schedule's timeline (the next forward's needs measured).
 Priority on the wire (a large bucket in chunks) is tests/workers/overlap_priority.py's.
 The model is the exchange checks' (a layer only rank 0 uses on odd steps: a module whose
 forward does not run on a rank has its update applied at the next backward), with buckets small
@@ -24,6 +27,7 @@ from checks import check
 
 import hvd_compress as hc
 from hvd_compress import registry
+from hvd_compress.auto.records import Decision
 import exchange_checks
 from exchange_checks import Model
 
@@ -78,6 +82,39 @@ def train(schedule, compression, route, make=None, zero_none=True, closure=False
             if isinstance(t, torch.Tensor)]          # by index: entries are made in another order
     opt.close()
     return params, torch.cat(flat) if flat else torch.zeros(0)
+
+
+def train_auto(schedule, labels=None, steps=STEPS, warmup=3):
+    """(parameters, optimizer state, plan report) after `steps` steps of Compression.auto:
+    with `labels` a plan pinned from the start (a label per bucket, as a checkpoint restores
+    it), else the job's own warm-up, calibration and plan."""
+    torch.manual_seed(0)
+    model = Model()
+    extra = {"model": model} if schedule == "overlap" else {}
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                  model.named_parameters(),
+                                  compression=hc.Compression.auto(warmup_steps=warmup,
+                                                                  trial_steps=0),
+                                  fusion_threshold_bytes=FUSION, schedule=schedule, **extra)
+    if labels is not None:
+        layout = [[b.name, b.bytes] for b in opt.plan_report().buckets]
+        pinned = Decision(tuple(labels[i % len(labels)] for i in range(len(layout))), 1.0)
+        opt.load_compression_state_dict({"residuals": {}, "communicator": {"auto_plan": {
+            "buckets": layout, "decision": pinned.to_dict()}}})
+    exchange_checks.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(exchange_checks.RANK)
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 4, (32,), generator=g)
+        torch.nn.functional.cross_entropy(model(x, step), y).backward()
+        opt.step()
+    params = torch.cat([v.reshape(-1) for v in model.state_dict().values()])
+    state = opt.state_dict()["state"]
+    flat = [t.reshape(-1).float() for k in sorted(state) for _, t in sorted(state[k].items())
+            if isinstance(t, torch.Tensor)]
+    report = opt.plan_report()
+    opt.close()
+    return params, torch.cat(flat) if flat else torch.zeros(0), report
 
 
 def same(label, a, b):
@@ -167,15 +204,34 @@ def run(hvd):
     check("overlap.fallback.closure_said_once", len(closures) == 1, [str(w.message) for w in said])
     same("overlap.fallback.closure_bit_identical_to_wait", overlapped,
          train("wait", hc.Compression.bit8, "allgather", closure=True))
+    # Compression.auto overlapped: a pinned mixed plan gives the waiting schedule's bits; left
+    # to itself it measures, plans at a boundary after every update, and prices the overlap
+    mixed = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", "none:allreduce"]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         model = Model()
         opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       model.named_parameters(), compression=hc.Compression.auto,
                                       schedule="overlap", model=model)
-    check("overlap.fallback.auto_waits", opt.schedule == "wait" and any(
-        "Compression.auto" in str(w.message) for w in said), [str(w.message) for w in said])
+    check("overlap.auto.runs_overlapped", opt.schedule == "overlap" and not any(
+        "falls back" in str(w.message) for w in said), [str(w.message) for w in said])
     opt.close()
+    waited, overlapped = train_auto("wait", mixed), train_auto("overlap", mixed)
+    check("overlap.auto.pinned_plan_is_the_plan_run",
+          waited[2].labels == overlapped[2].labels and len(set(overlapped[2].labels)) >= 3,
+          f"{waited[2].labels} {overlapped[2].labels}")
+    same("overlap.auto.pinned_plan_bit_identical_to_wait", waited[:2], overlapped[:2])
+    params, _, report = train_auto("overlap", steps=8)
+    every = exchange_checks.hvd.allgather_object((report.plan, report.phase, report.schedule))
+    check("overlap.auto.plans_on_every_rank_alike", report.phase == "planned" and report.plan
+          and all(e == every[0] for e in every), str(every))
+    needed = report.measurements.needed_s if report.measurements is not None else None
+    check("overlap.auto.prices_the_overlapped_schedule", report.schedule == "overlap" and
+          needed is not None and set(needed) == {b.name for b in report.buckets}
+          and all(math.isfinite(t) and t >= 0 for t in needed.values()), str(needed))
+    check("overlap.auto.identical_weights", checks.same_everywhere([params]))
+    check("overlap.auto.waiting_prices_the_waiting_schedule",
+          train_auto("wait", steps=8)[2].schedule == "wait")
     try:
         hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 model.named_parameters(), schedule="overlap")

@@ -1,5 +1,5 @@
 """Run under horovodrun -np 2 (tests/test_overlap_multiprocess.py, a launch of its own: a rank
-leaves on purpose): rank 1 leaves after its forward of the third step, so rank 0's buckets will
+leaves on purpose; argv: the output folder, the compression, bit8 or auto): rank 1 leaves after its forward of the third step, so rank 0's buckets will
 never be reduced; rank 0 must raise, not hang: in backward or step() where Horovod has noticed
 by then (its launches fail), else in the next forward, which waits for them.
 
@@ -15,12 +15,13 @@ import horovod.torch as hvd
 import hvd_compress as hc
 
 
-def main(out):
+def main(out, compression="bit8"):
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  model.named_parameters(), compression=hc.Compression.bit8,
+                                  model.named_parameters(),
+                                  compression=getattr(hc.Compression, compression),
                                   schedule="overlap", model=model, fusion_threshold_bytes=1000)
     x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
     result, where = {}, "train"
@@ -52,4 +53,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
