@@ -147,6 +147,9 @@ def test_bench_ddp_arguments():
     args = bench_ddp.parse_args(["--models", "basic", "--links", "100mbit", "--ranks", "2"])
     assert args.rows == bench_ddp.ROWS and args.ranks == [2]
     assert {"stock:none", "stock:fp16", "stock:powersgd1"} <= set(args.rows)
+    extra = bench_ddp.parse_args(["--rows", "stock:powersgd1,ours:powersgd1ddp"])
+    assert extra.rows == ["stock:powersgd1", "ours:powersgd1ddp"]     # asked for, not a default
+    assert "ours:powersgd1ddp" not in bench_ddp.ROWS
     with pytest.raises(SystemExit):
         bench_ddp.parse_args(["--rows", "ours:nonesuch"])
     with pytest.raises(SystemExit):
