@@ -30,6 +30,9 @@ class Compression:
         return TopK(ratio, error_feedback)
 
     @staticmethod
-    def powersgd(rank=2, error_feedback=True):
-        """Rank-`rank` approximation of each matrix by two float32 allreduces (methods/powersgd.py)."""
-        return PowerSGD(rank, error_feedback)
+    def powersgd(rank=2, error_feedback=True, start_iter=0, min_compression_rate=0.0,
+                 init="name"):
+        """Rank-`rank` approximation of each matrix by two float32 allreduces (methods/powersgd.py);
+        start_iter=2, min_compression_rate=2, init="ddp": torch's powerSGD_hook's variant."""
+        return PowerSGD(rank, error_feedback, start_iter=start_iter,
+                        min_compression_rate=min_compression_rate, init=init)

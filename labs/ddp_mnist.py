@@ -17,7 +17,9 @@ hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit
 
 Two flags of DDP's own: --bucket-cap-mb (DDP's bucket_cap_mb) and --ddp-powersgd RANK, DDP's
 powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
-with --powersgd-allreduce RANK; it runs with every parameter in one bucket unless
+with --powersgd-allreduce RANK (with --powersgd-like-ddp ours runs the hook's variant: the
+first 2 steps uncompressed, its min_compression_rate 2 and its first Q's; or set each with
+--powersgd-start-iter, --powersgd-min-compression-rate, --powersgd-init); it runs with every parameter in one bucket unless
 --bucket-cap-mb says otherwise (with two buckets it launches collectives from Gloo's threads in
 an order the ranks do not share, and Gloo aborts: scripts/bench_ddp.py).
 """
@@ -37,6 +39,8 @@ import torch.optim as optim
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file by torchrun
 
 import hvd_compress.ddp as hcd                                   # noqa: E402
+from hvd_compress.compression import Compression                 # noqa: E402
+from hvd_compress.methods.powersgd import INITS                  # noqa: E402
 from hvd_compress.engine.distributed import TorchEngine          # noqa: E402
 from hvd_compress.registry import Route, run_name                # noqa: E402
 from labs import mnist                                           # noqa: E402
@@ -106,6 +110,9 @@ class HookedOptimizer:
 
 # DDP's bucket cap (MiB) that puts either lab network in one bucket (--ddp-powersgd's default)
 ONE_BUCKET_MB = 1024
+# --ddp-powersgd's settings of DDP's hook (its random_seed 0 is our seed's default), as our
+# PowerSGD's options: what --powersgd-like-ddp sets
+DDP_VARIANT = {"start_iter": 2, "min_compression_rate": 2.0, "init": "ddp"}
 
 
 def parse_args(argv=None):
@@ -117,11 +124,25 @@ def parse_args(argv=None):
     own.add_argument("--ddp-powersgd", type=int, default=None, metavar="RANK",
                      help="DDP's own powerSGD_hook at this rank instead of hvd_compress's "
                           "hook (compare with --powersgd-allreduce RANK)")
+    own.add_argument("--powersgd-start-iter", type=int, default=None, metavar="N",
+                     help="with --powersgd-allreduce: the first N steps uncompressed (DDP's "
+                          "start_powerSGD_iter; default 0)")
+    own.add_argument("--powersgd-min-compression-rate", type=float, default=None,
+                     metavar="RATE", help="with --powersgd-allreduce: leave a matrix "
+                     "uncompressed unless its factors are RATE times smaller (DDP's "
+                     "min_compression_rate; default 0: every matrix)")
+    own.add_argument("--powersgd-init", choices=INITS, default=None,
+                     help="with --powersgd-allreduce: the first Q by tensor name (default) or "
+                          "drawn as DDP's powerSGD_hook draws it")
+    own.add_argument("--powersgd-like-ddp", action="store_true",
+                     help="with --powersgd-allreduce: DDP's hook's variant as --ddp-powersgd "
+                          "runs it (start iter 2, min compression rate 2, init ddp)")
     extra, rest = own.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         own.print_help()
     args = mnist.parse_args(rest)
     args.bucket_cap_mb, args.ddp_powersgd = extra.bucket_cap_mb, extra.ddp_powersgd
+    args.powersgd_options = powersgd_options(extra, args)
     if args.ddp_powersgd is not None:
         if args.ddp_powersgd < 1:
             sys.exit(f"error: --ddp-powersgd RANK must be at least 1, got {args.ddp_powersgd}")
@@ -129,9 +150,27 @@ def parse_args(argv=None):
             sys.exit("error: --ddp-powersgd is DDP's own hook: no compression flag with it")
         if args.bucket_cap_mb is None:
             args.bucket_cap_mb = ONE_BUCKET_MB
+    if args.powersgd_options.get("init") == "ddp" and args.bucket_cap_mb is None:
+        args.bucket_cap_mb = ONE_BUCKET_MB          # DDP's buckets, hence its draws, as its hook's
     if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
         sys.exit(f"error: --bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
     return args
+
+
+def powersgd_options(extra, args):
+    """Our PowerSGD's options from the flags ({} for the method's defaults); refused without
+    --powersgd-allreduce."""
+    options = dict(DDP_VARIANT) if extra.powersgd_like_ddp else {}
+    for key, value in (("start_iter", extra.powersgd_start_iter),
+                       ("min_compression_rate", extra.powersgd_min_compression_rate),
+                       ("init", extra.powersgd_init)):
+        if value is not None:
+            options[key] = value
+    if options and args.compression != "powersgd":
+        sys.exit("error: the --powersgd-* options go with --powersgd-allreduce RANK")
+    if options.get("start_iter", 0) < 0 or not options.get("min_compression_rate", 0) >= 0:
+        sys.exit("error: --powersgd-start-iter and --powersgd-min-compression-rate must be >= 0")
+    return options
 
 
 def ddp_powersgd(ddp, rank):
@@ -139,18 +178,27 @@ def ddp_powersgd(ddp, rank):
     bucket, kept by DDP's hook state: not in the lab's checkpoint)."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                        start_powerSGD_iter=2)
+                                        start_powerSGD_iter=DDP_VARIANT["start_iter"])
     ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
 def config_name(args, world_size):
     """The run's name: the Horovod run's with the variant 'ddp' (np2-bit8-ddp); DDP's own
-    PowerSGD hook 'np2-powersgd-ddphook'."""
+    PowerSGD hook 'np2-powersgd-ddphook'; ours in DDP's variant 'np2-powersgd-ddp-ddplike', in
+    other settings 'np2-powersgd-ddp-start2-rate2-initddp' (those that differ from ours)."""
     if getattr(args, "ddp_powersgd", None) is not None:
         name = run_name(world_size, "powersgd", variant="ddphook")
     else:
         name = run_name(world_size, args.compression, args.route,
                         error_feedback=bool(args.error_feedback), variant="ddp")
+        options = getattr(args, "powersgd_options", {})
+        if options == DDP_VARIANT:
+            name += "-ddplike"
+        elif options:
+            name += "".join(f"-{label}{options[key]:g}" if key != "init" else f"-init{options[key]}"
+                            for key, label in (("start_iter", "start"),
+                                               ("min_compression_rate", "rate"), ("init", ""))
+                            if key in options)
     return name if args.model == DEFAULTS["model"] else f"{name}-{MODEL_SUFFIX[args.model]}"
 
 
@@ -239,7 +287,11 @@ def main(argv=None):
     base = optim.SGD(model.parameters(), lr=args.lr * engine.size(), momentum=args.momentum)
     state = None
     if args.compression != "none" or args.route is not None:
-        state = hcd.HookState(compression_of(args), args.route, error_feedback=args.error_feedback,
+        compression = compression_of(args)
+        if args.powersgd_options:
+            compression = Compression.powersgd(compression.rank, compression.error_feedback,
+                                               **args.powersgd_options)
+        state = hcd.HookState(compression, args.route, error_feedback=args.error_feedback,
                               scale_block=args.scale_block, model=model)
     optimizer = HookedOptimizer(base, state, restarted)
     first_epoch = run.resume(model, optimizer)

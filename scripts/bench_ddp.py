@@ -57,6 +57,9 @@ DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the l
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
         "ours:bit16:alltoall", "ours:bf16", "ours:bit8:allgather", "ours:bit8:alltoall",
         "ours:powersgd1", "ours:topk", "ours:auto"]
+# Rows run only when asked (--rows): ours:powersgd1ddp, our PowerSGD in DDP's hook's variant
+# (start_iter 2, min_compression_rate 2, init "ddp": docs/ddp.md)
+EXTRA_ROWS = ["ours:powersgd1ddp"]
 # DDP's bucket cap (MiB) that puts either lab network in one bucket: the PowerSGD rows' (above)
 ONE_BUCKET_MB = 1024
 MASTER_PORT = 29533          # on an emulated link: rank 0's address in its namespace
@@ -106,7 +109,9 @@ def make_row(row, model, trial_steps=0):
         from labs.kit.flags import auto_compression
         compression = auto_compression()(trial_steps=trial_steps)
     elif scheme.startswith("powersgd"):
-        compression = Compression.powersgd(int(scheme[8:]))
+        variant = dict(start_iter=2, min_compression_rate=2, init="ddp") \
+            if scheme.endswith("ddp") else {}
+        compression = Compression.powersgd(int(scheme[8:].removesuffix("ddp")), **variant)
     else:
         compression = scheme
     state = hcd.HookState(compression, route[0] if route else None, model=ddp,
@@ -303,9 +308,9 @@ def parse_args(argv=None):
         return args
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS + [LOCAL_ROW]]
+    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS + EXTRA_ROWS + [LOCAL_ROW]]
     if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {ROWS + [LOCAL_ROW]}, links among {list(LINKS)}")
+        p.error(f"rows must be among {ROWS + EXTRA_ROWS + [LOCAL_ROW]}, links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):
         p.error("models must be among ['lab', 'basic']")
     try:

@@ -42,10 +42,26 @@ def test_the_hook_equals_ddps_own_and_carries_every_scheme(request, np):
 @across_sizes("hook_state")
 def test_the_hooks_state_survives_a_checkpoint(request, np):
     names = ddprun.passed_checks(request)
-    for label in ("bit8:alltoall+ef", "powersgd"):
+    for label in ("bit8:alltoall+ef", "powersgd", "powersgd:start4"):
         assert f"{label}: resumed from the checkpoint = never stopped, bit for bit" in names
     assert "auto: the plan is restored" in names
     assert "residuals reach another bucket layout by parameter name" in names
+
+
+@pytest.mark.multiprocess
+@across_sizes("powersgd_ddp")
+def test_our_powersgd_in_ddps_variant_tracks_ddps_hook_step_for_step(request, np):
+    """Compression.powersgd(1, start_iter=2, min_compression_rate=2, init="ddp") against
+    torch's powerSGD_hook (start_powerSGD_iter 2) on the same model and data: equal in the
+    warm-up, within 1e-6 after (float rounding: tests/ddp_workers/powersgd_ddp.py says why);
+    without the warm-up, or with our own first Q, clearly off."""
+    names = ddprun.passed_checks(request)
+    assert "ddp variant: the warm-up steps = torch's, bit for bit" in names
+    assert "ddp variant: every step within the tolerance of torch's hook" in names
+    assert "without the warm-up: off torch's from the first step" in names
+    assert "with our own first Q: off torch's once it compresses" in names
+    gaps = json.loads((ddprun.job_dir(np) / "powersgd-ddp-rank0.json").read_text())
+    assert max(gaps["ddp_variant"]) <= gaps["tolerance"] < min(gaps["no_warmup"])
 
 
 def _digests(folder, prefix, np):
@@ -132,6 +148,9 @@ def test_bench_ddp_arguments():
     args = bench_ddp.parse_args(["--models", "basic", "--links", "100mbit", "--ranks", "2"])
     assert args.rows == bench_ddp.ROWS and args.ranks == [2]
     assert {"stock:none", "stock:fp16", "stock:powersgd1"} <= set(args.rows)
+    extra = bench_ddp.parse_args(["--rows", "stock:powersgd1,ours:powersgd1ddp"])
+    assert extra.rows == ["stock:powersgd1", "ours:powersgd1ddp"]     # asked for, not a default
+    assert "ours:powersgd1ddp" not in bench_ddp.ROWS
     with pytest.raises(SystemExit):
         bench_ddp.parse_args(["--rows", "ours:nonesuch"])
     with pytest.raises(SystemExit):
@@ -196,8 +215,9 @@ def test_ddp_targets_reads_the_grid():
 
 @pytest.mark.unit
 def test_ddp_trainers_own_flags():
-    """labs/ddp_mnist.py's --ddp-powersgd (DDP's own hook, one bucket unless told) and
-    --bucket-cap-mb, beside the lab's flags; a compression flag with --ddp-powersgd refused."""
+    """labs/ddp_mnist.py's --ddp-powersgd (DDP's own hook, one bucket unless told),
+    --bucket-cap-mb and our PowerSGD's --powersgd-* options, beside the lab's flags; a
+    compression flag with --ddp-powersgd refused, a --powersgd-* option without PowerSGD too."""
     sys.path.insert(0, str(ROOT))
     from labs import ddp_mnist
     args = ddp_mnist.parse_args(["--ddp-powersgd", "1"])
@@ -206,7 +226,14 @@ def test_ddp_trainers_own_flags():
     args = ddp_mnist.parse_args(["--powersgd-allreduce", "1", "--bucket-cap-mb", "50"])
     assert args.ddp_powersgd is None and args.bucket_cap_mb == 50
     assert ddp_mnist.config_name(args, 2) == "np2-powersgd-ddp"
+    args = ddp_mnist.parse_args(["--powersgd-allreduce", "1", "--powersgd-like-ddp"])
+    assert args.powersgd_options == {"start_iter": 2, "min_compression_rate": 2.0, "init": "ddp"}
+    assert ddp_mnist.config_name(args, 4) == "np4-powersgd-ddp-ddplike"
+    args = ddp_mnist.parse_args(["--powersgd-allreduce", "1", "--powersgd-start-iter", "2"])
+    assert args.powersgd_options == {"start_iter": 2}
+    assert ddp_mnist.config_name(args, 2) == "np2-powersgd-ddp-start2"
     for bad in (["--ddp-powersgd", "1", "--bit8-allreduce"], ["--ddp-powersgd", "0"],
-                ["--bucket-cap-mb", "0"]):
+                ["--bucket-cap-mb", "0"], ["--bit8-allreduce", "--powersgd-start-iter", "2"],
+                ["--powersgd-allreduce", "1", "--powersgd-start-iter", "-1"]):
         with pytest.raises(SystemExit):
             ddp_mnist.parse_args(bad)

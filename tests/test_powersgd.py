@@ -51,6 +51,28 @@ def test_rank_must_be_positive():
         PowerSGD(rank=0)
 
 
+@pytest.mark.unit
+def test_ddp_variant_options():
+    """start_iter, min_compression_rate and init (torch's powerSGD_hook's variant): defaults
+    are the method as it was, bad values refused, the matrices left uncompressed those torch's
+    hook leaves (its own rule as the reference)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+    assert PowerSGD(1) == PowerSGD(1, start_iter=0, min_compression_rate=0, init="name")
+    assert repr(PowerSGD(1)) == "PowerSGD(rank=1)"
+    assert PowerSGD(1, start_iter=2) != PowerSGD(1)
+    assert "start_iter=2" in repr(PowerSGD(1, start_iter=2))
+    for bad, match in (({"start_iter": -1}, "start_iter"), ({"min_compression_rate": -1}, "rate"),
+                       ({"min_compression_rate": float("nan")}, "rate"), ({"init": "x"}, "init")):
+        with pytest.raises(ValueError, match=match):
+            PowerSGD(1, **bad)
+    for rank in (1, 2, 4):
+        for n, m in ((3, 3), (10, 128), (32, 9), (2, 100), (1, 5), (128, 9216)):
+            assert PowerSGD(rank).compresses(n, m)
+            r = min(rank, n, m)
+            assert PowerSGD(rank, min_compression_rate=2).compresses(n, m) == \
+                _should_compress(n, m, r, 2)[0], (rank, n, m)
+
+
 @pytest.mark.multiprocess
 @across_ranks("powersgd_checks")
 def test_powersgd_across_ranks(controller, np, request):

@@ -16,6 +16,12 @@ each gradient viewed as an n x m matrix M (first dimension x the rest):
 
 r = min(rank, n, m). With r = min(n, m) the approximation is the exact mean (P spans the
 mean's column space), which the tests check. Vectors (biases) go uncompressed, by allreduce.
+
+Three options run torch's powerSGD_hook's variant (docs/ddp.md; their defaults are this
+method as it always was): `start_iter` N (each tensor's first N exchanges are a plain average,
+no error feedback: the hook's start_powerSGD_iter), `min_compression_rate` (a matrix whose
+factors are not that many times smaller than it goes uncompressed) and `init="ddp"` (the first
+Q drawn as the hook draws it, so that both start from the same factors).
 Unlike the quantisers this is not a codec of bits: the two allreduces depend on each other, so
 it is a communicator of its own (roles.Communicator), with the per-tensor state (Q, residual)
 that warm start and error feedback need; `state_dict()` saves it with a checkpoint.
@@ -31,29 +37,56 @@ from .tensorwise import TensorwiseCommunicator, check_device
 
 __all__ = ["PowerSGD", "PowerSGDCommunicator", "approximate"]
 
+# How the first Q of a tensor is drawn: "name", from a generator seeded by the tensor's name
+# (initial_q); "ddp", as torch's powerSGD_hook draws it (DDPDraws).
+INITS = ("name", "ddp")
+
 
 class PowerSGD:
     """The method and its rank, as a value `Compression.powersgd(rank)` returns."""
     name = "powersgd"
 
-    def __init__(self, rank=2, error_feedback=True, seed=0):
+    def __init__(self, rank=2, error_feedback=True, seed=0, start_iter=0,
+                 min_compression_rate=0.0, init="name"):
         if int(rank) < 1:
             raise ValueError(f"PowerSGD rank must be >= 1, got {rank!r}")
+        if int(start_iter) < 0:
+            raise ValueError(f"PowerSGD start_iter must be >= 0, got {start_iter!r}")
+        if not float(min_compression_rate) >= 0:           # NaN too
+            raise ValueError("PowerSGD min_compression_rate must be >= 0, got "
+                             f"{min_compression_rate!r}")
+        if init not in INITS:
+            raise ValueError(f"PowerSGD init must be one of {INITS}, got {init!r}")
         self.rank, self.error_feedback, self.seed = int(rank), bool(error_feedback), int(seed)
+        self.start_iter, self.init = int(start_iter), init
+        self.min_compression_rate = float(min_compression_rate)
+
+    def _key(self):
+        return (self.rank, self.error_feedback, self.seed, self.start_iter,
+                self.min_compression_rate, self.init)
 
     def __repr__(self):
-        return f"PowerSGD(rank={self.rank})"
+        extra = "".join(f", {k}={v!r}" for k, v, default in (
+            ("start_iter", self.start_iter, 0), ("min_compression_rate",
+                                                 self.min_compression_rate, 0.0),
+            ("init", self.init, "name")) if v != default)
+        return f"PowerSGD(rank={self.rank}{extra})"
+
+    def compresses(self, n, m):
+        """Whether an n x m matrix is worth its factors: (n + m) r * min_compression_rate <
+        n m, as torch's hook decides (rate 0, the default: every matrix)."""
+        r = min(self.rank, n, m)
+        return (n + m) * r * self.min_compression_rate < n * m
 
     def communicator(self, op=AVERAGE, engine=None):
         """PowerSGD carries its own collectives (two dependent allreduces), declared here."""
         return PowerSGDCommunicator(self, op=op, engine=engine)
 
     def __eq__(self, other):
-        return isinstance(other, PowerSGD) and (self.rank, self.error_feedback, self.seed) == \
-            (other.rank, other.error_feedback, other.seed)
+        return isinstance(other, PowerSGD) and self._key() == other._key()
 
     def __hash__(self):
-        return hash((PowerSGD, self.rank, self.error_feedback, self.seed))
+        return hash((PowerSGD, *self._key()))
 
 
 def matrix_shape(shape):
@@ -70,6 +103,39 @@ def initial_q(name, m, r, seed, device="cpu"):
     device, then moved to the gradient's)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     return torch.randn(m, r, generator=gen).to(device)
+
+
+class DDPDraws:
+    """The first Q's as torch's powerSGD_hook draws them, so that our hook and DDP's can start
+    from the same factors (init="ddp"): per group of tensors (one DDP bucket), one seed from
+    numpy's RandomState(seed).randint(1_000_000_000), then a Gaussian m x r per matrix from
+    torch's generator under that seed, the matrices taken shape by shape (in the order each
+    shape first appears, the hook's grouping) and each Q's columns orthonormalised. Relies on
+    the hook's behaviour in torch 2.x (tests/ddp_workers/powersgd_ddp.py checks it); numpy, which
+    torch's hook needs too, is imported only here."""
+
+    def __init__(self, seed):
+        try:
+            import numpy
+        except ImportError as err:          # torch's own PowerSGD hook needs it as well
+            raise ImportError("PowerSGD init='ddp' draws with numpy, as torch's powerSGD_hook "
+                              "does: pip install numpy") from err
+        self.rng = numpy.random.RandomState(seed)
+
+    def draw(self, nms, rank, device="cpu"):
+        """Q's (m x min(rank, n, m)) for the matrices of shapes `nms` ((n, m) each, in the
+        group's order), in that order."""
+        gen = torch.Generator().manual_seed(int(self.rng.randint(1_000_000_000)))
+        order = {}
+        for j, nm in enumerate(nms):
+            order.setdefault(tuple(nm), []).append(j)
+        qs = [None] * len(nms)
+        for members in order.values():
+            for j in members:
+                n, m = nms[j]
+                q = torch.randn(m, min(rank, n, m), generator=gen)
+                qs[j] = orthonormal(q).to(device)
+        return qs
 
 
 def _cat(flats):
@@ -101,6 +167,36 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
     def __init__(self, method, op=AVERAGE, engine=None):
         super().__init__(method, op, engine)
         self.qs = {}                 # tensor name -> warm-started Q (m x r)
+        self.counts = {}             # tensor name -> exchanges started (for start_iter)
+        self._draws = None           # init="ddp": DDPDraws, made at the first draw
+
+    def _compressed(self, name, shape):
+        """(n, m) if this tensor goes by P and Q this time, else None (a vector, a matrix not
+        worth its factors, or a tensor still in its start_iter plain exchanges). Counts it."""
+        method = self.compression
+        count = self.counts.get(name, 0)
+        if method.start_iter:
+            self.counts[name] = count + 1
+        nm = matrix_shape(shape)
+        if nm is None or 0 in nm or count < method.start_iter or not method.compresses(*nm):
+            return None
+        return nm
+
+    def _draw_missing(self, named_nms, device):
+        """init="ddp": the first Q's of a group of matrices ((name, (n, m)) each) at once, as
+        torch's hook draws a bucket's; "name" draws each in _p."""
+        if self.compression.init != "ddp":
+            return
+        r = self.compression.rank
+        if all(name in self.qs and self.qs[name].shape == (m, min(r, n, m))
+               for name, (n, m) in named_nms):
+            return
+        if self._draws is None:
+            self._draws = DDPDraws(self.compression.seed)
+        drawn = self._draws.draw([nm for _, nm in named_nms], r, device)
+        for (name, (n, m)), q in zip(named_nms, drawn):
+            if name not in self.qs or self.qs[name].shape != q.shape:
+                self.qs[name] = q
 
     def describe(self):
         return f"powersgd{self.compression.rank}/allreduce"
@@ -141,13 +237,14 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         memory = self._memory(memory)
         grad = bucket.tensor
         check_device("PowerSGD", grad)
-        nm = matrix_shape(grad.shape)
+        nm = self._compressed(bucket.name, grad.shape)
         with self.stats.timing("compress_s"):
-            if nm is None or 0 in nm:
+            if nm is None:
                 flat = grad.detach().to(torch.float32).reshape(-1).clone()
                 self._count(flat)
                 handle = self.engine.allreduce_async_(flat, self._tag(bucket.name, "v"), AVERAGE)
                 return Exchange(bucket, handle, phase=0, memory=memory)
+            self._draw_missing([(bucket.name, nm)], grad.device)
             matrix, p = self._p(bucket, nm, memory)
         self._count(p)
         handle = self.engine.allreduce_async_(p, self._tag(bucket.name, "p"), AVERAGE)
@@ -162,13 +259,18 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
         memory = self._memory(memory)
         vectors, matrices = [], []             # buckets; (bucket, M, P)
         with self.stats.timing("compress_s"):
+            shaped = []                         # (bucket, (n, m)) of the matrices
             for bucket in buckets:
                 check_device("PowerSGD", bucket.tensor)
-                nm = matrix_shape(bucket.tensor.shape)
-                if nm is None or 0 in nm:
+                nm = self._compressed(bucket.name, bucket.tensor.shape)
+                if nm is None:
                     vectors.append(bucket)
                 else:
-                    matrices.append((bucket, *self._p(bucket, nm, memory)))
+                    shaped.append((bucket, nm))
+            if shaped:
+                self._draw_missing([(b.name, nm) for b, nm in shaped], shaped[0][0].tensor.device)
+            for bucket, nm in shaped:
+                matrices.append((bucket, *self._p(bucket, nm, memory)))
             flat_v = _cat([b.tensor.detach().to(torch.float32).reshape(-1) for b in vectors])
             flat_p = _cat([p.reshape(-1) for _, _, p in matrices])
         name = buckets[0].name if buckets else "empty"
@@ -245,13 +347,19 @@ class PowerSGDCommunicator(TensorwiseCommunicator):
                 self._approximate(bucket, matrix, p, q, step.memory)
 
     def state_dict(self):
-        """Q per tensor and the error-feedback residuals: what a checkpoint must keep."""
-        return dict(super().state_dict(), qs={k: v.clone() for k, v in self.qs.items()})
+        """Q per tensor, the error-feedback residuals and, with start_iter, each tensor's count
+        of exchanges (a run resumed in its plain steps keeps to the same step): what a
+        checkpoint must keep."""
+        state = dict(super().state_dict(), qs={k: v.clone() for k, v in self.qs.items()})
+        if self.compression.start_iter:
+            state["counts"] = dict(self.counts)
+        return state
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.qs = {k: v.clone() for k, v in state["qs"].items()}
+        self.counts = dict(state.get("counts", {}))
 
     def reset_state(self):
         super().reset_state()
-        self.qs = {}
+        self.qs, self.counts = {}, {}

@@ -38,6 +38,9 @@ def run(dist):
     data = (batches(rank) * 2)[:STEPS]
     for label, compression, route in (("bit8:alltoall+ef", "bit8", "alltoall"),
                                       ("powersgd", Compression.powersgd(1), None),
+                                      # saved in its plain steps: the count must come back
+                                      ("powersgd:start4", Compression.powersgd(
+                                          1, start_iter=SAVE_AT + 1, init="ddp"), None),
                                       ("auto", Compression.auto(warmup_steps=2, trial_steps=0), None)):
         ddp, state, opt = _with_state(compression, route, label)
         save_at = SAVE_AT + (2 if label == "auto" else 0)   # auto: its plan made first
@@ -71,6 +74,10 @@ def run(dist):
             check_other_layout(ckpt, data)
         if label == "powersgd":
             checks.check(f"{label}: Q saved", len(ckpt["hook"]["communicator"]["qs"]) > 0)
+        if label == "powersgd:start4":
+            counts = ckpt["hook"]["communicator"]["counts"]
+            checks.check(f"{label}: each tensor's count of plain steps saved",
+                         set(counts.values()) == {SAVE_AT} and not ckpt["hook"]["communicator"]["qs"])
     other = hcd.HookState("bit16")
     try:
         other.load_state_dict(hcd.HookState("bit8").state_dict())
