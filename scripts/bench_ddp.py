@@ -176,7 +176,7 @@ def worker(args):
             if rnd == 0 and row == AUTO_ROW:
                 count, seconds, outcome, report = warm_up_auto(ddp, opt, state)
                 if rank == 0:
-                    bench_step.write_calibration(args, n, count, seconds, outcome, report)
+                    bench_step.write_calibration(args, n, AUTO_ROW, count, seconds, outcome, report)
                 continue
             pause = getattr(state.communicator if state else None, "pause_step_clock", None)
             if pause is not None:

@@ -237,3 +237,29 @@ def test_ddp_trainers_own_flags():
                 ["--powersgd-allreduce", "1", "--powersgd-start-iter", "-1"]):
         with pytest.raises(SystemExit):
             ddp_mnist.parse_args(bad)
+
+
+@pytest.mark.multiprocess
+def test_bench_ddp_runs_a_cell_end_to_end(tmp_path):
+    """scripts/bench_ddp.py as a user runs it, one tiny loopback cell (the lab net, 2 ranks,
+    one round): DDP's own row, auto (its warm-up, calibration line and plan report) and the
+    local row (the floor every row's bound is taken from) all reach steps.csv and summary.csv.
+    The grid itself is too long for the suite; this catches what breaks the script."""
+    out = tmp_path / "cell"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_ddp.py"), "--models", "lab",
+         "--links", "loopback", "--ranks", "2", "--rows", "stock:none,ours:auto,local",
+         "--steps", "2", "--rounds", "1", "--max-rounds", "1", "--warmup", "2",
+         "--timeout", "300", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    steps = list(csv.DictReader(open(out / "steps.csv")))
+    assert {r["row"] for r in steps} == {"stock:none", "ours:auto", "local"}
+    assert {r["bytes_sent"] for r in steps if r["row"] == "local"} == {"0"}
+    calibration = list(csv.DictReader(open(out / "calibration.csv")))
+    assert [(r["row"], r["auto_outcome"]) for r in calibration] == [("ours:auto", "planned")]
+    assert json.loads((out / "plans" / "lab-loopback-n2.json").read_text())
+    summary = {r["row"]: r for r in csv.DictReader(open(out / "summary.csv"))}
+    floor = float(summary["local"]["step_ms"])
+    assert floor > 0 and float(summary["stock:none"]["floor_ms"]) == pytest.approx(floor, rel=1e-3)
+    assert (out / "summary.png").stat().st_size > 0
