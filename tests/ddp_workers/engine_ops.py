@@ -80,3 +80,27 @@ def run(dist):
     got = eng.wait(eng.allgather_async(mine, "sized", sizes=sizes))
     checks.check("allgather with known unequal sizes",
                  torch.equal(got, torch.cat([torch.full((r + 2,), r, dtype=torch.uint8) for r in range(n)])))
+
+    # a large allgather goes in pieces on Gloo (distributed.GATHER_PIECE_BYTES): the same rows,
+    # in rank order, equal or padded to known unequal sizes, 1-D bytes and 2-D floats
+    from hvd_compress.engine import distributed
+    g = torch.Generator().manual_seed(me)
+    big = torch.randint(0, 256, (300_001 + 1000 * me,), dtype=torch.uint8, generator=g)
+    every = [torch.randint(0, 256, (300_001 + 1000 * r,), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(r)) for r in range(n)]
+    checks.check("a large allgather goes in pieces", eng._gather_pieces(big) > 1,
+                 f"{eng._gather_pieces(big)}")
+    got = eng.wait(eng.allgather_async(big, "big", sizes=[e.numel() for e in every]))
+    checks.check("a large allgather in pieces: the rows in rank order, sizes cut back",
+                 torch.equal(got, torch.cat(every)))
+    rows2 = torch.arange(40_000 * 3, dtype=torch.float32).view(40_000, 3) + 1e6 * me
+    got2 = eng.wait(eng.allgather_async(rows2, "big2d"))
+    checks.check("a large allgather of 2-D rows in pieces",
+                 torch.equal(got2, torch.cat([rows2 - 1e6 * me + 1e6 * r for r in range(n)])))
+    pieces = eng._gather_pieces(big)
+    distributed.GATHER_MOST_PIECES, most = 1, distributed.GATHER_MOST_PIECES
+    try:
+        whole = eng.wait(eng.allgather_async(big, "whole", sizes=[e.numel() for e in every]))
+    finally:
+        distributed.GATHER_MOST_PIECES = most
+    checks.check("pieces and one piece give the same bits", pieces > 1 and torch.equal(whole, got))
