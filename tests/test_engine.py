@@ -16,6 +16,8 @@ def test_torch_engine_ops_on_gloo(request, np):
     assert "allgather of unequal first dimensions" in names
     assert "a large allgather in pieces: the rows in rank order, sizes cut back" in names
     assert "pieces and one piece give the same bits" in names
+    assert "a large alltoall in pieces: chunk k of every rank to rank k" in names
+    assert "a large alltoall: pieces and one piece give the same bits" in names
     assert len(names) >= 14, names
 
 

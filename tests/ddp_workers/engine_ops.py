@@ -104,3 +104,23 @@ def run(dist):
     finally:
         distributed.GATHER_MOST_PIECES = most
     checks.check("pieces and one piece give the same bits", pieces > 1 and torch.equal(whole, got))
+
+    # ... and so does a large alltoall, with unequal splits (the same on every rank)
+    splits = [200_000 + 7 * k for k in range(n)]
+    send = torch.randint(0, 1 << 30, (sum(splits),), dtype=torch.int32,
+                         generator=torch.Generator().manual_seed(me))
+    received, rsplits = eng.wait(eng.alltoall_async(send, splits, "a2a-big"))
+    distributed.GATHER_MOST_PIECES, most = 1, distributed.GATHER_MOST_PIECES
+    try:
+        whole, _ = eng.wait(eng.alltoall_async(send, splits, "a2a-whole"))
+    finally:
+        distributed.GATHER_MOST_PIECES = most
+    def chunk_of(r):               # rank r's chunk for this rank, drawn as rank r drew it
+        theirs = torch.randint(0, 1 << 30, (sum(splits),), dtype=torch.int32,
+                               generator=torch.Generator().manual_seed(r))
+        return theirs[sum(splits[:me]):sum(splits[:me + 1])]
+    checks.check("a large alltoall in pieces: chunk k of every rank to rank k",
+                 eng._gather_pieces(send) > 1 and rsplits.tolist() == [splits[me]] * n
+                 and torch.equal(received, torch.cat([chunk_of(r) for r in range(n)])))
+    checks.check("a large alltoall: pieces and one piece give the same bits",
+                 torch.equal(received, whole))
