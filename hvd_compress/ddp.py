@@ -23,9 +23,6 @@ How a step goes, and why:
   every rank, which is how torch.distributed matches them (not by name); DDP's own PowerSGD
   hook launches its second allreduce from a callback of its first, in whichever order the
   first ones complete.
-- The step's first hook of a gathering route (allgather, two-phase, auto) waits for every
-  rank before it launches anything (HookState align_launches, ALIGNED_ROUTES: why), as
-  Horovod's coordinator makes its ranks do; a ring allreduce keeps its ranks in step itself.
 - Bit for bit: `none` equals DDP's default allreduce and `fp16` equals fp16_compress_hook (the
   engine averages as DDP does: divide, then sum); the packet routes decode and sum in rank
   order with the plugin's codecs, so bit8 on DDP equals bit8 on Horovod for the same buckets.
@@ -60,14 +57,6 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # Communicators whose exchange is one collective, then finish(): decoded in the collective's
 # callback (no collective is launched there, so the ranks' order of launches is kept).
 _ONE_PHASE = (AllreduceCommunicator, AllgatherCommunicator, TopKCommunicator)
-# Routes whose ranks start each step together (HookState align_launches). Unlike Horovod,
-# whose coordinator launches a collective once every rank has asked for it, DDP's ranks launch
-# as their backward reaches a bucket. A ring allreduce moves in lockstep and evens the ranks
-# out; a gather does not: the rank that launched later also completes later and starts its
-# next step later. Measured on the basic net, bit8 allgather, 2 ranks, 100 Mbit/s: rank 1
-# settled 50 ms behind rank 0, the 1.2 MB allgather took 160 ms of rank 0's step instead of
-# 105 alone, and the step 193 ms; with a barrier at the first hook, 150 ms.
-ALIGNED_ROUTES = (registry.Route.ALLGATHER, registry.Route.ALLTOALL)
 
 
 def resolve_compression(compression):
@@ -106,14 +95,10 @@ class HookState:
     model: the DDP model (or its module), to name per-tensor state by parameter name.
     decode_in_callback: a one-phase exchange is decoded in its collective's callback (True,
         DDP's way) or on the main thread at the last bucket, with the others (False).
-    align_launches: the step's first hook waits for every rank (a barrier) before it launches
-        anything. None: on for the packet routes (allgather, two-phase) and auto, off for the
-        allreduce route and PowerSGD (why: ALIGNED_ROUTES).
     """
 
     def __init__(self, compression="bit8", route=None, process_group=None, error_feedback=None,
-                 scale_block=SCALE_BLOCK, model=None, decode_in_callback=True,
-                 align_launches=None):
+                 scale_block=SCALE_BLOCK, model=None, decode_in_callback=True):
         self.compression = resolve_compression(compression)
         self.engine = TorchEngine(process_group)
         if isinstance(self.compression, Auto):
@@ -132,9 +117,6 @@ class HookState:
                              f"bf16), not {compressor_name(self.compression)}")
         self.memory = ResidualMemory() if error_feedback and comm.takes_memory else None
         self.decode_in_callback = bool(decode_in_callback)
-        if align_launches is None:
-            align_launches = comm.route in ALIGNED_ROUTES or isinstance(comm, AutoCommunicator)
-        self.align_launches = bool(align_launches) and self.engine.size() > 1
         self._names = {}
         if model is not None:
             module = getattr(model, "module", model)
@@ -160,8 +142,6 @@ class HookState:
         buffer = grad_bucket.buffer()
         try:
             if self._first_hook is None:
-                if self.align_launches:
-                    self.engine.barrier()
                 self._first_hook = time.perf_counter()
             layout = self._layout(grad_bucket, buffer)
             comm, exchanges = self.communicator, []

@@ -117,19 +117,6 @@ def run(dist):
             checks.check(f"{label}: near float32 after {STEPS} steps", close < 0.5, f"{close}")
             stats = state.pop_stats()
             checks.check(f"{label}: counts bytes", stats["bytes_sent"] > 0 if n > 1 else True)
-    # the gathering routes and auto start each step together (a barrier at the first hook):
-    # the same bits as without it; the allreduce route and PowerSGD keep DDP's free launches
-    aligned, state = train(rank, ours("bit8", "allgather"))
-    free, free_state = train(rank, ours("bit8", "allgather", align_launches=False))
-    checks.check("bit8 allgather: aligned launches = free launches, bit for bit",
-                 torch.equal(aligned, free))
-    checks.check("align_launches: on for the gathering routes and auto, off for allreduce "
-                 "and PowerSGD (at more than one rank)",
-                 state.align_launches == (n > 1) and not free_state.align_launches
-                 and hcd.HookState("bit8", "alltoall").align_launches == (n > 1)
-                 and hcd.HookState("auto").align_launches == (n > 1)
-                 and not hcd.HookState("fp16").align_launches
-                 and not hcd.HookState(Compression.powersgd(1)).align_launches)
     params, state = train(rank, ours(Compression.powersgd(1)))
     checks.check("powersgd rank 1: same bits everywhere", same_everywhere(engine, params))
     checks.check("powersgd keeps Q per parameter name",
