@@ -23,6 +23,8 @@ How a step goes, and why:
   every rank, which is how torch.distributed matches them (not by name); DDP's own PowerSGD
   hook launches its second allreduce from a callback of its first, in whichever order the
   first ones complete.
+- On Gloo over a slow link, large gathers go in pieces (HookState gather_pieces: decided after
+  the first steps from how fast the whole ones ran; why: engine/distributed.py).
 - Bit for bit: `none` equals DDP's default allreduce and `fp16` equals fp16_compress_hook (the
   engine averages as DDP does: divide, then sum); the packet routes decode and sum in rank
   order with the plugin's codecs, so bit8 on DDP equals bit8 on Horovod for the same buckets.
@@ -57,6 +59,12 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # Communicators whose exchange is one collective, then finish(): decoded in the collective's
 # callback (no collective is launched there, so the ranks' order of launches is kept).
 _ONE_PHASE = (AllreduceCommunicator, AllgatherCommunicator, TopKCommunicator)
+# gather_pieces=None: after this many steps, Gloo's large gathers go in pieces if rank 0's whole
+# ones moved fewer bits a second than this (a gather's own bytes over launch to done). Measured
+# (basic net, bit8): about 65 Mbit/s at 100 Mbit/s, 2 ranks, where pieces took the step from
+# 193 to 148 ms; over loopback a few Gbit/s, where pieces cost 12-40 ms a gather.
+PIECES_DECIDED_AT = 3
+PIECES_BELOW_BITS_PER_S = 200e6
 
 
 def resolve_compression(compression):
@@ -95,10 +103,15 @@ class HookState:
     model: the DDP model (or its module), to name per-tensor state by parameter name.
     decode_in_callback: a one-phase exchange is decoded in its collective's callback (True,
         DDP's way) or on the main thread at the last bucket, with the others (False).
+    gather_pieces: send Gloo's large allgathers and alltoalls in pieces (True), whole (False),
+        or None: whole for the first PIECES_DECIDED_AT steps, then in pieces where rank 0's
+        whole gathers ran below PIECES_BELOW_BITS_PER_S (a slow link; why:
+        engine/distributed.py GATHER_PIECE_BYTES), the same on every rank (a broadcast).
     """
 
     def __init__(self, compression="bit8", route=None, process_group=None, error_feedback=None,
-                 scale_block=SCALE_BLOCK, model=None, decode_in_callback=True):
+                 scale_block=SCALE_BLOCK, model=None, decode_in_callback=True,
+                 gather_pieces=None):
         self.compression = resolve_compression(compression)
         self.engine = TorchEngine(process_group)
         if isinstance(self.compression, Auto):
@@ -117,6 +130,9 @@ class HookState:
                              f"bf16), not {compressor_name(self.compression)}")
         self.memory = ResidualMemory() if error_feedback and comm.takes_memory else None
         self.decode_in_callback = bool(decode_in_callback)
+        self.gather_pieces = gather_pieces
+        if gather_pieces is not None:
+            self.engine.in_pieces = bool(gather_pieces)
         self._names = {}
         if model is not None:
             module = getattr(model, "module", model)
@@ -191,11 +207,23 @@ class HookState:
             future.set_result(self._finish(layout, exchanges, buffer))
         self._pending, first_hook, self._first_hook = [], self._first_hook, None
         self.steps += 1
+        if self.gather_pieces is None and self.steps == PIECES_DECIDED_AT:
+            self._decide_pieces()
         if self._changed:
             self._settle_layouts(self._last_index)
         end_step = getattr(comm, "end_step", None)
         if end_step is not None:
             end_step(first_hook, backward_end)
+
+    def _decide_pieces(self):
+        """Gloo's large gathers in pieces from now on if rank 0's whole ones were slow (a slow
+        link), said by rank 0 so that every rank cuts alike (gather_pieces=None)."""
+        engine, rate = self.engine, None
+        if engine.rank() == 0 and engine.gather_times:
+            nbytes = sum(b for b, _ in engine.gather_times)
+            rate = 8 * nbytes / sum(t for _, t in engine.gather_times)
+        slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
+        engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
 
     def _settle_layouts(self, last):
         """After a step in which DDP's buckets changed: forget layouts past the last bucket,

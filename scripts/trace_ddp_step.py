@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""DDP steps of the bit8 hook traced on every rank, with and without the step's aligned start
-(hvd_compress.ddp.HookState align_launches): when each rank starts its step, when each bucket's
-hook runs and returns, when its collective completes, and when backward and the step end
-(issue 47; results/ddp-grid/aligned/trace.csv).
+"""DDP steps of the bit8 hook traced on every rank, with Gloo's large allgathers and alltoalls
+whole and in pieces (HookState gather_pieces; engine/distributed.py GATHER_PIECE_BYTES): when each rank starts
+its step, when each bucket's hook runs and returns, when its collective completes, and when
+backward and the step end (issue 47; results/ddp-grid/bit8-100mbit/).
 
     python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- \
         .venv/bin/python scripts/trace_ddp_step.py OUT.csv [allgather|alltoall]
@@ -25,17 +25,18 @@ import hvd_compress.ddp as hcd
 from scripts.bench_ddp import init_from_environment
 from scripts.bench_step import make_model
 
-COLUMNS = ["rank", "align_launches", "step", "event", "bucket", "at_ms"]
+COLUMNS = ["rank", "pieces", "step", "event", "bucket", "at_ms"]
 
 
-def trace(route, align, rank, steps=14, kept=10):
+def trace(route, pieces, rank, steps=14, kept=10):
+    """`pieces`: HookState's gather_pieces (False: every collective whole; True: in pieces)."""
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(make_model("basic"))
-    state = hcd.HookState("bit8", route, model=ddp, align_launches=align)
+    state = hcd.HookState("bit8", route, model=ddp, gather_pieces=pieces)
     rows, step = [], [0]
 
     def log(event, bucket=""):
-        rows.append([rank, align, step[0], event, bucket, time.time() * 1e3])
+        rows.append([rank, pieces, step[0], event, bucket, time.time() * 1e3])
 
     def traced(state, bucket):
         log("hook", bucket.index())

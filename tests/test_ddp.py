@@ -34,6 +34,8 @@ def test_the_hook_equals_ddps_own_and_carries_every_scheme(request, np):
                for k in names)
     assert "powersgd grouped: same bits everywhere" in names
     assert "auto: reports its plan" in names
+    assert "gather_pieces: rank 0's timing decides, alike on every rank (threshold 0: whole; 1e18: pieces)" in names
+    assert "gather_pieces: the same bits whole and in pieces" in names
     assert "an integer bucket is refused" in names
     assert "disagreeing ranks are refused" in names
 

@@ -14,6 +14,7 @@ on one rank is a mismatch the group may not detect: the hook checks layouts befo
 launches (hvd_compress/ddp.py).
 """
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,13 +24,17 @@ from .base import AVERAGE, SUM, Engine
 __all__ = ["TorchEngine"]
 
 
-# Gloo's allgather (and alltoall) of a large tensor in pieces of about this many bytes, at most
-# this many (allgather_async, alltoall_async): with the whole tensor in one collective the two ranks of a link finished
-# 1.14 MB 46 ms apart over the emulated 100 Mbit/s (143.5 and 97.4 ms: one direction's ACKs
-# queue behind the other's data, and the rank served last also starts its next step last);
-# in 16 pieces both finished in 98.2 ms (formula 91.5). AMD EPYC family 26 model 2, 2 ranks.
+# With `in_pieces` set (hvd_compress.ddp decides it from the link), Gloo's allgather and
+# alltoall of a large tensor go in pieces of about this many bytes, at most this many. Why: with
+# the whole tensor in one collective the two ranks of an emulated 100 Mbit/s link finished 1.14
+# MB 46 ms apart (143.5 and 97.4 ms: one direction's transfer ends long after the other's, and
+# the rank served last also starts its next step last); in 16 pieces both finished in 98.2 ms
+# (formula 91.5). Why not always: over loopback the same gather took 1.2 ms whole and 13.4 ms in
+# 16 pieces at 2 ranks, 6.1 and 45 ms at 4 (each collective waits for every rank to be
+# scheduled). AMD EPYC family 26 model 2, 2 cores.
 GATHER_PIECE_BYTES = 64 * 1024
 GATHER_MOST_PIECES = 32
+TIMED_GATHER_BYTES = 128 * 1024      # whole gathers at least this large are timed (gather_times)
 
 
 class _Handle:
@@ -60,6 +65,8 @@ class TorchEngine(Engine):
         self._size = dist.get_world_size(self.group)
         self._rank = dist.get_rank(self.group)
         self.backend = dist.get_backend(self.group)
+        self.in_pieces = False           # large gathers in pieces (GATHER_PIECE_BYTES: why)
+        self.gather_times = []           # (bytes, seconds) of whole gathers, launch to done
 
     def size(self):
         return self._size
@@ -106,17 +113,27 @@ class TorchEngine(Engine):
                               device=tensor.device)
             work = dist.all_gather(list(out.view((self._size,) + tuple(tensor.shape)).unbind(0)),
                                    tensor, group=self.group, async_op=True)
+            self._time(work, tensor)
             gathered = lambda: out                                          # noqa: E731
         if sizes is None or all(k == longest for k in sizes):
             return _Handle(work, gathered)
         return _Handle(work, lambda: torch.cat([gathered()[r * longest:r * longest + k]
                                                 for r, k in enumerate(sizes)]))
 
+    def _time(self, work, tensor):
+        """Log a large whole gather's bytes and seconds (launch to done) in gather_times."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes < TIMED_GATHER_BYTES or self._size == 1:
+            return
+        start = time.perf_counter()
+        work.get_future().add_done_callback(
+            lambda _: self.gather_times.append((nbytes, time.perf_counter() - start)))
+
     def _gather_pieces(self, tensor):
-        """How many collectives an allgather of `tensor` takes: on Gloo, a large one in pieces
-        of about GATHER_PIECE_BYTES (why: GATHER_PIECE_BYTES); whole on NCCL, which pipelines
-        its own, and for a tensor of few rows."""
-        if self.backend != "gloo" or self._size == 1 or tensor.dim() == 0:
+        """How many collectives an allgather of `tensor` takes: with in_pieces, on Gloo, a
+        large one in pieces of about GATHER_PIECE_BYTES (why: there); else, on NCCL (which
+        pipelines its own) and for a tensor of few rows, one."""
+        if not self.in_pieces or self.backend != "gloo" or self._size == 1 or tensor.dim() == 0:
             return 1
         nbytes = tensor.numel() * tensor.element_size()
         return max(1, min(GATHER_MOST_PIECES, nbytes // GATHER_PIECE_BYTES, tensor.shape[0]))
@@ -145,6 +162,7 @@ class TorchEngine(Engine):
         out = torch.empty(self._size * mine, dtype=tensor.dtype, device=tensor.device)
         work = dist.all_to_all_single(out, tensor.contiguous(), [mine] * self._size, splits,
                                       group=self.group, async_op=True)
+        self._time(work, tensor)
         return _Handle(work, lambda: (out, received))
 
     def _alltoall_pieces(self, tensor, splits, pieces):

@@ -84,6 +84,9 @@ def run(dist):
     # a large allgather goes in pieces on Gloo (distributed.GATHER_PIECE_BYTES): the same rows,
     # in rank order, equal or padded to known unequal sizes, 1-D bytes and 2-D floats
     from hvd_compress.engine import distributed
+    checks.check("gathers are whole unless in_pieces is set", not eng.in_pieces
+                 and eng._gather_pieces(torch.zeros(1 << 20, dtype=torch.uint8)) == 1)
+    eng.in_pieces = True
     g = torch.Generator().manual_seed(me)
     big = torch.randint(0, 256, (300_001 + 1000 * me,), dtype=torch.uint8, generator=g)
     every = [torch.randint(0, 256, (300_001 + 1000 * r,), dtype=torch.uint8,
@@ -124,3 +127,7 @@ def run(dist):
                  and torch.equal(received, torch.cat([chunk_of(r) for r in range(n)])))
     checks.check("a large alltoall: pieces and one piece give the same bits",
                  torch.equal(received, whole))
+    eng.in_pieces = False
+    checks.check("large whole gathers are timed", len(eng.gather_times) >= 2 and all(
+        b >= distributed.TIMED_GATHER_BYTES and t > 0 for b, t in eng.gather_times),
+        f"{eng.gather_times}")

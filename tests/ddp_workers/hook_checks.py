@@ -57,6 +57,27 @@ def train(rank, register=None, steps=STEPS):
     return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]), state
 
 
+def wide(rank, below_bits_per_s, steps=5):
+    """bit8 allgather on a net whose bucket is large enough to be timed (engine gather_times)
+    and cut, with the piece decision's threshold set: (parameters, whether in pieces)."""
+    most, hcd.PIECES_BELOW_BITS_PER_S = hcd.PIECES_BELOW_BITS_PER_S, below_bits_per_s
+    try:
+        torch.manual_seed(0)
+        ddp = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 10)))
+        state = hcd.register(ddp, "bit8", "allgather")
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            opt.zero_grad()
+            x, y = torch.randn(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+    finally:
+        hcd.PIECES_BELOW_BITS_PER_S = most
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]), state.engine.in_pieces
+
+
 def ours(compression, route=None, **kw):
     def register(ddp):
         return hcd.register(ddp, compression, route, **kw)
@@ -117,6 +138,13 @@ def run(dist):
             checks.check(f"{label}: near float32 after {STEPS} steps", close < 0.5, f"{close}")
             stats = state.pop_stats()
             checks.check(f"{label}: counts bytes", stats["bytes_sent"] > 0 if n > 1 else True)
+    # large gathers in pieces, decided from rank 0's timing of the whole ones (a slow link)
+    whole, whole_in_pieces = wide(rank, 0.0)
+    cut, cut_in_pieces = wide(rank, 1e18)
+    checks.check("gather_pieces: rank 0's timing decides, alike on every rank (threshold 0: whole; 1e18: pieces)",
+                 n == 1 or (not whole_in_pieces and cut_in_pieces and same_everywhere(
+                     engine, torch.tensor([float(cut_in_pieces)]))))
+    checks.check("gather_pieces: the same bits whole and in pieces", torch.equal(whole, cut))
     params, state = train(rank, ours(Compression.powersgd(1)))
     checks.check("powersgd rank 1: same bits everywhere", same_everywhere(engine, params))
     checks.check("powersgd keeps Q per parameter name",
