@@ -59,10 +59,10 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # Communicators whose exchange is one collective, then finish(): decoded in the collective's
 # callback (no collective is launched there, so the ranks' order of launches is kept).
 _ONE_PHASE = (AllreduceCommunicator, AllgatherCommunicator, TopKCommunicator)
-# gather_pieces=None: after this many steps, Gloo's large gathers go in pieces if rank 0's whole
-# ones moved fewer bits a second than this (a gather's own bytes over launch to done). Measured
-# (basic net, bit8): about 65 Mbit/s at 100 Mbit/s, 2 ranks, where pieces took the step from
-# 193 to 148 ms; over loopback a few Gbit/s, where pieces cost 12-40 ms a gather.
+# gather_pieces=None: after this many steps, Gloo's large gathers go in pieces if rank 0's large
+# collectives (any: auto's first steps allreduce float32) sent fewer bits a second than this
+# (engine sent_times: its bytes sent over launch to done). At 100 Mbit/s, 2 ranks, pieces took
+# bit8's step from 193 to 148 ms; over loopback they cost 12-40 ms a 1.14 MB gather.
 PIECES_DECIDED_AT = 3
 PIECES_BELOW_BITS_PER_S = 200e6
 
@@ -105,7 +105,7 @@ class HookState:
         DDP's way) or on the main thread at the last bucket, with the others (False).
     gather_pieces: send Gloo's large allgathers and alltoalls in pieces (True), whole (False),
         or None: whole for the first PIECES_DECIDED_AT steps, then in pieces where rank 0's
-        whole gathers ran below PIECES_BELOW_BITS_PER_S (a slow link; why:
+        large collectives sent below PIECES_BELOW_BITS_PER_S (a slow link; why:
         engine/distributed.py GATHER_PIECE_BYTES), the same on every rank (a broadcast).
     """
 
@@ -216,12 +216,12 @@ class HookState:
             end_step(first_hook, backward_end)
 
     def _decide_pieces(self):
-        """Gloo's large gathers in pieces from now on if rank 0's whole ones were slow (a slow
-        link), said by rank 0 so that every rank cuts alike (gather_pieces=None)."""
+        """Gloo's large gathers in pieces from now on if rank 0's large collectives were slow
+        (a slow link), said by rank 0 so that every rank cuts alike (gather_pieces=None)."""
         engine, rate = self.engine, None
-        if engine.rank() == 0 and engine.gather_times:
-            nbytes = sum(b for b, _ in engine.gather_times)
-            rate = 8 * nbytes / sum(t for _, t in engine.gather_times)
+        if engine.rank() == 0 and engine.sent_times:
+            nbytes = sum(b for b, _ in engine.sent_times)
+            rate = 8 * nbytes / sum(t for _, t in engine.sent_times)
         slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
         engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
 

@@ -34,7 +34,7 @@ __all__ = ["TorchEngine"]
 # scheduled). AMD EPYC family 26 model 2, 2 cores.
 GATHER_PIECE_BYTES = 64 * 1024
 GATHER_MOST_PIECES = 32
-TIMED_GATHER_BYTES = 128 * 1024      # whole gathers at least this large are timed (gather_times)
+TIMED_BYTES = 128 * 1024      # collectives of tensors at least this large are timed (sent_times)
 
 
 class _Handle:
@@ -66,7 +66,7 @@ class TorchEngine(Engine):
         self._rank = dist.get_rank(self.group)
         self.backend = dist.get_backend(self.group)
         self.in_pieces = False           # large gathers in pieces (GATHER_PIECE_BYTES: why)
-        self.gather_times = []           # (bytes, seconds) of whole gathers, launch to done
+        self.sent_times = []             # (bytes this rank sent, seconds) of large collectives
 
     def size(self):
         return self._size
@@ -88,6 +88,7 @@ class TorchEngine(Engine):
         if op == AVERAGE and self._size > 1:
             tensor.div_(self._size)                  # DDP's order: divide, then sum
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        self._time(work, tensor, 2 * (self._size - 1) / self._size)      # a ring's
         return _Handle(work, lambda: tensor)
 
     def allgather_async(self, tensor, name, sizes=None):
@@ -113,21 +114,22 @@ class TorchEngine(Engine):
                               device=tensor.device)
             work = dist.all_gather(list(out.view((self._size,) + tuple(tensor.shape)).unbind(0)),
                                    tensor, group=self.group, async_op=True)
-            self._time(work, tensor)
+            self._time(work, tensor, self._size - 1)
             gathered = lambda: out                                          # noqa: E731
         if sizes is None or all(k == longest for k in sizes):
             return _Handle(work, gathered)
         return _Handle(work, lambda: torch.cat([gathered()[r * longest:r * longest + k]
                                                 for r, k in enumerate(sizes)]))
 
-    def _time(self, work, tensor):
-        """Log a large whole gather's bytes and seconds (launch to done) in gather_times."""
+    def _time(self, work, tensor, sent_per_byte):
+        """Log a large collective (one Work, not pieces) in sent_times: the bytes this rank
+        sends (the tensor's times `sent_per_byte`) and the seconds from launch to done."""
         nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < TIMED_GATHER_BYTES or self._size == 1:
+        if nbytes < TIMED_BYTES or self._size == 1:
             return
         start = time.perf_counter()
-        work.get_future().add_done_callback(
-            lambda _: self.gather_times.append((nbytes, time.perf_counter() - start)))
+        work.get_future().add_done_callback(lambda _: self.sent_times.append(
+            (nbytes * sent_per_byte, time.perf_counter() - start)))
 
     def _gather_pieces(self, tensor):
         """How many collectives an allgather of `tensor` takes: with in_pieces, on Gloo, a
@@ -162,7 +164,7 @@ class TorchEngine(Engine):
         out = torch.empty(self._size * mine, dtype=tensor.dtype, device=tensor.device)
         work = dist.all_to_all_single(out, tensor.contiguous(), [mine] * self._size, splits,
                                       group=self.group, async_op=True)
-        self._time(work, tensor)
+        self._time(work, tensor, (self._size - 1) / self._size)
         return _Handle(work, lambda: (out, received))
 
     def _alltoall_pieces(self, tensor, splits, pieces):

@@ -58,7 +58,7 @@ def train(rank, register=None, steps=STEPS):
 
 
 def wide(rank, below_bits_per_s, steps=5):
-    """bit8 allgather on a net whose bucket is large enough to be timed (engine gather_times)
+    """bit8 allgather on a net whose bucket is large enough to be timed (engine sent_times)
     and cut, with the piece decision's threshold set: (parameters, whether in pieces)."""
     most, hcd.PIECES_BELOW_BITS_PER_S = hcd.PIECES_BELOW_BITS_PER_S, below_bits_per_s
     try:
