@@ -132,7 +132,7 @@ class HookState:
         self.decode_in_callback = bool(decode_in_callback)
         self.gather_pieces = gather_pieces
         if gather_pieces is not None:
-            self.engine.in_pieces = bool(gather_pieces)
+            self.engine.in_pieces, self.engine.timed = bool(gather_pieces), False
         self._names = {}
         if model is not None:
             module = getattr(model, "module", model)
@@ -224,6 +224,7 @@ class HookState:
             rate = 8 * nbytes / sum(t for _, t in engine.sent_times)
         slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
         engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
+        engine.timed = False                 # decided: nothing more to time
 
     def _settle_layouts(self, last):
         """After a step in which DDP's buckets changed: forget layouts past the last bucket,

@@ -11,7 +11,7 @@ switches; the network, lr, momentum and epochs default to the lab's own (docs/la
 "Defaults").  Gradients go through hvd_compress.DistributedOptimizer, which times each phase
 and counts the bytes sent; `--optimizer horovod` and --use-adasum use Horovod's own optimizer.
 The lab kit's RunRecorder (labs/kit/recorder.py) keeps the books: run folder, CSV files,
-manifest, checkpoints, --resume, the watchdog.  See docs/lab.md.
+manifest, checkpoints, --resume, the watchdog.  See docs/run-folder.md.
 """
 import argparse
 import time

@@ -13,6 +13,7 @@ buckets, the same plan, launched from the main thread). A tensor of the wrong sh
 on one rank is a mismatch the group may not detect: the hook checks layouts before it
 launches (hvd_compress/ddp.py).
 """
+import collections
 import os
 import time
 
@@ -35,6 +36,7 @@ __all__ = ["TorchEngine"]
 GATHER_PIECE_BYTES = 64 * 1024
 GATHER_MOST_PIECES = 32
 TIMED_BYTES = 128 * 1024      # collectives of tensors at least this large are timed (sent_times)
+TIMES_KEPT = 64               # ... the latest this many
 
 
 class _Handle:
@@ -66,7 +68,8 @@ class TorchEngine(Engine):
         self._rank = dist.get_rank(self.group)
         self.backend = dist.get_backend(self.group)
         self.in_pieces = False           # large gathers in pieces (GATHER_PIECE_BYTES: why)
-        self.sent_times = []             # (bytes this rank sent, seconds) of large collectives
+        # (bytes this rank sent, seconds) of its latest large collectives, while timed is on
+        self.timed, self.sent_times = True, collections.deque(maxlen=TIMES_KEPT)
 
     def size(self):
         return self._size
@@ -125,7 +128,7 @@ class TorchEngine(Engine):
         """Log a large collective (one Work, not pieces) in sent_times: the bytes this rank
         sends (the tensor's times `sent_per_byte`) and the seconds from launch to done."""
         nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < TIMED_BYTES or self._size == 1:
+        if not self.timed or nbytes < TIMED_BYTES or self._size == 1:
             return
         start = time.perf_counter()
         work.get_future().add_done_callback(lambda _: self.sent_times.append(

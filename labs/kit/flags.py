@@ -10,7 +10,7 @@ __all__ = ["DEFAULTS", "AUTO", "AUTO_FLAG", "compression_flags", "scale_block",
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
-# on Fashion-MNIST in 2 epochs at 1 to 4 processes, the small one 78% in 3 (docs/lab.md).
+# on Fashion-MNIST in 2 epochs at 1 to 4 processes, the small one 78% in 3 (results/lab/README.md, "The defaults, measured").
 # The run matrix and the elastic trainer take them from here.
 DEFAULTS = {"model": "basic", "lr": 0.02, "momentum": 0.9, "epochs": 2}
 

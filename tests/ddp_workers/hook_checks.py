@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import hvd_compress.ddp as hcd
+from hvd_compress.engine import distributed as hcd_engine
 from hvd_compress import registry
 from hvd_compress.compressors import Int8Compressor
 from hvd_compress.compression import Compression
@@ -75,7 +76,9 @@ def wide(rank, below_bits_per_s, steps=5):
             opt.step()
     finally:
         hcd.PIECES_BELOW_BITS_PER_S = most
-    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]), state.engine.in_pieces
+    done = not state.engine.timed and len(state.engine.sent_times) <= hcd_engine.TIMES_KEPT
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()]), \
+        state.engine.in_pieces and done
 
 
 def ours(compression, route=None, **kw):
