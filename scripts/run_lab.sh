@@ -2,7 +2,7 @@
 # The course lab end to end (labs/kit/job.py): set up; the table of trainings over loopback;
 # as root, the same parallel rows over an emulated 100 Mbit/s network with a calibration of
 # that link and predictions; the report and its plots. 39-60 minutes on 2 cores, by CPU
-# (docs/lab.md, "Measured times").
+# (docs/lab.md, "How long it takes, and how well it predicts").
 #
 #   bash scripts/run_lab.sh                                  # Fashion-MNIST, 2 epochs, gloo
 #   DATASET=mnist DATA_DIR=/path/to/mnist bash scripts/run_lab.sh

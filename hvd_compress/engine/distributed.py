@@ -121,8 +121,11 @@ class TorchEngine(Engine):
             gathered = lambda: out                                          # noqa: E731
         if sizes is None or all(k == longest for k in sizes):
             return _Handle(work, gathered)
-        return _Handle(work, lambda: torch.cat([gathered()[r * longest:r * longest + k]
-                                                for r, k in enumerate(sizes)]))
+
+        def cut_back():
+            rows = gathered()                 # once: in pieces it is a concatenation
+            return torch.cat([rows[r * longest:r * longest + k] for r, k in enumerate(sizes)])
+        return _Handle(work, cut_back)
 
     def _time(self, work, tensor, sent_per_byte):
         """Log a large collective (one Work, not pieces) in sent_times: the bytes this rank
