@@ -237,3 +237,30 @@ def test_disabled_watchdog_never_fires():
     with StepWatchdog(0.1, enabled=False, on_timeout=lambda idle: fired.set()):
         time.sleep(0.3)                         # three times its limit
     assert not fired.is_set()
+
+
+def test_under_gloo_a_learnt_limit_stays_below_gloos_timeout():
+    """A run of slow steps on a crowded machine (7 s: a learnt limit of 70 s) under horovodrun's
+    Gloo controller: the limit stops GLOO_MARGIN_S short of Gloo's receive timeout, so the
+    watchdog names the stopped rank before Gloo ends the job without naming it. Start-up's limit
+    too (a wait that long fails in Gloo anyway); a fixed --step-timeout is left alone; no
+    ceiling under MPI."""
+    from labs.kit.ranks import HOROVOD_DEFAULTS
+    from labs.kit.watchdog import GLOO_MARGIN_S, gloo_ceiling
+    gloo = {"HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": HOROVOD_DEFAULTS["HOROVOD_GLOO_TIMEOUT_SECONDS"]}
+    ceiling = gloo_ceiling(gloo)
+    assert ceiling == float(gloo["HOROVOD_GLOO_TIMEOUT_SECONDS"]) - GLOO_MARGIN_S
+    assert gloo_ceiling({"HOROVOD_CONTROLLER": "mpi"}) is None and gloo_ceiling({}) is None
+    clock = FakeClock()
+    capped = StepWatchdog(None, clock=clock, ceiling_s=ceiling)
+    free = StepWatchdog(None, clock=clock)
+    assert free.limit() > ceiling and capped.limit() == pytest.approx(ceiling)  # start-up too
+    for t in (10.0, 17.0, 24.0):                               # start-up, then 7 s steps
+        clock.now = t
+        capped.beat()
+        free.beat()
+    assert free.limit() == pytest.approx(70)
+    assert capped.limit() == pytest.approx(ceiling)
+    assert capped.limit() + PERIOD_S < float(gloo["HOROVOD_GLOO_TIMEOUT_SECONDS"])
+    assert StepWatchdog(90, clock=clock, ceiling_s=ceiling).limit() == 90   # fixed: as asked

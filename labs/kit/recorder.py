@@ -41,7 +41,7 @@ from .progress import Progress
 from hvd_compress.engine.base import SUM
 
 from .ranks import _engine, agree
-from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, suspects
+from .watchdog import FLOOR_S, PERIOD_S, StepWatchdog, gloo_ceiling, suspects
 
 # A peer killed a moment ago: the kernel closes its sockets (and our collective fails) before
 # its process shows as exited in /proc, so a diagnosis that names nobody is asked again, for at
@@ -272,7 +272,7 @@ class RunRecorder:
         timeout = self.args.step_timeout
         watchdog = StepWatchdog(timeout or None, rank=self.rank, size=self.size,
                                 heartbeat_dir=self.run_dir / "heartbeats", enabled=timeout != 0,
-                                link_probe=link_probe(),
+                                link_probe=link_probe(), ceiling_s=gloo_ceiling(),
                                 floor_s=getattr(self.args, "step_timeout_floor", None) or FLOOR_S)
         end_process = watchdog.on_timeout
 

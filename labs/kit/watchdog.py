@@ -37,13 +37,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["StepWatchdog", "EXIT_CODE", "FLOOR_S", "FACTOR", "STARTUP_S", "PERIOD_S", "suspects"]
+__all__ = ["StepWatchdog", "EXIT_CODE", "FLOOR_S", "FACTOR", "STARTUP_S", "PERIOD_S", "suspects",
+           "gloo_ceiling"]
 
 EXIT_CODE = 75          # EX_TEMPFAIL: the job may succeed when rerun (with --resume)
 FLOOR_S = 20.0          # below Gloo's receive timeout (lab: 60 s, Horovod: 30 s): the watchdog speaks first
 FACTOR = 10.0           # a healthy step 10x slower than the slowest seen is not a healthy step
 STARTUP_S = 300.0       # the first step / evaluation / checkpoint of a run
 PERIOD_S = 1.0          # how often the thread wakes, writes its heartbeat and checks
+GLOO_MARGIN_S = 5.0     # under Gloo the learnt limit stays this far below Gloo's timeout
 STALE_S = 5 * PERIOD_S  # a heartbeat this old: that process is not running
 RATE_WINDOW_S = 10.0    # a link's receive rate: bytes over the last this many seconds
 DEAD_LINK_BPS = 1000.0  # received less than this a second: the network delivers nothing
@@ -57,7 +59,8 @@ class StepWatchdog:
 
     def __init__(self, timeout_s=None, rank=0, size=1, heartbeat_dir=None, what="training step",
                  on_timeout=None, floor_s=FLOOR_S, factor=FACTOR, startup_s=STARTUP_S,
-                 period_s=PERIOD_S, clock=time.monotonic, enabled=True, link_probe=None):
+                 period_s=PERIOD_S, clock=time.monotonic, enabled=True, link_probe=None,
+                 ceiling_s=None):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"watchdog timeout must be > 0 seconds, got {timeout_s}")
         self.timeout_s, self.rank, self.size = timeout_s, rank, size
@@ -65,6 +68,7 @@ class StepWatchdog:
         self.what = what
         self.on_timeout = on_timeout or self._exit
         self.floor_s, self.factor, self.startup_s, self.period_s = floor_s, factor, startup_s, period_s
+        self.ceiling_s = ceiling_s       # the adaptive limit's most (gloo_ceiling: why)
         self.clock = clock
         self.enabled = enabled
         self.link_probe = link_probe     # () -> {"iface", "state", "rx_bytes"} or None
@@ -126,7 +130,8 @@ class StepWatchdog:
         if self.timeout_s is not None:
             return self.timeout_s
         seen = self.slowest.get(self.kind) if "startup" in self.slowest else None
-        return self.startup_s if seen is None else max(self.floor_s, self.factor * seen)
+        limit = self.startup_s if seen is None else max(self.floor_s, self.factor * seen)
+        return limit if self.ceiling_s is None else min(limit, max(self.floor_s, self.ceiling_s))
 
     def _done(self, kind):
         now = self.clock()
@@ -303,3 +308,14 @@ def links_traffic(links):
                 + ", ".join(f"rank {r} received {rates[r] * 8 / 1000:.0f} kbit/s" for r in slow)
                 + " (every link is up; a step now needs far longer than the limit).")
     return ""
+
+
+def gloo_ceiling(environ=os.environ):
+    """The adaptive limit's most (start-up's too) under horovodrun's Gloo controller: GLOO_MARGIN_S below Gloo's
+    receive timeout (HOROVOD_GLOO_TIMEOUT_SECONDS), else None. Why: a wait longer than Gloo's
+    timeout fails in Gloo anyway, with "Horovod has been shut down" and no rank named; a limit
+    learnt from slow steps on a crowded machine (10 x a 7 s step) would let Gloo speak first.
+    Seen in the full suite: a stopped rank's job ended by Gloo after 71 s, the watchdog silent."""
+    if environ.get("HOROVOD_CONTROLLER") != "gloo" or "HOROVOD_GLOO_TIMEOUT_SECONDS" not in environ:
+        return None
+    return float(environ["HOROVOD_GLOO_TIMEOUT_SECONDS"]) - GLOO_MARGIN_S
