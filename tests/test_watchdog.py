@@ -264,3 +264,47 @@ def test_under_gloo_a_learnt_limit_stays_below_gloos_timeout():
     assert capped.limit() == pytest.approx(ceiling)
     assert capped.limit() + PERIOD_S < float(gloo["HOROVOD_GLOO_TIMEOUT_SECONDS"])
     assert StepWatchdog(90, clock=clock, ceiling_s=ceiling).limit() == 90   # fixed: as asked
+
+
+def test_a_stopped_peer_ends_the_wait_at_the_floor_even_at_the_first_evaluation(tmp_path):
+    """A peer stopped (SIGSTOP) with its heartbeat stale is certain: the watchdog fires at its
+    floor, not at the first evaluation's start-up limit (300 s: under MPI the job waited that
+    long, under Gloo until Gloo gave up). A peer that is merely slow to write (heartbeat stale,
+    process running) or on another host is left to the limit."""
+    import json
+    import signal
+    import socket
+    from labs.kit.watchdog import STALE_S, stopped
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        beat = {"rank": 1, "steps": 63, "time": time.time() - 2 * STALE_S, "pid": peer.pid,
+                "host": socket.gethostname()}
+        (tmp_path / "rank1.json").write_text(json.dumps(beat))
+        assert stopped(tmp_path, 2, exclude=0) == []               # running: not certain
+        os.kill(peer.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while stopped(tmp_path, 2, exclude=0) != [1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stopped(tmp_path, 2, exclude=0) == [1]
+        (tmp_path / "rank1.json").write_text(json.dumps(dict(beat, host="elsewhere")))
+        assert stopped(tmp_path, 2, exclude=0) == []               # another host: cannot tell
+        (tmp_path / "rank1.json").write_text(json.dumps(dict(beat, time=time.time())))
+        assert stopped(tmp_path, 2, exclude=0) == []               # fresh heartbeat
+        (tmp_path / "rank1.json").write_text(json.dumps(beat))
+
+        fired = threading.Event()
+        clock = FakeClock()
+        dog = StepWatchdog(None, rank=0, size=2, heartbeat_dir=tmp_path, floor_s=1.0,
+                           period_s=0.05, clock=clock, on_timeout=lambda idle: fired.set())
+        dog.slowest["startup"] = 0.0                 # past start-up; first evaluation now
+        dog.begin("evaluation")
+        assert dog.limit() == pytest.approx(dog.startup_s)
+        with dog:
+            clock.now += 0.5                         # within the floor: no verdict yet
+            time.sleep(0.3)
+            assert not fired.is_set()
+            clock.now += 1.0
+            assert fired.wait(3.0), "a stopped peer must end the wait at the floor"
+    finally:
+        peer.kill()
+        peer.wait()

@@ -279,10 +279,9 @@ class RunRecorder:
         def on_timeout(idle):
             try:
                 if self.rank == 0:
-                    limit = "--step-timeout" if timeout else "adaptive limit"
                     manifest.finish(self.run_dir, "failed",
                                     f"watchdog: no training step or evaluation finished for "
-                                    f"{idle:.0f} s ({limit} {watchdog.limit():.0f} s); "
+                                    f"{idle:.0f} s ({watchdog.why}); "
                                     + (suspects(watchdog.heartbeat_dir, self.size, exclude=0)
                                        or "a rank is dead or wedged"))
             finally:
