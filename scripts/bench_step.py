@@ -47,8 +47,9 @@ OUT/calibration.csv, OUT/plans/, OUT/summary.csv (per row: median step and its s
 the spreads, the plan and its predicted step, ratios to stock float32 and fp16 and to the
 cell's fastest fixed row, stock or ours: vs_fastest, fastest_row; and the ratios to the
 fastest row and to stock float32 taken round by round, vs_fastest_paired and
-vs_stock_none_paired with their 95% intervals _lo and _hi: see paired_ratio) and
-OUT/summary.png; then
+vs_stock_none_paired with their 95% intervals _lo and _hi: see paired_ratio; what the machine
+and the link allow, bound_ms, and each row's step over it: see bounds; an overlapped row's
+steady state, steady_ms: see summarise) and OUT/summary.png; then
 `python scripts/wins_losses.py OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
 example network of the lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M).
 
@@ -436,6 +437,12 @@ def summarise(steps, calibration=None):
     # exchange runs on into the next (schedule="overlap": a round's first step starts with
     # nothing pending, its last waits for its own updates), which the median of steps does not
     summary["round_mean_ms"] = [g.groupby("round").step_ms.mean().median() for _, g in groups]
+    # ... and an overlapped row's steady state: the median over rounds of the mean of each
+    # round's middle steps (its first and last left out), each of which starts with the step
+    # before's exchange pending and leaves its own pending, as in a training run. The round
+    # mean charges the round's flush (the last exchange's overlap with a next forward, lost)
+    # to its few steps: a run pays it once.
+    summary["steady_ms"] = [steady_ms(g) for _, g in groups]
     # issue 12's "codec time per step": compress + decompress (hooks included), as a percentage
     # of forward+backward, medians over the row's steps
     codec = (steps.compress_ms + steps.decompress_ms).groupby(
@@ -481,12 +488,24 @@ def link_rate(link):
     return parse_rate(LINKS[link]) if LINKS.get(link) else None
 
 
+def steady_ms(row_steps):
+    """The median over rounds of each round's middle steps' mean (rounds of 3 steps or more;
+    NaN where none has them): summarise's steady_ms."""
+    means = []
+    for _, rnd in row_steps.groupby("round"):
+        order = rnd.sort_values("step").step_ms.tolist()
+        if len(order) >= 3:
+            means.append(sum(order[1:-1]) / (len(order) - 2))
+    return _median(means) if means else math.nan
+
+
 def bounds(summary):
     """Per row, what the machine and the link allow (issue 46): floor_ms, the local row's median
     step in the cell (forward, backward and the update, no exchange); wire_ms, the row's bytes
     a step at the cell's link rate (none over loopback); bound_ms = max(floor, wire) and
     step_over_bound, the row's median step over it, round_mean_over_bound its round_mean_ms
-    over it (the one to read for an overlapped row; NaN without a local row)."""
+    over it and steady_over_bound its steady_ms (the one to read for an overlapped row; the
+    round mean is the same plus the round's flush shared out; NaN without a local row)."""
     import pandas as pd
     keys = CELL + ["row"]
     floor = summary[summary.row == LOCAL_ROW].set_index(CELL)["step_ms"]
@@ -501,7 +520,8 @@ def bounds(summary):
         rows.append(dict(zip(keys, (*cell, r.row)), floor_ms=low, wire_ms=wire, bound_ms=bound,
                          step_over_bound=r.step_ms / bound if bound == bound else math.nan,
                          round_mean_over_bound=r.round_mean_ms / bound if bound == bound
-                         else math.nan))
+                         else math.nan,
+                         steady_over_bound=r.steady_ms / bound if bound == bound else math.nan))
     return pd.DataFrame(rows).set_index(keys)
 
 
@@ -667,7 +687,7 @@ def main(argv=None):
             "rounds", "vs_stock_none",
             "vs_fastest", "forward_backward_ms", "communicate_ms", "codec_pct_of_fwd_bwd",
             "bytes_per_step", "wire_ms", "bound_ms", "step_over_bound", "round_mean_ms",
-            "round_mean_over_bound", "plan", "plan_predicted_ms"]
+            "round_mean_over_bound", "steady_ms", "steady_over_bound", "plan", "plan_predicted_ms"]
     print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     over = summary[~(summary.median_ci_pct <= args.target_spread)]
     print(f"[bench_step] rows whose median is known to worse than {args.target_spread:g}% "

@@ -259,6 +259,29 @@ def test_round_mean_counts_each_exchange_once():
     assert row.round_mean_over_bound == pytest.approx(100 / 80)
 
 
+def test_steady_state_leaves_out_each_rounds_first_and_last_step():
+    """An overlapped row's rounds of 5 steps: the first starts with nothing pending (20 ms),
+    the last pays the flush (300 ms); the middle three (100, 100, 130 ms) are what a training
+    run's steps look like. steady_ms is their mean, 110 ms (the median of all steps: 100, the
+    median of round means: 130); rounds of 2 steps have no middle."""
+    rows = []
+    for row, values, per in (("local", [50] * 10, 5), ("ours:bit8:allgather+overlap",
+                                                        [20, 100, 100, 130, 300] * 2, 5),
+                             ("ours:bit8:allgather", [90, 95] * 2, 2)):
+        for i, ms in enumerate(values):
+            rows.append({"model": "basic", "link": "10mbit", "ranks": 2, "row": row,
+                         "round": 1 + i // per, "step": i % per, "step_ms": ms,
+                         "forward_backward_ms": 1.0, "copy_ms": 0, "compress_ms": 0,
+                         "communicate_ms": 0, "decompress_ms": 0, "overlap_ms": 0,
+                         "bytes_sent": 100_000, "plan": "", "plan_predicted_ms": math.nan,
+                         "plan_measured_ms": math.nan, "plan_event": ""})
+    summary = bench.summarise(pd.DataFrame(rows, columns=bench.STEP_COLUMNS)).set_index("row")
+    row = summary.loc["ours:bit8:allgather+overlap"]
+    assert (row.step_ms, row.round_mean_ms, row.steady_ms) == (100, 130, 110)
+    assert row.steady_over_bound == pytest.approx(110 / 80)
+    assert math.isnan(summary.loc["ours:bit8:allgather", "steady_ms"])
+
+
 def test_the_local_and_overlap_rows_are_known():
     rows = bench.known_rows()
     assert bench.LOCAL_ROW in rows and "ours:bit8:allgather+overlap" in rows
