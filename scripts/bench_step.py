@@ -405,6 +405,10 @@ def write_calibration(args, n, row, count, seconds, outcome, report):
 def launch(args, model, link, n, csv_path):
     from labs.kit.launch import horovodrun_command, launch_env
     per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
+    if per_round < 3 and any(r.endswith("+overlap") for r in args.rows):
+        print(f"[bench_step] {model} {link} n={n}: {per_round} step(s) a round, so an overlapped "
+              f"row has no steady_ms (3 or more needed); --steps counts a row's steps over its "
+              f"first {first} rounds", file=sys.stderr, flush=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
            "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
            "--max-rounds", str(most), "--target-spread", str(args.target_spread),
