@@ -80,9 +80,8 @@ def run(schedule, steps, chunks=None):
         opt.step()
     if schedule == "overlap":
         opt.flush()
-    counts = getattr(getattr(opt, "_communicator", None), "chunk_counts", dict)
-    cut = counts()
     wall, after = time.perf_counter() - start, thread_cpu()
+    cut = opt._communicator.chunk_counts() if schedule == "overlap" else {}   # the cut it ran
     names.update(thread_names())
     per = {}
     for tid, seconds in after.items():

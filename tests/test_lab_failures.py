@@ -4,8 +4,8 @@ no process left behind and the records written so far intact.
 Each case starts a 5-epoch run, waits until both ranks are writing steps (a wedged case: until
 rank 1 has written its first epoch's last step, so the stop meets the first evaluation or
 checkpoint, whose limit is still start-up's), then sends rank 1 SIGKILL (dead) or SIGSTOP
-(wedged: alive, silent).  A wedged rank under MPI would hang the
-job for good without the lab's step watchdog.  The wedged cases run the watchdog's adaptive
+(wedged: alive, silent).  A wedged rank under MPI would hang the job for good without the
+lab's step watchdog.  The wedged cases run the watchdog's adaptive
 limit (no --step-timeout) with its floor lowered from 20 s to FLOOR_S (--step-timeout-floor):
 the run's steps are fast, so the floor is the limit, and the job must end with an error that
 names rank 1 (issue 15) without waiting the default floor out; that the default limit (20 s
