@@ -462,3 +462,28 @@ def test_the_paired_interval_says_slower_tie_or_faster(tmp_path):
     assert wins.main([str(tmp_path / "old.csv"), "--out-dir", str(tmp_path / "old")]) == 0
     old = pd.read_csv(tmp_path / "old" / "wins_losses_cells.csv", keep_default_na=False)
     assert (old.auto_paired_verdict == "").all()
+
+
+def test_collective_trace_splits_each_step_into_wire_and_loop():
+    """scripts/trace_collectives.py: per step, wire runs from the later rank's first chunk to
+    the last chunk complete on every rank, loop from there to the later rank's next first
+    chunk; a step whose next launch is missing is not counted; on the two-phase route the
+    last chunk's allgather (.gather) ends the wire, not its alltoall."""
+    trace = load_script(ROOT / "scripts" / "trace_collectives.py", "trace_collectives")
+    name = "hvdc.bit8/allgather.fc1.weight.c{}of2"
+
+    def event(rank, t, what, k):
+        return {"rank": str(rank), "t_ms": str(t), "event": what, "name": name.format(k)}
+    events = [event(0, 0, "launch", 0), event(1, 4, "launch", 0),       # skew 4
+              event(0, 50, "done", 1), event(1, 54, "done", 1),          # wire 54 - 4 = 50
+              event(1, 60, "launch", 0), event(0, 66, "launch", 0),      # loop 66 - 54 = 12
+              event(0, 120, "done", 1), event(1, 121, "done", 1)]        # no next launch
+    got = trace.phases(events)
+    assert got == {"wire": [50.0], "loop": [12.0], "skew": [4.0], "cycle": [62.0]}
+    two = "hvdc.bit8/alltoall.fc1.weight.c{}of2"
+    events = [dict(e, name=two.format(e["name"][-4])) for e in events]
+    assert trace.phases(events)["wire"] == []          # the alltoalls alone do not end it
+    for e in events:
+        if e["event"] == "done":
+            e["name"] += ".gather"
+    assert trace.phases(events) == got
