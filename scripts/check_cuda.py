@@ -2,8 +2,11 @@
 """Does hvd_compress's DDP hook run on CUDA through real NCCL collectives, and give the CPU's
 bits? (issue 47: the plugin on a GPU)
 
-    python scripts/check_cuda.py [--out results/cuda/ddp_hook_<gpu>.json]
-    python scripts/check_cuda.py --device cpu      # the same checks on the CPU (Gloo): the suite's
+    python -m scripts.check_cuda [--out results/cuda/ddp_hook_<gpu>.json]
+    python -m scripts.check_cuda --device cpu      # the same checks on the CPU (Gloo): the suite's
+
+From the repository's root, as a module: it then imports the checkout's hvd_compress whether
+or not the package is installed (a lent GPU machine has the checkout and torch, no install).
 
 One process, world size 1 (NCCL refuses two ranks on one GPU): the default group has Gloo for
 CPU tensors and NCCL for CUDA ones, so every route's collectives (allreduce, allgather,
@@ -29,10 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hvd_compress import registry                     # noqa: E402
-from hvd_compress.ddp import FlatBucket, HookState    # noqa: E402
+from hvd_compress import registry
+from hvd_compress.ddp import FlatBucket, HookState
 
 SHAPES = [(64, 100), (100,), (7, 3, 3), (1000,)]     # a matrix, vectors, an odd tensor
 STEPS = 3

@@ -120,8 +120,8 @@ def test_check_cuda_runs_its_checks_on_the_cpu(tmp_path):
     """scripts/check_cuda.py's logic, on the CPU with Gloo (no GPU here): every registered
     scheme and route through the hook twice gives the same bits, and bit8 is timed."""
     report_path = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda.py"), "--device",
-                           "cpu", "--out", str(report_path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "scripts.check_cuda", "--device", "cpu",
+                           "--out", str(report_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(report_path.read_text())
@@ -138,7 +138,7 @@ def test_check_cuda_says_when_there_is_no_gpu():
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the script would run")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_cuda.py")],
+    done = subprocess.run([sys.executable, "-m", "scripts.check_cuda"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
 
