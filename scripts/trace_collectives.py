@@ -175,6 +175,9 @@ def summarise(path):
                         f"{p}_p90_ms": round(float(np.percentile(v, 90)), 1)})
         out.append(row)
         drawn.append((cell, per))
+    if not out:
+        raise SystemExit(f"{path}: no job there has a step with its first chunk launched and its "
+                         f"last complete on every rank, and a next step (was a bucket cut?)")
     target = with_suffix(path, "-summary")
     with open(target, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(out[0]))
