@@ -269,3 +269,29 @@ def test_a_kits_name_cannot_forge_a_row_and_links_are_not_followed(tmp_path):
     cells = [len(re.split(r"(?<!\\)\|", row)) - 2 for row in rows]
     assert cells == [7, 7, 5], rows              # against the two sources, the one pair
     assert not any(l.startswith("| solution") for l in text.splitlines())
+
+
+def test_hostile_files_change_no_other_row(tmp_path):
+    """Kits whose files are huge and repetitive, nested past the parser's depth, random bytes,
+    or a FIFO: compared in part or not at all, and the solution's rows are those it has
+    alone."""
+    import os
+    alone, hostile = tmp_path / "alone", tmp_path / "class"
+    for root in (alone, hostile):
+        classroom_kit.install_solution(classroom_kit.init(root / "solution"))
+    for name in ("big1", "big2"):
+        (classroom_kit.init(hostile / name) / "compression.py").write_text("x = x + 1\n" * 20000)
+    deep = classroom_kit.init(hostile / "deep")
+    (deep / "compression.py").write_text("y = " + "(" * 3000 + "1" + ")" * 3000 + "\ndef f():\n"
+                                         + "".join("    " * i + "if a:\n" for i in range(1, 90))
+                                         + "    " * 90 + "pass\n")
+    (classroom_kit.init(hostile / "garbage") / "compression.py").write_bytes(os.urandom(100000))
+    fifo = classroom_kit.init(hostile / "fifo") / "patches" / classroom_kit.COURSE_PATCH
+    fifo.unlink()
+    os.mkfifo(fifo)                          # a read would wait for a writer forever
+    kits = find_kits([hostile])
+    assert len(kits) == 6 and read_kit_file(fifo) == ""
+    text = report(kits)
+    assert "Compared in part" in text and "big1 (compression.py)" in text
+    rows = [l for l in text.splitlines() if l.startswith("| solution |")]
+    assert rows == [l for l in report(find_kits([alone])).splitlines() if l.startswith("| solution |")]

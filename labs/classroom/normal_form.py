@@ -25,6 +25,8 @@ Text that does not parse (a patch's added lines, a student's syntax error) is pa
 top-level statement at a time; what still fails becomes Python tokens with every name ID.
 """
 import ast
+import collections
+import functools
 import heapq
 import io
 import keyword
@@ -57,13 +59,7 @@ def normal_tokens(text, context=None):
     that what one file imports from another is a name of its own there too, and the names
     the other files read, so that an assignment is unused only where none reads it."""
     context = context or (set(), set(), set())
-    try:
-        return _Writer(ast.parse(text), context).module()
-    except (SyntaxError, ValueError, MemoryError):
-        return [(tok, line) for tree, offset in _trees(text)
-                for tok, line in _written(tree, context, offset)]
-    except RecursionError:
-        return _python_tokens(text, 0)
+    return [(tok, line) for tree, offset in _trees(text) for tok, line in _written(tree, context, offset)]
 
 
 def own_names(text):
@@ -74,7 +70,7 @@ def own_names(text):
             found = _Bindings(tree)
             names |= found.own
             attrs |= found.own_attrs
-            read |= _loaded(tree, set())
+            read |= _loaded(tree)
     return names, attrs, read
 
 
@@ -87,6 +83,7 @@ def _written(tree, context, offset):
         return [("deep", offset + 1)]
 
 
+@functools.lru_cache(maxsize=64)
 def _trees(text):
     """[(tree, line offset)]: the text's tree, or where it does not parse the trees of its
     groups (_groups), a group that still does not parse as its text."""
@@ -226,42 +223,46 @@ class _Bindings(ast.NodeVisitor):
     visit_Nonlocal = visit_Global
 
 
-def _loaded(tree, dropped):
-    """Names read anywhere in the tree, outside the statements already dropped."""
-    seen = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if id(node) in dropped:
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            seen.add(node.id)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            seen.add(node.value)          # __all__, getattr(module, "name")
-        stack.extend(ast.iter_child_nodes(node))
-    return seen
+def _loaded(tree):
+    """Names read anywhere in the tree (and strings: __all__, getattr(module, "name"))."""
+    return {node.id if isinstance(node, ast.Name) else node.value for node in ast.walk(tree)
+            if (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
+            or (isinstance(node, ast.Constant) and isinstance(node.value, str))}
 
 
 def _unused_assignments(tree, read_elsewhere):
     """ids of the assignments (to plain names only) whose names nothing reads, to a fixpoint:
-    dropping one can leave another unread."""
+    dropping one can leave another unread (what it read is read once less)."""
+    reads = collections.Counter()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            reads[node.id] += 1
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            reads[node.value] += 1           # __all__, getattr(module, "name")
     assigns = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))]
-    dropped = set()
-    for _ in range(8):
-        loaded = _loaded(tree, dropped) | read_elsewhere
-        more = {id(n) for n in assigns if id(n) not in dropped and _targets_unread(n, loaded)}
-        if not more:
-            break
-        dropped |= more
+    dropped, changed = set(), True
+    while changed:
+        changed = False
+        for node in assigns:
+            if id(node) in dropped or not _targets_unread(node, reads, read_elsewhere):
+                continue
+            dropped.add(id(node))
+            changed = True
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
+                    reads[inner.id] -= 1
+                elif isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+                    reads[inner.value] -= 1
     return dropped
 
 
-def _targets_unread(node, loaded):
+def _targets_unread(node, reads, read_elsewhere):
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     names = [n for t in targets for n in ast.walk(t)]
     return (all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Starred, ast.Load, ast.Store))
                 for n in names)
-            and not any(isinstance(n, ast.Name) and n.id in loaded for n in names))
+            and not any(isinstance(n, ast.Name) and (reads[n.id] > 0 or n.id in read_elsewhere)
+                        for n in names))
 
 
 # ---- constants -----------------------------------------------------------------------------

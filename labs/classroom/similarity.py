@@ -14,6 +14,7 @@ side (tiling.py: the longest common runs of at least MIN_TILE tokens, each token
 at most). A pair's share is its tiled tokens over the smaller side's own tokens; the report
 lists each tile as line ranges in both files, side by side.
 """
+import functools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from .kit import COURSE_PATCH, KIT_FILES, ROOT, SOLUTION_FILES
 from .normal_form import normal_tokens, own_names
-from .tiling import tiles
+from .tiling import gram_index, tiles
 
 MIN_TILE = 16        # normal-form tokens (about two statements): shorter runs are idiom
 MIN_GIVEN = 8        # a run of the kit's given text this long is taken out as given
@@ -29,7 +30,9 @@ FLAG = 0.5           # from this share on the report marks a pair: read the two 
 REGIONS_FROM = 0.25  # pairs from this share on have their matching regions listed
 MAX_REGIONS = 16     # regions listed per pair: the largest, in the order of the first file
 REGION_GAP = 12      # lines a region may skip (dropped no-ops, comments, given text)
-MAX_BYTES = 1 << 20  # of a kit's file read: more is not a student's work
+MAX_BYTES = 1 << 18  # of a kit's file read: more is not a student's work
+MAX_LINES = 3000     # of one file compared (a solution's file: 100-300 lines)
+MAX_TOKENS = 60000   # of one side's files of one kind compared (the project's codecs: ~10000)
 PATCH = f"patches/{COURSE_PATCH}"
 FILES = ("compression.py", PATCH, "train.py")
 FILES_ORDER = {name: n for n, name in enumerate(FILES)}
@@ -95,11 +98,18 @@ class Doc:
     tokens: list = field(default_factory=list)
     where: list = field(default_factory=list)
     kind: list = field(default_factory=list)
+    cut: list = field(default_factory=list)        # files of which MAX_LINES were compared
+    _work: tuple = None
 
     def add(self, files):
         """files: [(label, text, patch)], one body of code: what one binds, the others use."""
-        parts = [(label, part, first) for label, text, patch in files
-                 for part, first in (added_lines(text) if patch else [(text, 1)])]
+        parts = []
+        for label, text, patch in files:
+            lines = text.splitlines()
+            if len(lines) > MAX_LINES:
+                self.cut.append(label)
+                text = "\n".join(lines[:MAX_LINES])
+            parts += [(label, part, first) for part, first in (added_lines(text) if patch else [(text, 1)])]
         found = [own_names(part) for _, part, _ in parts]
         names = set().union(*(f[0] for f in found))
         attrs = set().union(*(f[1] for f in found))
@@ -107,6 +117,9 @@ class Doc:
             read_elsewhere = set().union(*(f[2] for m, f in enumerate(found) if m != n))
             self._append(SEAM, (label, first), SEAM)
             for tok, line in normal_tokens(part, (names, attrs, read_elsewhere)):
+                if len(self.tokens) >= MAX_TOKENS:
+                    self.cut.append(label)
+                    return self
                 self._append(tok, (label, line + first - 1), OWN)
         return self
 
@@ -128,16 +141,21 @@ class Doc:
         return self
 
     def work(self):
-        """(tokens, seams, where) of the work alone: the given text cut out, so that two
-        changes a student made around a given line are one run, as in a diff."""
-        kept = [n for n, k in enumerate(self.kind) if k != GIVEN]
-        return ([self.tokens[n] for n in kept], [self.kind[n] == SEAM for n in kept],
-                [self.where[n] for n in kept])
+        """(tokens, seams, where, index) of the work alone: the given text cut out, so that
+        two changes a student made around a given line are one run, as in a diff; the index
+        of its grams for the tiling."""
+        if self._work is None:
+            kept = [n for n, k in enumerate(self.kind) if k != GIVEN]
+            tokens, seams = [self.tokens[n] for n in kept], [self.kind[n] == SEAM for n in kept]
+            self._work = (tokens, seams, [self.where[n] for n in kept],
+                          gram_index(tokens, seams, MIN_TILE))
+        return self._work
 
 
 _ID = {}
 
 
+@functools.lru_cache(maxsize=None)
 def _given():
     return {name: Doc().add([(name, (KIT_FILES / name).read_text(), name == PATCH)]) for name in FILES}
 
@@ -147,7 +165,10 @@ def kit_docs(kit, given):
             for name in FILES}
 
 
-def source_docs(files, given):
+@functools.lru_cache(maxsize=None)
+def source_docs(key):
+    """The Docs of a source ("reference", "project"): the course's own files, read once."""
+    files, given = SOURCES[key][2], _given()
     return {name: Doc().add([(str(path.relative_to(ROOT)), path.read_text(), name == PATCH)
                              for path in files[name]]).take_out(given[name])
             for name in FILES}
@@ -236,8 +257,8 @@ def compare_docs(a, b, name_a, name_b, kind):
     """One Pair from two sides' {file: Doc}."""
     per_file, regions, shared, own_a, own_b = {}, [], 0, 0, 0
     for name in FILES:
-        (ta, sa, wa), (tb, sb, wb) = a[name].work(), b[name].work()
-        found = tiles(ta, tb, MIN_TILE, sa, sb)
+        (ta, sa, wa, _), (tb, sb, wb, index) = a[name].work(), b[name].work()
+        found = tiles(ta, tb, MIN_TILE, sa, sb, index)
         covered = sum(length for _, _, length in found)
         smaller = min(a[name].own, b[name].own)
         per_file[name] = (covered / smaller if smaller else 0.0, covered)
@@ -258,10 +279,16 @@ def _names(kits):
 def compare(kits):
     """(pairs closest first: each kit against each source, then every two kits; {kit: its own
     tokens})."""
+    pairs, sizes, _ = compare_all(kits)
+    return pairs, sizes
+
+
+def compare_all(kits):
+    """compare's pairs and sizes, and {kit: its files compared only in part (too long)}."""
     given = _given()
     names = _names(kits)
     docs = {names[kit]: kit_docs(kit, given) for kit in kits}
-    sources = {key: source_docs(files, given) for key, (_, _, files) in SOURCES.items()}
+    sources = {key: source_docs(key) for key in SOURCES}
     pairs = []
     for name in sorted(docs):
         for key, (label, _, _) in SOURCES.items():
@@ -271,7 +298,9 @@ def compare(kits):
         for b in ordered[i + 1:]:
             pairs.append(compare_docs(docs[a], docs[b], a, b, "kits"))
     pairs.sort(key=lambda p: (-p.score, p.kind, p.a, p.b))
-    return pairs, {name: sum(d.own for d in docs[name].values()) for name in ordered}
+    cut = {name: [label for d in docs[name].values() for label in d.cut] for name in ordered}
+    return (pairs, {name: sum(d.own for d in docs[name].values()) for name in ordered},
+            {name: labels for name, labels in cut.items() if labels})
 
 
 def _cell(text):
@@ -293,7 +322,7 @@ def _share(score, shared):
 
 def report(kits, top=20):
     """The report as Markdown, for the instructor (en, with the Chinese headings)."""
-    pairs, sizes = compare(kits)
+    pairs, sizes, cut = compare_all(kits)
     short = {"compression.py": "compression.py", PATCH: "patch", "train.py": "train.py"}
     lines = ["# Similarity of the kits / 实验包相似度", "",
              f"{len(sizes)} kits. Each kit's compression.py, the lines its course patch adds and its "
@@ -328,6 +357,9 @@ def report(kits, top=20):
     if empty:
         lines += ["", "No work of their own to compare (only the given text) / 没有可比较的内容: "
                   + ", ".join(_cell(n) for n in empty)]
+    if cut:
+        lines += ["", f"Compared in part (the first {MAX_LINES} lines or {MAX_TOKENS} tokens) / 仅比较了开头部分: "
+                  + "; ".join(f"{_cell(n)} ({', '.join(_cell(l) for l in labels)})" for n, labels in sorted(cut.items()))]
     shown = [p for p in sorted(against, key=lambda p: (-p.score, p.a, p.kind)) + kit_pairs
              if p.score >= REGIONS_FROM and p.regions]
     if shown:
