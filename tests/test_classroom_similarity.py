@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import inspect
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -262,7 +263,13 @@ def test_a_kits_name_cannot_forge_a_row_and_links_are_not_followed(tmp_path):
     forged = classroom_kit.init(root / "evil\n| solution | reference solution | ⚠ 100% |")
     (forged / "compression.py").unlink()
     (forged / "compression.py").symlink_to(SOLUTION)
-    assert read_kit_file(forged / "compression.py") == ""
+    assert read_kit_file(forged, "compression.py") == ""
+    elsewhere = tmp_path / "elsewhere"                 # a folder of the kit that is a link
+    elsewhere.mkdir()
+    (elsewhere / classroom_kit.COURSE_PATCH).write_text((classroom_kit.SOLUTION_FILES / classroom_kit.COURSE_PATCH).read_text())
+    shutil.rmtree(forged / "patches")
+    (forged / "patches").symlink_to(elsewhere)
+    assert read_kit_file(forged, f"patches/{classroom_kit.COURSE_PATCH}") == ""
     classroom_kit.init(root / "plain")
     text = report(find_kits([root]))
     rows = [l for l in text.splitlines() if l.startswith("| evil")]
@@ -290,7 +297,7 @@ def test_hostile_files_change_no_other_row(tmp_path):
     fifo.unlink()
     os.mkfifo(fifo)                          # a read would wait for a writer forever
     kits = find_kits([hostile])
-    assert len(kits) == 6 and read_kit_file(fifo) == ""
+    assert len(kits) == 6 and read_kit_file(hostile / "fifo", f"patches/{classroom_kit.COURSE_PATCH}") == ""
     text = report(kits)
     assert "Compared in part" in text and "big1 (compression.py)" in text
     rows = [l for l in text.splitlines() if l.startswith("| solution |")]

@@ -107,14 +107,14 @@ def _groups(text):
     if not indents:
         return []
     top = min(indents)
-    groups, start = [], None
+    groups, start = [], 0
     for i, line in enumerate(lines):
-        if line.strip() and len(line) - len(line.lstrip()) == top and not line.lstrip().startswith((")", "]", "}")):
-            if start is not None:
+        stripped = line.lstrip()
+        if stripped and len(line) - len(stripped) == top and not stripped.startswith((")", "]", "}")):
+            if i > start:
                 groups.append((start, i))
             start = i
-    if start is not None:
-        groups.append((start, len(lines)))
+    groups.append((start, len(lines)))
     return [(textwrap.dedent("\n".join(lines[a:b])), a) for a, b in groups]
 
 

@@ -54,21 +54,26 @@ SOURCES = {"reference": ("reference solution", "参考答案", REFERENCE),
            "project": ("project's code", "项目代码", PROJECT)}
 
 
-def read_kit_file(path):
-    """A kit's file as text: a regular file only (a link, a FIFO or a device is no work),
-    never followed, at most MAX_BYTES; '' when there is none."""
+def read_kit_file(kit, name):
+    """The kit's file `name` (a path inside the kit) as text: a regular file only (a link, a
+    FIFO or a device is no work), no link followed on the way from the kit's folder, at most
+    MAX_BYTES; '' when there is none."""
+    fds = []
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fds.append(os.open(kit, os.O_RDONLY | os.O_DIRECTORY))
+        *folders, leaf = Path(name).parts
+        for part in folders:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        fds.append(os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1]))
+        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
             return ""
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_BYTES)
+        with os.fdopen(os.dup(fds[-1]), "rb") as f:
+            return f.read(MAX_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return ""
     finally:
-        os.close(fd)
-    return data.decode("utf-8", errors="replace")
+        for fd in fds:
+            os.close(fd)
 
 
 def added_lines(text):
@@ -161,7 +166,7 @@ def _given():
 
 
 def kit_docs(kit, given):
-    return {name: Doc().add([(name, read_kit_file(Path(kit) / name), name == PATCH)]).take_out(given[name])
+    return {name: Doc().add([(name, read_kit_file(kit, name), name == PATCH)]).take_out(given[name])
             for name in FILES}
 
 
