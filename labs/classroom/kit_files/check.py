@@ -250,12 +250,14 @@ def e4m3_decode(c):
         if got != want or math.copysign(1, got) != math.copysign(1, want):
             raise Problem("zero" if want == 0 else "decode",
                           f"code {e4m3_bits(code)}, decoded to {got!r} ({float32_bits(got)})")
-    positive = values[:0x7F].astype(np.float64)
-    if not (np.diff(positive) > 0).all() or not np.array_equal(values[0x81:0xFF], -values[0x01:0x7F]):
-        bad = int(np.flatnonzero(np.diff(positive) <= 0)[0]) + 1 if not (np.diff(positive) > 0).all() else \
-            int(np.flatnonzero(values[0x81:0xFF] != -values[0x01:0x7F])[0]) + 0x81
-        raise Problem("decode", f"code {e4m3_bits(bad)} decoded to {float(values[bad])!r}: codes 0x00..0x7E "
-                                f"increase, and code 0x80 | c is -(code c)")
+    # codes 0x00..0x7E increase, and code 0x80 | c is -(code c)
+    bad = [c + 1 for c in range(0x7E) if not values[c + 1] > values[c]]
+    bad += [c | 0x80 for c in range(1, 0x7F) if values[c | 0x80] != -values[c]]
+    if bad:
+        raise Problem("decode", f"code {e4m3_bits(bad[0])} decoded to {float(values[bad[0]])!r}, "
+                                f"after {float(values[(bad[0] & 0x7F) - 1])!r}",
+                      zh_lines=[f"编码 {e4m3_bits(bad[0])} 解码为 {float(values[bad[0]])!r}，"
+                                f"前一个编码为 {float(values[(bad[0] & 0x7F) - 1])!r}"])
 
 
 def _neighbour_inputs(values):
