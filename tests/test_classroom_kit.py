@@ -164,7 +164,8 @@ def test_find_kits_reads_a_folder_of_submissions(tmp_path):
 
 def test_the_similarity_report_sees_through_renaming_and_ignores_the_given_text(tmp_path):
     """A solution with its names and comments changed is the solution's twin; the untouched
-    kit has nothing of its own; a kit written differently is far; the report is only read."""
+    kit has nothing of its own; a kit written differently is far; the report is only read
+    (tests/test_classroom_similarity.py: every evasion, the project's code, honest work)."""
     from labs.classroom.__main__ import main
     from labs.classroom.similarity import compare
     klass = tmp_path / "class"
@@ -179,8 +180,12 @@ def test_the_similarity_report_sees_through_renaming_and_ignores_the_given_text(
     pairs, sizes = compare(find_kits([klass]))
     scores = {(p.a, p.b): p for p in pairs}
     assert scores[("solution", "twin")].per_file["compression.py"][0] == 1.0
-    assert pairs[0].a == "solution" and pairs[0].b == "twin"
+    assert scores[("twin", "reference solution")].per_file["compression.py"][0] == 1.0
+    kit_pairs = [p for p in pairs if p.kind == "kits"]
+    assert kit_pairs[0].a == "solution" and kit_pairs[0].b == "twin"
     assert sizes["untouched"] == 0 and scores[("other", "solution")].score < 0.2
+    assert scores[("other", "reference solution")].score < 0.2
     assert main(["similar", str(klass), "--out", str(tmp_path)]) == 0
     report = (tmp_path / "similarity.md").read_text()
-    assert "| solution - twin | 100% |" in report and "untouched" in report and "Never a grade" in report
+    assert re.search(r"\| solution - twin \| ⚠ 100% \(\d+\) \|", report)
+    assert "untouched" in report and "Never a grade" in report

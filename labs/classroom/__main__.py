@@ -38,11 +38,13 @@ def main(argv=None):
                    help="also every one of the 2**32 float32 inputs (minutes per kit)")
     p = sub.add_parser("build", help="build a kit's patched Horovod (cached by the patches' hash)")
     p.add_argument("dir")
-    p = sub.add_parser("similar", help="which kits of a class look alike (for you to read, "
-                                       "never a grade): similarity.md")
+    p = sub.add_parser("similar", help="which kits look like the reference solution, the "
+                                       "project's codecs or each other (for you to read, never "
+                                       "a grade): similarity.md")
     p.add_argument("paths", nargs="+")
     p.add_argument("--out", default=None, help="folder for similarity.md (default: as grade)")
-    p.add_argument("--top", type=int, default=20, help="pairs shown (default %(default)s)")
+    p.add_argument("--top", type=int, default=20, help="pairs of kits shown (default %(default)s); "
+                   "every kit is shown against the solution and the project's code")
     p = sub.add_parser("demo", help="the grader graded: solution, untouched kit and seeded "
                                     "mistakes as kits in DIR")
     p.add_argument("dir")
