@@ -20,6 +20,7 @@ Standalone: the standard library and `patch`, `pip`, a C++ toolchain.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,11 @@ BUILD_ENV = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITHOUT_TENSORFLOW": "1",
              "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
+# pip's own lines around a failed build: the build's first errors say more
+PIP_NOISE = ("subprocess-exited-with-error", "Failed building wheel", "Failed to build",
+             "metadata-generation-failed", "legacy-install-failure", "╰─>", "× ", "note: ")
+
+
 def full_route(job):
     src = os.path.join(WORK, os.path.basename(job["source"]))
     shutil.copytree(job["source"], src, symlinks=True)
@@ -111,8 +117,9 @@ def full_route(job):
         print(done.stdout[-200000:], flush=True)
         if done.returncode != 0:
             lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-            wanted = [line for line in lines if "error" in line.lower()] or lines
-            return wanted[-3:] or [f"{argv[3]} failed"]
+            first = [line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)
+                     and not any(noise in line for noise in PIP_NOISE)]
+            return first[:3] or lines[-3:] or [f"{argv[3]} failed"]
     return None
 
 

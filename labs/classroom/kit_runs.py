@@ -231,7 +231,7 @@ def _task_outcome(report, whole, out, name):
         killed_by = "memory"
     elif sig:
         killed_by = f"signal {sig}"
-    elif full and status:
+    elif full:                          # what it wrote last may be what the disk refused
         killed_by = "disk"
     return sandbox.Outcome(status if sig is None else -int(sig), output, seconds, killed_by, size,
                            disk_full=full)
