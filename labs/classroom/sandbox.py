@@ -26,7 +26,12 @@ are taken, whichever this host mounts, else rlimits alone):
 - CPU: a cgroup of its own per sandbox (v1 `cpu`, v2 `cpu.weight`), all of equal weight: the
   kernel shares the cores between the sandboxes, not between their processes, so a kit that
   forks 100 busy processes gets one sandbox's share, never 100 processes' worth of the cores
-  beside an honest kit. A share, not a cap: an idle machine lends a kit all of it.
+  beside an honest kit. A share, not a cap: an idle machine lends a kit all of it. And on v1 a
+  second group per sandbox, `cpu.idle` (SCHED_IDLE beside every other process of the host):
+  the fork server moves into it every process of the sandbox it did not start itself (a kit's
+  own subprocesses, the setsid processes of a hog), which then run only on cycles nobody else
+  wants; a group's share counts its processes together, so without it a hog would still hold
+  a whole sandbox's share of the cores for as long as its kit is graded.
 - memory and processes: the same group's memory and pids controllers (else RLIMIT_AS);
   RLIMIT_NPROC as well, for the sandbox's user.
 - disk: a tmpfs per sandbox (size= and nr_inodes=) holding /kit, /out and /tmp, so that the
@@ -224,16 +229,22 @@ def mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro=(), ro_binds=()):
 
 # --- cgroups: CPU share, memory, processes ------------------------------------------------------
 
+IDLE_PROCS = "/idle.procs"             # inside: the idle group's cgroup.procs (fork_server.py)
+
+
 class _Cgroup:
     """A sandbox's own cgroup: v1's cpu, cpuacct, memory and pids controllers where this host
     mounts them (below the grader's own group in each, so a limit the host put on the grader
     still holds), else v2's with cpu, memory and pids; none when the host lets us make none
-    (rlimits then stand alone)."""
+    (rlimits then stand alone). On v1, `idle`: the sandbox's idle CPU group beside it, whose
+    cgroup.procs the sandbox's user may write (it can move its own processes there, no others,
+    and none out: the file of the sandbox's main group is not in reach)."""
 
     ROOT = Path("/sys/fs/cgroup")
 
-    def __init__(self, name, limits):
+    def __init__(self, name, limits, uid=None):
         self.dirs = {}                  # controller ("cpu", "memory", "pids", "cpuacct", "v2") -> folder
+        self.idle = None                # the v1 idle group's folder
         own = _own_groups()
         v1 = {"cpu": {"cpu.shares": 1024},
               "cpuacct": {},
@@ -247,6 +258,16 @@ class _Cgroup:
             folder = base / own.get(controller, "").strip("/") / name
             if self._make(folder, settings):
                 self.dirs[controller] = folder
+        if "cpu" in self.dirs and uid is not None:
+            idle = self.dirs["cpu"].with_name(name + "-idle")
+            if self._make(idle, {"cpu.idle": 1}):
+                try:
+                    if (idle / "cpu.idle").read_text().strip() != "1":
+                        (idle / "cpu.shares").write_text("2")       # a kernel before cpu.idle
+                    os.chown(idle / "cgroup.procs", uid, uid)
+                    self.idle = idle
+                except OSError:
+                    idle.rmdir()
         if not self.dirs and (self.ROOT / "cgroup.controllers").is_file():
             self._v2(name, limits)
 
@@ -307,7 +328,7 @@ class _Cgroup:
 
     def close(self):
         """Kill what is left in the group (it is this sandbox's, by construction) and remove it."""
-        for folder in self.dirs.values():
+        for folder in [*([self.idle] if self.idle else []), *self.dirs.values()]:
             for _ in range(500):                # up to 10 s: a fork bomb's children die slowly
                 try:
                     pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
@@ -462,8 +483,11 @@ def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
             *(["--as-pid-1"] if report_path else []),
-            *mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro, ro_binds),
-            "--chdir", "/kit", "--clearenv"]
+            *mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro, ro_binds)]
+    group = _Cgroup(f"hvd-classroom-{os.getpid()}-{uid}-{next(_counter)}", limits, uid)
+    if group.idle is not None:
+        argv += ["--bind", str(group.idle / "cgroup.procs"), IDLE_PROCS]
+    argv += ["--chdir", "/kit", "--clearenv"]
     for key, value in environment.items():
         argv += ["--setenv", key, value]
     # the drop: every id to the sandbox's own, no capability (not even inheritable or bounding),
@@ -471,7 +495,6 @@ def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=
     argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
              "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig=SIGKILL",
              "--", *map(str, command)]
-    group = _Cgroup(f"hvd-classroom-{os.getpid()}-{uid}-{next(_counter)}", limits)
 
     def limit():                       # in the child, before bwrap
         group.enter()
