@@ -326,7 +326,7 @@ def _copy_logs_back(run, kit, n):
     runs/ or runs/grader-np<n> that is a link is replaced by a folder, the link itself removed,
     never what it names)."""
     found = {}
-    for r in range(n):
+    for r in range(n if run else 0):
         for kind in ("steps", "epochs"):
             name = f"{kind}-rank{r}.csv"
             data, _ = nofollow.read(run.kit_copy, f"runs/grader-np{n}/{name}", 16 << 20)
@@ -373,7 +373,7 @@ def job_checks(kit, options, test_set, prepared, runs, jobs=None):
         if in_tree and prepared.ready:
             step_checks += intree_checks(prepared, judged, usable, n)
         if trainer:
-            log_dir = _copy_logs_back(run, kit, n) if run else Path(kit) / "runs" / f"grader-np{n}"
+            log_dir = _copy_logs_back(run, kit, n)      # (no run: the old logs cleared, none read)
             step_checks += trainer_checks(judged, n, log_dir, train_samples, options.epochs,
                                           options.min_accuracy, options.test_samples)
         if imports:
@@ -426,7 +426,8 @@ def grade_kit(kit, options, work, test_set):
 
 def _grade_kit(kit, options, work, test_set):
     prepared = intree.prepare(kit) if "intree" in options.steps else None
-    tasks = [intree.build_task(prepared, options.build_timeout)] if prepared and prepared.ready else []
+    tasks = ([intree.build_task(prepared, options.build_timeout, options.limits.memory)]
+             if prepared and prepared.ready else [])
     tasks += [codec_task(options)] if "codecs" in options.steps else []
     jobs = job_sizes(options, prepared)
     if {"trainer", "exchange"} & set(options.steps) or (prepared and prepared.ready):

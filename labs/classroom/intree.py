@@ -38,6 +38,7 @@ SITE = "/tmp/hvd-site"                  # inside the kit's sandbox: its own Horo
 SERIES_LIMIT = 1 << 16
 SERIES_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 PYTHON_ROUTE_S = 120                    # the Python-only route's build: a copy and `patch`
+COMPILER_BYTES = 5 << 29                # a compiler's peak on Horovod's torch sources (2.3 GB), and some
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,12 +197,15 @@ def prepare(kit):
     return Prepared([first], True, SITE, "full", series)
 
 
-def build_task(prepared, seconds):
-    """The kit's sandbox's first task: its Horovod made from `prepared`'s patches (build_side)."""
+def build_task(prepared, seconds, memory=4 << 30):
+    """The kit's sandbox's first task: its Horovod made from `prepared`'s patches (build_side).
+    As many compilers at once as the sandbox's memory holds (one, in 4 GiB: its files and the
+    fork server take the rest)."""
     files = {f"patch{i}-{name}": text for i, (name, text) in enumerate(prepared.patches)}
+    jobs = max(1, min(os.cpu_count() or 1, (memory - (1 << 30)) // COMPILER_BYTES))
     job = {"route": prepared.route, "patches": [f"/grader/{name}" for name in files],
            "source": pristine.SOURCE_INSIDE, "package": str(pristine.installed()),
-           "site": prepared.site, "jobs": os.cpu_count() or 2}
+           "site": prepared.site, "jobs": jobs}
     files["build.json"] = json.dumps(job)
     limit = min(seconds, PYTHON_ROUTE_S) if prepared.route == "python" else seconds
     return Task("build", "build", build_side("build", "/grader/build.json", "/out/build")[1:],

@@ -117,8 +117,8 @@ class Scratch:
         self.path = Path(path)
         release(self.path)
         if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True)
+            shutil.rmtree(self.path, ignore_errors=True)    # (a mount point left by a killed grader stays)
+        self.path.mkdir(parents=True, exist_ok=True)
         options = (f"size={limits.disk},nr_inodes={limits.files},mode=0711,uid=0,gid=0,"
                    f"nosuid,nodev")
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "hvd-classroom", str(self.path)],
