@@ -186,7 +186,7 @@ def test_the_copy_back_follows_no_link_into_another_kit(trainer_class):
     assert grader_logs.is_dir() and not grader_logs.is_symlink()
     assert (grader_logs / "steps-rank0.csv").is_file()
     rows = _sheet(trainer_class["csv"])["logs_link_to_another_kit"]
-    assert rows["trainer.np2.runs"]["passed"] == "1"         # the untouched trainer runs
+    assert all(r["passed"] == "1" for r in rows.values()), rows    # its work: the solution's
 
 
 @pytest.mark.slow

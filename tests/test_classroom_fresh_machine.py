@@ -63,8 +63,9 @@ def _point_at(venv, checkout):
     """The venv's files that name this checkout, replaced (never written through: they are hard
     links to this venv's) by ones that name the clone."""
     site = next((venv / "lib").glob("python3*/site-packages"))
+    named = (site / "hvd_compress_checkout.pth").read_text().strip()     # the checkout it names
     for path in list(site.glob("__editable__*")) + list(site.glob("hvd_compress_checkout.pth")):
-        text = path.read_text().replace(str(ROOT), str(checkout))
+        text = path.read_text().replace(named, str(checkout))
         path.unlink()
         path.write_text(text)
     for cache in site.glob("__pycache__/__editable__*"):
@@ -108,10 +109,11 @@ def _grade(fresh, out):
 @pytest.fixture(scope="module")
 def graded(fresh):
     where = subprocess.run([str(fresh["venv"] / "bin" / "python"), "-c",
-                            "import labs, sys; print(labs.__file__, sys.prefix)"],
+                            "import labs, sys; print(labs.__file__); print(sys.prefix)"],
                            cwd="/", env=fresh["env"], capture_output=True, text=True, check=True)
-    assert where.stdout.split() == [str(fresh["checkout"] / "labs" / "__init__.py"), str(fresh["venv"])]
+    assert where.stdout.splitlines() == [str(fresh["checkout"] / "labs" / "__init__.py"), str(fresh["venv"])]
     done = _grade(fresh, fresh["root"] / "grades")
+    assert (fresh["root"] / "grades" / "grades.csv").is_file(), done.stderr[-3000:]
     rows = {}
     for row in csv.DictReader(io.StringIO((fresh["root"] / "grades" / "grades.csv").read_text())):
         rows.setdefault(row["kit"], {})[row["check"]] = row

@@ -271,7 +271,7 @@ KIT_TRICKS = [
     KitTrick("patch_is_sparse", "solution", "patch_sparse", check="intree.patch", words="larger than"),
     KitTrick("patch_runs_setup_py", "solution", "setup_py", _SETUP_PY, "intree.build",
              "hostile setup.py uid="),
-    KitTrick("logs_link_to_another_kit", "untouched", "logs_link"),
+    KitTrick("logs_link_to_another_kit", "solution", "logs_link"),
     KitTrick("hog_the_cores_beside", "untouched", "train_hog", _TRAIN_HOG, "trainer.np2.runs",
              "hogged the cores"),
 ]

@@ -182,13 +182,11 @@ def _bind(source, dest, made, writable=False):
     mode 0755 (bwrap copies the mode of the host's folder: /root's 0700 would shut the
     sandbox's user out of a venv bound below it)."""
     args = []
-    for parent in reversed(Path(dest).parents):
-        if str(parent) in ("/", "/usr", "/etc", "/tmp") or str(parent) in made:
-            continue
-        if any(str(parent).startswith(m + "/") for m in made if made[m] == "bound"):
-            continue
-        args += ["--perms", "0755", "--dir", str(parent)]
-        made[str(parent)] = "folder"
+    for parent in map(str, reversed(Path(dest).parents)):
+        if parent in ("/", "/tmp") or parent in made or parent.startswith(("/usr", "/etc")):
+            continue                    # the system's folders are the host's, whole
+        args += ["--perms", "0755", "--dir", parent]
+        made[parent] = "folder"
     args += ["--bind" if writable else "--ro-bind", str(source), str(dest)]
     made[str(dest)] = "bound"
     return args
