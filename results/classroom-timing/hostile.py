@@ -1,8 +1,9 @@
 """A class with two hostile kits against the same class without them: wall time of the grading.
 
-    /work/bin/cpu-quiet .venv/bin/python results/classroom-timing/hostile.py [ROUNDS]
+    /work/bin/cpu-quiet .venv/bin/python results/classroom-timing/hostile.py ROUND
 
-Writes hostile-class.csv beside this file (one row per grading; see README.md). The class:
+Appends one round (three gradings) to hostile-class.csv beside this file (one row per grading;
+see README.md): one quiet hold per round. The class:
 the demo's solution and 7 of its seeded mistakes (8 honest kits); the two hostile kits are
 the solution with, at every import of its compression.py (every run of the kit), either 100
 busy processes of their own sessions (the CPU hog) or files written until its sandbox's disk
@@ -12,7 +13,7 @@ hostile kits' own work without their tricks). Every grading runs the command, al
 `--parallel 3` (the default), with the README's quick options; its sheet is kept to compare.
 """
 import csv
-import os
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -72,43 +73,44 @@ def uptime():
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def main(rounds=3):
+def main(round_no):
     work = Path(tempfile.mkdtemp(prefix="classroom-hostile-"))
     work.chmod(0o755)
-    rows, sheets = [], {}
+    rows = []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     orders = [["honest", "hostile", "bases"], ["hostile", "bases", "honest"], ["bases", "honest", "hostile"]]
     try:
-        for r in range(rounds):
-            for which in orders[r % 3]:
-                folder = write_class(work / f"r{r}-{which}" / "class", which)
-                out = folder.parent / "grades"
-                load = uptime()
-                start = time.perf_counter()
-                done = subprocess.run([sys.executable, "-m", "labs.classroom", "grade", str(folder),
-                                       *QUICK, "--out", str(out)], cwd=ROOT, capture_output=True,
-                                      text=True)
-                seconds = time.perf_counter() - start
-                sheet = (out / "grades.csv").read_text() if (out / "grades.csv").is_file() else ""
-                honest_rows = [line for line in sheet.splitlines()
-                               if line.split(",", 1)[0] in ["solution", *HONEST]]
-                sheets.setdefault(which, []).append(honest_rows)
-                rows.append({"round": r + 1, "class": which, "kits": len(list(folder.iterdir())),
-                             "seconds": round(seconds, 1), "status": done.returncode,
-                             "sheet": "yes" if sheet else "no", "load_start": load,
-                             "load_end": uptime(), "commit": commit})
-                print(rows[-1], flush=True)
+        for which in orders[(round_no - 1) % 3]:
+            folder = write_class(work / which / "class", which)
+            out = folder.parent / "grades"
+            load = uptime()
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "labs.classroom", "grade", str(folder),
+                                   *QUICK, "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            sheet = (out / "grades.csv").read_text() if (out / "grades.csv").is_file() else ""
+            honest = "\n".join(line for line in sheet.splitlines()
+                               if line.split(",", 1)[0] in ["solution", *HONEST])
+            rows.append({"round": round_no, "class": which, "kits": len(list(folder.iterdir())),
+                         "seconds": round(seconds, 1), "status": done.returncode,
+                         "sheet": "yes" if sheet else "no",
+                         "honest_rows_sha": hashlib.sha256(honest.encode()).hexdigest()[:12],
+                         "load_start": load, "load_end": uptime(), "commit": commit})
+            print(rows[-1], flush=True)
+            if not sheet:
+                print(done.stderr[-3000:], file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    same = all(rows_ == sheets["honest"][0] for which in sheets for rows_ in sheets[which])
-    print("the honest kits' rows the same in every grading:", same)
-    with open(HERE / "hostile-class.csv", "w", newline="") as handle:
+    path = HERE / "hostile-class.csv"
+    new = not path.exists()
+    with open(path, "a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
+        if new:
+            writer.writeheader()
         writer.writerows(rows)
-    return 0 if same else 1
+    return 0 if len({r["honest_rows_sha"] for r in rows}) == 1 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
+    sys.exit(main(int(sys.argv[1])))
