@@ -7,8 +7,14 @@
 # clone, keyed by Horovod, torch, Python and the patches; a second run takes seconds.
 #
 #   bash scripts/setup.sh --wheel-only PATCH_DIR   # only build (or find) the Horovod wheel of
-#                                                  # PATCH_DIR's series, print its folder: the
-#                                                  # classroom's grader builds a student's patch
+#                                                  # PATCH_DIR's series, print its folder (your
+#                                                  # own patches: their build runs as you; the
+#                                                  # classroom's grader builds a student's in
+#                                                  # the kit's sandbox, never with this)
+#
+# Its caches (HVD_COMPRESS_CACHE, default ~/.cache/hvd-compress: the sdist, the wheels, ccache,
+# the codec kernel) are each made whole under a name of their own, then renamed into place: a
+# reader without the lock (the classroom's grader reads the sdist) never takes a half-made one.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -82,7 +88,10 @@ build_horovod_wheel() {
   sdist="$CACHE/sdist/horovod-$HOROVOD_VERSION.tar.gz"
   if [ ! -f "$sdist" ]; then
     log "downloading the Horovod $HOROVOD_VERSION sdist"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$CACHE/sdist"
+    local fetched
+    fetched=$(mktemp -d "$CACHE/sdist/.download.XXXXXX")
+    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$fetched"
+    mv "$fetched/horovod-$HOROVOD_VERSION.tar.gz" "$sdist" && rm -rf "$fetched"
   fi
   work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
@@ -103,7 +112,10 @@ build_horovod_wheel() {
     "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/wheel" . ) > "$CACHE/build.log" 2>&1 \
     || { tail -40 "$CACHE/build.log" >&2; die "the Horovod build failed (full log: $CACHE/build.log)"; }
   mkdir -p "$CACHE/wheels"
-  rm -rf "$wheel_dir.tmp" && mv "$work/wheel" "$wheel_dir.tmp" && mv "$wheel_dir.tmp" "$wheel_dir"
+  local made
+  made=$(mktemp -d "$CACHE/wheels/.$key.XXXXXX")
+  mv "$work/wheel"/* "$made"/ && chmod 755 "$made"
+  mv -T "$made" "$wheel_dir" 2>/dev/null || rm -rf "$made"    # another's, whole, is already there
 }
 
 if [ "$WHEEL_ONLY" = 1 ]; then

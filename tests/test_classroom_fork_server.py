@@ -16,7 +16,7 @@ import pytest
 from labs.classroom import kit as classroom_kit
 from labs.classroom import sandbox
 from labs.classroom.grade import Options, codec_step, codec_task, job_collect, job_task, judge_route
-from labs.classroom.kit_runs import run_tasks
+from labs.classroom.kit_runs import release, run_tasks
 
 pytestmark = pytest.mark.multiprocess      # Horovod ranks forked in a sandbox
 
@@ -89,7 +89,8 @@ def _grade_runs(kit, work, codec_seconds=None):
         assert sorted(usable) == list(range(n)), records
         exchange[n] = judge_route(usable, n, "exchange", "exchange")
     report = [json.loads(line) for line in (work / "sandbox" / "report.jsonl").read_text().splitlines()]
-    return runs, codecs, exchange, report
+    assert report[0] == {"ready": True}         # the fork server started, before any run
+    return runs, codecs, exchange, report[1:]
 
 
 def _all_passed(codecs, exchange):
@@ -105,6 +106,7 @@ def root():
     base = Path(tempfile.mkdtemp(prefix="classroom-fork-server-"))
     base.chmod(0o711)
     yield base
+    release(base)                               # every sandbox's tmpfs below it
     shutil.rmtree(base, ignore_errors=True)
 
 

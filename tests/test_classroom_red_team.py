@@ -26,7 +26,10 @@ from labs.classroom.sheet import csv_text, markdown
 pytestmark = pytest.mark.multiprocess     # a sandboxed process per kit
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMITS = sandbox.Limits(memory=1 << 30)   # the memory eater meets its limit at 1 GiB
+# the memory eater meets its limit at 1 GiB, the disk fillers theirs at 256 MiB (a tmpfs's pages
+# count as the sandbox's memory too: the disk must be the smaller, or memory ends them first),
+# the flood its 64 MiB file (before it fills the disk)
+LIMITS = sandbox.Limits(memory=1 << 30, disk=256 << 20, files=4096, file_size=64 << 20)
 OPTIONS = dict(steps=("codecs",), codec_timeout=40, limits=LIMITS)
 OUTSIDE = [Path(p) for p in ("/work/hostile-was-here", "/var/tmp/hostile-was-here",
                              "/root/hostile-was-here", "/usr/hostile-was-here")]

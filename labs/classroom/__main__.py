@@ -63,8 +63,15 @@ def main(argv=None):
             print(f"wrote {2 + len(MISTAKES)} kits into {root}: python -m labs.classroom grade {root}")
             return 0
         if args.command == "build":
-            from .intree import prepare
-            checks = prepare(args.dir).checks
+            import shutil
+            import tempfile
+            from .intree import build
+            work = Path(tempfile.mkdtemp(prefix="classroom-build-"))
+            work.chmod(0o711)
+            try:
+                checks = build(Path(args.dir).resolve(), work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
             for check in checks:
                 print(f"{check.name}: {'ok' if check.passed else check.en}",
                       file=sys.stdout if check.passed else sys.stderr)

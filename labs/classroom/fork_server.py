@@ -3,10 +3,13 @@ NumPy and torch once and then forks every run the grader asks of this kit.
 
     python fork_server.py PLAN.json        (copied to /grader beside student_side.py)
 
-PLAN: {"tasks": [{"name", "mode": "calls"|"ranks", "ranks", "seconds", "argv", "path"}],
-"data": [the data set's .gz files], "warm_up": bool (a run trains)}; the tasks run in order.
-A task of mode "calls" is one forked process running the student side
-(student_side.main(argv)); "ranks" is a Horovod job of `ranks` forked processes, Gloo's
+PLAN: {"tasks": [{"name", "mode": "build"|"calls"|"ranks", "ranks", "seconds", "argv", "path",
+"requires", "unbuilt"}], "data": [the data set's .gz files], "warm_up": bool (a run trains)};
+the tasks run in order. A task of mode "build" is one forked process running the build side
+(build_side.main(argv): the kit's patched Horovod, step 3b); a task that "requires" it runs
+with its "unbuilt" argv and path instead when the build failed. A task of mode "calls" is one
+forked process running the student side (student_side.main(argv)); "ranks" is a Horovod job
+of `ranks` forked processes, Gloo's
 rendezvous server in a forked process of its own, each rank given the environment horovodrun's
 Gloo launcher gives it (horovod/runner/gloo_run.py), then the student side. Each task keeps what
 a process of its own had: its own time limit, its own output folder /out/NAME with its stdout
@@ -38,10 +41,13 @@ import traceback
 import numpy  # noqa: F401  (imported once, before any fork)
 import torch  # noqa: F401
 
+import build_side
 import student_side
 
 PR_SET_DUMPABLE = 4
 RANK_GRACE_S = 5                # horovodrun's: the other ranks' time to stop after one failed
+IDLE_PROCS = "/idle.procs"      # the sandbox's idle CPU group (sandbox.py), where the host has one
+IDLE_EVERY_S = 0.1
 
 
 def warm_up():
@@ -166,13 +172,13 @@ def _fork(out_dir, body, report_fd):
             os._exit(code & 0xFF)
 
 
-def _student_side(argv, path):
+def _student_side(argv, path, side=student_side):
     def body():
         sys.argv = list(argv)
         sys.path[1:1] = list(path)
         if path:
             os.environ["PYTHONPATH"] = ":".join(path)
-        student_side.main(argv)
+        side.main(argv)
     return body
 
 
@@ -227,19 +233,24 @@ def _ended(status):
 def run_task(task, report_fd, waiter):
     """Fork the task's processes, wait for them within its time limit; how it ended."""
     out_dir = os.path.join("/out", task["name"])
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
     start = time.monotonic()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        os.makedirs(out_dir)
+    except OSError as err:            # the kit's own files fill its sandbox's disk
+        return {"timeout": False, "status": None, "signal": None, "started": False,
+                "error": f"{type(err).__name__}: {err}"[:300], "seconds": time.monotonic() - start}
     deadline = start + float(task["seconds"])
-    body = _student_side(task["argv"], task.get("path") or [])
+    body = _student_side(task["argv"], task.get("path") or [],
+                         build_side if task["mode"] == "build" else student_side)
     ended = {"timeout": False, "status": None, "signal": None, "started": True}
     try:
-        if task["mode"] == "calls":
+        if task["mode"] in ("calls", "build"):
             pids = [_fork(out_dir, body, report_fd)]
         else:
             n = int(task["ranks"])
             read_fd, write_fd = os.pipe()
-            _fork(out_dir, _rendezvous(n, write_fd), report_fd)
+            server = _fork(out_dir, _rendezvous(n, write_fd), report_fd)
             os.close(write_fd)
             port = _read_port(read_fd, deadline)
             os.close(read_fd)
@@ -256,6 +267,9 @@ def run_task(task, report_fd, waiter):
                      seconds=time.monotonic() - start)
         return ended
     failed_at, told = None, False
+    main = set(pids) | ({server} if task["mode"] == "ranks" else set())
+    moved, idle_at = set(), 0.0
+    idle = task["mode"] != "build" and os.path.exists(IDLE_PROCS)   # a build's compilers are its work
     while True:
         waiter.poll()
         done = [p for p in pids if p in waiter.statuses]
@@ -272,6 +286,9 @@ def run_task(task, report_fd, waiter):
         if now >= deadline:
             ended["timeout"] = True
             break
+        if idle and now - idle_at >= IDLE_EVERY_S:
+            idle_the_rest(main, moved)
+            idle_at = now
         if failed_at is not None and not told:
             told = True                 # one rank failed: the others stop, as under horovodrun
             for pid in pids:
@@ -321,6 +338,35 @@ def sweep(waiter):
             return
 
 
+def _disk_full(folder="/out"):
+    """The sandbox's disk (its tmpfs: /kit, /out, /tmp) is all but full, bytes or files."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20) or st.f_favail < 16
+
+
+def idle_the_rest(main, moved):
+    """Move every process of the sandbox this server did not start for the running task (it
+    is PID 1; `main`: the task's process or ranks and the rendezvous server) into the sandbox's
+    idle CPU group: whatever a kit's code forks on its own (a hog's busy setsid processes, a
+    DataLoader's workers) then runs only on cycles no one else on the host wants, and the
+    grader's runs keep the sandbox's share. Their children are born there."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == 1 or pid in main or pid in moved:
+            continue
+        moved.add(pid)
+        try:
+            with open(IDLE_PROCS, "w") as handle:
+                handle.write(name)
+        except OSError:
+            pass                        # ended meanwhile, or a zombie
+
+
 def _cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -339,11 +385,18 @@ def main(plan_path):
     if plan.get("warm_up"):
         warm_up()
     memo_data(plan.get("data", []))
+    os.write(report_fd, b'{"ready": true}\n')    # started: whatever fails now is the kit's
     waiter = Waiter()
+    built = {}
     for task in plan["tasks"]:
+        if task.get("requires") and not built.get(task["requires"]):
+            task = {**task, **task.get("unbuilt", {})}
         before = _cpu(resource.RUSAGE_CHILDREN)
         ended = run_task(task, report_fd, waiter)
+        ended["disk_full"] = _disk_full()
         sweep(waiter)
+        if task["mode"] == "build":
+            built[task["name"]] = ended["status"] == 0 and not ended["timeout"]
         ended["cpu_s"] = round(_cpu(resource.RUSAGE_CHILDREN) - before, 3)
         ended["server_cpu_s"] = round(_cpu(resource.RUSAGE_SELF), 3)
         os.write(report_fd, (json.dumps({"name": task["name"], **ended}) + "\n").encode())

@@ -8,6 +8,8 @@ depends on that kit alone.
 """
 import ast
 import json
+import os
+import re
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +21,11 @@ import torch
 
 from labs.kit.data import DATASETS, DataError, find_file, load_dataset, locate
 
-from . import intree, replay, sandbox
+from . import intree, nofollow, pristine, replay, sandbox
 from .checks import STEPS, fail, ok
 from .job_checks import exchange_checks, trainer_checks
 from .kit import is_kit
-from .kit_runs import Task, run_tasks, student_side
+from .kit_runs import Task, release, run_tasks, student_side
 from .report_checks import report_checks
 from .student_side import Garbage, pack, unpack
 
@@ -45,6 +47,7 @@ class Options:
     min_accuracy: float = QUICK["min_accuracy"]
     sizes: tuple = (2, 4)
     task_timeout: int = 240          # seconds for one kit's Horovod job
+    build_timeout: int = 1800        # seconds for one kit's Horovod build (the full route)
     codec_timeout: int = 120         # seconds for one kit's step 2
     exhaustive: bool = False
     limits: sandbox.Limits = sandbox.DEFAULT
@@ -93,7 +96,7 @@ def reference_imports(kit):
     found = set()
     for path in sorted(Path(kit).glob("*.py")):
         try:
-            tree = ast.parse(sandbox.read_text(path, 1 << 20))
+            tree = ast.parse(sandbox.read_text(path, 1 << 20, root=kit))
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
@@ -117,8 +120,11 @@ def codec_step(kit, options, work, run=...):
     large to copy; not given: run here, in a sandbox of the kit's own)."""
     names = replay.check_names()
     if run is ...:
-        runs = run_tasks(kit, work, [codec_task(options)], limits=options.limits)
-        run = runs["codecs"] if runs else None
+        try:
+            runs = run_tasks(kit, work, [codec_task(options)], limits=options.limits)
+            return codec_step(kit, options, work, runs["codecs"] if runs else None)
+        finally:
+            release(work)
     if run is None:
         return _too_large("codecs", names, options.limits)
     limits = options.limits
@@ -157,9 +163,9 @@ def _zh_how(outcome):
 
 
 def _too_large(step, names, limits):
-    return _all_fail(step, names, f"the kit is larger than {limits.kit_size >> 20} MiB: hand in "
-                     f"the kit's files, not data or builds.",
-                     f"实验包大于 {limits.kit_size >> 20} MiB：只提交实验包的文件，不要提交数据或构建产物。")
+    return _all_fail(step, names, f"the kit is larger than {limits.kit_size >> 20} MiB or holds "
+                     f"more than {limits.kit_files} files: hand in the kit's files, not data or builds.",
+                     f"实验包大于 {limits.kit_size >> 20} MiB 或多于 {limits.kit_files} 个文件：只提交实验包的文件，不要提交数据或构建产物。")
 
 
 def _garbage(step, names, err):
@@ -217,9 +223,16 @@ def job_task(n, options, test_set, exchange, in_tree, trainer):
     job = {"exchange": exchange, "intree": bool(in_tree), "inputs": f"/grader/np{n}-inputs",
            "trainer": _trainer_argv(n, options) if trainer else None}
     site = in_tree.site if in_tree else None
+    files = {f"np{n}.json": json.dumps(job)}
+    unbuilt = {}
+    if in_tree:                 # the same job without step 3b where the kit's Horovod did not build
+        files[f"np{n}-unbuilt.json"] = json.dumps({**job, "intree": False})
+        unbuilt = {"argv": student_side("ranks", f"/grader/np{n}-unbuilt.json", f"/out/np{n}")[1:],
+                   "path": ["/kit"]}
     return Task(f"np{n}", "ranks", student_side("ranks", f"/grader/np{n}.json", f"/out/np{n}")[1:],
                 options.task_timeout, ranks=n, inputs={f"np{n}-inputs": ({}, arrays)},
-                files={f"np{n}.json": json.dumps(job)}, path=([str(site)] if site else []) + ["/kit"])
+                files=files, path=([str(site)] if site else []) + ["/kit"],
+                requires="build" if in_tree else "", unbuilt=unbuilt)
 
 
 def job_collect(run, n, options):
@@ -309,19 +322,26 @@ def job_records(run, records, n, options, test_set, what):
 
 def _copy_logs_back(run, kit, n):
     """The grader's trainer logs, from the sandbox's copy into the kit (its runs/grader-np<n>):
-    regular CSV files only, each read with a bound."""
-    source = run.kit_copy / "runs" / f"grader-np{n}"
-    dest = Path(kit) / "runs" / f"grader-np{n}"
-    if dest.is_dir():
-        for old in dest.glob("*-rank*.csv"):
-            old.unlink()
-    for r in range(n):
+    regular CSV files only, each read with a bound, no link followed on either side (a kit's
+    runs/ or runs/grader-np<n> that is a link is replaced by a folder, the link itself removed,
+    never what it names)."""
+    found = {}
+    for r in range(n if run else 0):
         for kind in ("steps", "epochs"):
-            text = sandbox.read_bytes(source / f"{kind}-rank{r}.csv", 16 << 20)
-            if text is not None and sandbox.inside(source / f"{kind}-rank{r}.csv", run.kit_copy):
-                dest.mkdir(parents=True, exist_ok=True)
-                (dest / f"{kind}-rank{r}.csv").write_bytes(text)
-    return dest
+            name = f"{kind}-rank{r}.csv"
+            data, _ = nofollow.read(run.kit_copy, f"runs/grader-np{n}/{name}", 16 << 20)
+            if data is not None:
+                found[name] = data
+    folder = nofollow.replace_folder(kit, f"runs/grader-np{n}")
+    try:
+        for name in os.listdir(folder):
+            if re.fullmatch(r"(steps|epochs)-rank\d+\.csv", name):
+                os.unlink(name, dir_fd=folder)          # unlinkat: a link's name, never its target
+        for name, data in found.items():
+            nofollow.write_at(folder, name, data)
+    finally:
+        os.close(folder)
+    return Path(kit) / "runs" / f"grader-np{n}"
 
 
 def job_sizes(options, prepared):
@@ -334,11 +354,12 @@ def job_sizes(options, prepared):
                 "trainer" in options.steps and n in options.sizes) for n in sorted(sizes)}
 
 
-def job_checks(kit, options, test_set, prepared, runs):
-    """The exchange and the in-tree script (2 ranks), the trainer (each size)."""
+def job_checks(kit, options, test_set, prepared, runs, jobs=None):
+    """The exchange and the in-tree script (2 ranks), the trainer (each size); jobs: the jobs
+    the kit's sandbox ran (job_sizes before the build)."""
     results = []
     train_samples = options.train_samples or DATASETS[options.dataset].train_images.count
-    for n, (exchange, in_tree, trainer) in job_sizes(options, prepared).items():
+    for n, (exchange, in_tree, trainer) in (jobs or job_sizes(options, prepared)).items():
         run, records = job_collect(runs[f"np{n}"] if runs else None, n, options)
         imports = run.imports if run else []
         judged, usable = job_records(run, records, n, options, test_set, (exchange, in_tree, trainer))
@@ -349,10 +370,10 @@ def job_checks(kit, options, test_set, prepared, runs):
                 for r in range(n):
                     judged[r]["exchange"] = routes[r]
             step_checks += exchange_checks(judged, n)
-        if in_tree:
+        if in_tree and prepared.ready:
             step_checks += intree_checks(prepared, judged, usable, n)
         if trainer:
-            log_dir = _copy_logs_back(run, kit, n) if run else Path(kit) / "runs" / f"grader-np{n}"
+            log_dir = _copy_logs_back(run, kit, n)      # (no run: the old logs cleared, none read)
             step_checks += trainer_checks(judged, n, log_dir, train_samples, options.epochs,
                                           options.min_accuracy, options.test_samples)
         if imports:
@@ -397,8 +418,17 @@ def intree_checks(prepared, judged, usable, n):
 def grade_kit(kit, options, work, test_set):
     """[Check] of one kit, in the course's step order: its runs in one sandbox of its own
     (forked by its fork server), judged here."""
+    try:
+        return _grade_kit(kit, options, work, test_set)
+    finally:
+        release(work)               # the sandbox's folders, once all that came back is read
+
+
+def _grade_kit(kit, options, work, test_set):
     prepared = intree.prepare(kit) if "intree" in options.steps else None
-    tasks = [codec_task(options)] if "codecs" in options.steps else []
+    tasks = ([intree.build_task(prepared, options.build_timeout, options.limits.memory)]
+             if prepared and prepared.ready else [])
+    tasks += [codec_task(options)] if "codecs" in options.steps else []
     jobs = job_sizes(options, prepared)
     if {"trainer", "exchange"} & set(options.steps) or (prepared and prepared.ready):
         tasks += [job_task(n, options, test_set, *parts) for n, parts in jobs.items()]
@@ -406,18 +436,19 @@ def grade_kit(kit, options, work, test_set):
         jobs = {}
     runs = None
     if tasks:
-        sites = [prepared.site] if prepared and prepared.ready and prepared.site else []
         runs = run_tasks(kit, work, tasks, limits=options.limits,
-                         extra_ro=[Path(p) for p in [*sites, options.data_dir] if p],
+                         extra_ro=[Path(p) for p in [options.data_dir] if p],
                          data_files=test_set.files if test_set and "trainer" in options.steps else (),
                          warm_up="trainer" in options.steps)
+    if prepared is not None and prepared.ready:
+        prepared = intree.built(prepared, runs["build"] if runs else None)
     results = []
     if "codecs" in options.steps:
         results += codec_step(kit, options, work, runs["codecs"] if runs else None)
     if prepared is not None and not prepared.ready:
         results += prepared.checks
     if jobs:
-        results += job_checks(kit, options, test_set, prepared, runs)
+        results += job_checks(kit, options, test_set, prepared, runs, jobs)
     if "report" in options.steps:
         results += report_checks(kit)
     order = list(STEPS)
@@ -440,6 +471,13 @@ def grade(kits, options=Options()):
     work = Path(tempfile.mkdtemp(prefix="classroom-grade-"))
     work.chmod(0o711)
     try:
+        try:                            # the grader's own set-up, before any kit: said, then stop
+            pristine.folder()
+            why = sandbox.canary(work)
+        except (pristine.PristineError, sandbox.SandboxError) as err:
+            why = str(err)
+        if why:
+            raise GradeError(f"cannot sandbox the kits: {why}")
         folders = []
         for i in range(len(kits)):
             folders.append(work / f"kit{i}")
@@ -448,8 +486,12 @@ def grade(kits, options=Options()):
         with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
             graded = [pool.submit(grade_kit, kit, options, folder, test_set)
                       for kit, folder in zip(kits, folders)]
-            return {kit: future.result() for kit, future in zip(kits, graded)}
+            try:
+                return {kit: future.result() for kit, future in zip(kits, graded)}
+            except sandbox.SandboxError as err:     # a sandbox that did not start: the grader's
+                raise GradeError(f"cannot sandbox the kits: {err}") from None
     finally:
+        release(work)
         shutil.rmtree(work, ignore_errors=True)
 
 

