@@ -29,6 +29,8 @@ class Run:
     out: Path                       # /out of the sandbox, on the grader's side
     kit_copy: Path                  # /kit of the sandbox, on the grader's side
     imports: list = field(default_factory=list)   # reference modules the kit tried to import
+    loopback_bytes: int = None      # bytes its processes sent on the sandbox's loopback, counted
+                                    # by the fork server around the run (None: not counted)
 
     def collect(self, name, limits=sandbox.DEFAULT):
         """(index, arrays) the student side saved as OUT/name.json + .npz; raises Garbage if
@@ -121,11 +123,12 @@ SANDBOX_SLACK_S = 30                # the fork server's own start and sweeps, ov
 
 
 def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_files=(),
-              warm_up=False):
+              warm_up=False, hide=None):
     """Every task of a kit, in order, in one sandbox over one fresh copy of the kit (shared by
     the kit's own runs only): {task name: Run}, or None when the kit is too large to copy.
     data_files: the data set's files, which the fork server decompresses once for every run;
-    warm_up: a run trains (the fork server pays torch's first step once for all)."""
+    warm_up: a run trains (the fork server pays torch's first step once for all); hide: paths
+    masked inside the sandbox (sandbox.hide_binds: the test labels)."""
     prepared = _prepare(kit, Path(work) / "sandbox", limits, (STUDENT_SIDE, FORK_SERVER))
     if prepared is None:
         return None
@@ -148,14 +151,16 @@ def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_fil
     whole_outcome = sandbox.run([python(), "/grader/fork_server.py", "/grader/plan.json"],
                                 kit_copy=kit_copy, out_dir=out, grader_dir=grader_dir,
                                 limits=whole, extra_ro=extra_ro, log_path=base / "server.log",
-                                report_path=report_path)
+                                report_path=report_path, hide=hide)
     reports = _reports(report_path)
     runs = {}
     for task in tasks:
         task_out = out / task.name
         outcome = _task_outcome(reports.get(task.name), whole_outcome, task_out)
         imports = sandbox.read_text(task_out / "imports.txt", 4096).split()
-        runs[task.name] = Run(outcome, task_out, kit_copy, sorted(set(imports)))
+        sent = (reports.get(task.name) or {}).get("loopback_bytes")
+        runs[task.name] = Run(outcome, task_out, kit_copy, sorted(set(imports)),
+                              sent if isinstance(sent, int) and sent >= 0 else None)
     return runs
 
 

@@ -293,11 +293,28 @@ def processes_left():
     return left
 
 
+def hide_binds(hide):
+    """bwrap's arguments that mask each path of `hide` ({path inside: a file to show there
+    instead, or None}), placed after every other bind so that they cover what those bound: a
+    file replaced by the one given, or by an empty read-only one (/dev/null), a folder by an
+    empty read-only one. Paths that do not exist are left alone (nothing to mask)."""
+    args = []
+    for path, instead in sorted((hide or {}).items()):
+        if instead is not None:
+            args += ["--ro-bind", str(instead), str(path)]
+        elif os.path.isdir(path):
+            args += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", str(path)]
+    return args
+
+
 def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, extra_ro=(),
-        log_path, uid=None, report_path=None):
+        log_path, uid=None, report_path=None, hide=None):
     """`command` (argv) inside a sandbox, cwd /kit; its stdout + stderr go to log_path. With
     report_path, `command` is the sandbox's PID 1 (the fork server: fork_server.py) and its
-    stdout goes to report_path, its stderr to log_path."""
+    stdout goes to report_path, its stderr to log_path. hide: paths masked inside
+    (hide_binds)."""
     why = available()
     if why:
         raise SandboxError(why)
@@ -314,6 +331,7 @@ def run(command, *, kit_copy, out_dir, grader_dir, limits=DEFAULT, env=None, ext
                                "--ro-bind", str(grader_dir), "/grader"]
     for path in extra_ro:
         binds += ["--ro-bind", str(path), str(path)]
+    binds += hide_binds(hide)
     environment = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
                    "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": "1",
                    "VIRTUAL_ENV": str(venv)}
