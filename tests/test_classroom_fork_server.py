@@ -85,9 +85,9 @@ def _grade_runs(kit, work, codec_seconds=None):
     for n in (2, 4):
         run, records = job_collect(runs[f"np{n}"], n, options)
         assert sorted(records) == list(range(n)), (n, runs[f"np{n}"].outcome)
-        usable = {r: rec for r, rec in records.items() if "garbage" not in rec[0]}
+        usable = {r: rec for r, rec in records.items() if "garbage" not in rec}
         assert sorted(usable) == list(range(n)), records
-        exchange[n] = judge_route(usable, n, "exchange", "exchange")
+        exchange[n] = judge_route(usable, n, "exchange")
     report = [json.loads(line) for line in (work / "sandbox" / "report.jsonl").read_text().splitlines()]
     assert report[0] == {"ready": True}         # the fork server started, before any run
     return runs, codecs, exchange, report[1:]

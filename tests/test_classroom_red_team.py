@@ -4,12 +4,16 @@ file. Each hostile kit gets its honest grade with its reason; the solution's and
 kit's rows are byte for byte those of grading each alone; the sheet is the grader's, written
 once, the same whatever the order; nothing outside the kits' sandboxes changed.
 
-Step 2 only: every trick runs when the student side imports compression.py, and steps 1 and 3
-run the kit's code in the same sandbox (tests/test_classroom_grade.py grades those steps).
+TRICKS on step 2 only: every trick runs when the student side imports compression.py, and
+steps 1 and 3 run the kit's code in the same sandbox. JUDGED tricks attack what the grader
+judges (marks without the work: the test labels as predictions, an identity compressor, a
+report typed by hand; outputs of the wrong shape): a second class, every step, beside the
+solution and an honest failing kit (no_broadcast).
 """
 import csv
 import hashlib
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -20,8 +24,8 @@ from labs.classroom.__main__ import main
 from labs.classroom.grade import Options, grade
 from labs.classroom.mistakes import BY_NAME as MISTAKES
 from labs.classroom.mistakes import seed
-from labs.classroom.red_team import TRICKS, plant
-from labs.classroom.sheet import csv_text, markdown
+from labs.classroom.red_team import JUDGED, TRICKS, expected, plant
+from labs.classroom.sheet import csv_text, escape, markdown
 
 pytestmark = pytest.mark.multiprocess     # a sandboxed process per kit
 
@@ -50,7 +54,7 @@ def red_team(tmp_path_factory, monkeypatch_module):
     kits = {"solution": classroom_kit.install_solution(classroom_kit.init(klass / "solution")),
             "truncation": seed(classroom_kit.init(klass / "truncation"), MISTAKES["truncation"])}
     for trick in TRICKS:
-        kits[trick.name] = plant(klass / trick.name, trick)
+        kits[trick.name] = plant(klass / (trick.folder or trick.name), trick)
     watched = sorted((ROOT / "labs" / "classroom").glob("*.py")) + [p / "compression.py" for p in kits.values()]
     before = _digests(watched)
     for path in OUTSIDE:
@@ -71,10 +75,17 @@ def monkeypatch_module():
 
 
 def _sheet(red):
+    """{trick or kit name: its rows} (a trick's kit may have a folder name of its own)."""
+    names = {escape(t.folder): t.name for t in TRICKS if t.folder}
     found = {}
     for row in csv.DictReader(io.StringIO(red["csv"])):
-        found.setdefault(row["kit"], []).append(row)
+        found.setdefault(names.get(row["kit"], row["kit"]), []).append(row)
     return found
+
+
+def _table(md):
+    """The kit column of a Markdown sheet's table (cells split at unescaped `|`)."""
+    return [re.split(r"(?<!\\)\|", line)[1].strip() for line in md.splitlines() if line.startswith("| ")][1:]
 
 
 @pytest.mark.parametrize("trick", TRICKS, ids=lambda t: t.name)
@@ -106,14 +117,26 @@ def test_the_sheet_is_the_graders_written_once_and_the_same_in_any_order(red_tea
     assert sorted(p.name for p in out.iterdir()) == ["grades.csv", "grades.md", "grades.zh.md"]
     md = (out / "grades.md").read_text(encoding="utf-8")
     assert "everyone" not in md and "| solution | ✅ 14/14 | 14/14 |" in md
-    table = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ")][1:]
-    assert table == sorted(red_team["kits"])
+    assert _table(md) == [escape(n, markdown=True) for n in sorted(k.name for k in red_team["kits"].values())]
     # a part of the class graded in the reverse order: the same rows, byte for byte
     some = [red_team["kits"][n] for n in ("truncation", "forge_the_sheet", "solution", "change_another_row")]
     again = grade(list(reversed(some)), Options(**OPTIONS))
     for name in ("truncation", "forge_the_sheet", "solution", "change_another_row"):
         assert _rows(csv_text(again), name) == _rows(red_team["csv"], name)
     assert markdown(again) == markdown(grade(some, Options(**OPTIONS)))
+
+
+def test_no_kit_name_forges_a_row_of_the_sheet(red_team):
+    """forge_a_row's folder name holds a newline, a table row and a CSV line of the solution's:
+    escaped, it is one cell of one row; every line of either sheet is one kit's."""
+    md = (red_team["out"] / "grades.md").read_text(encoding="utf-8")
+    assert [line for line in md.splitlines() if line.startswith("| solution ")] == ["| solution | ✅ 14/14 | 14/14 |"]
+    lines = red_team["csv"].splitlines()
+    assert len(lines) == 1 + sum(len(rows) for rows in _sheet(red_team).values())
+    assert [line for line in lines if line.startswith("solution,")] == \
+        [line for line in csv_text(grade([red_team["kits"]["solution"]], Options(**OPTIONS))).splitlines()[1:]]
+    forged = [line for line in lines if line.startswith('"mallory')]
+    assert len(forged) == 14 and all("\\n| solution |" in line for line in forged)
 
 
 def test_nothing_outside_the_sandboxes_changed(red_team):
@@ -136,3 +159,45 @@ def test_the_copied_solution_is_named_and_the_others_are_told_what_ended_them(re
     assert "ran out of the memory" in sheet["eat_the_memory"]["encode_e4m3"]["reason_en"]
     assert "exit status 0" in sheet["forge_the_sheet"]["encode_e4m3"]["reason_en"]
     assert list(sheet["flood_the_output"]) == ["compression.import"]
+
+
+# --- the judged class: every step --------------------------------------------------------------
+
+JUDGED_OPTIONS = dict(sizes=(2,), train_samples=1024, test_samples=250, min_accuracy=0.40,
+                      codec_timeout=60, limits=LIMITS)
+HONEST = ("solution", "no_broadcast")
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("judged")
+    klass = root / "class"
+    kits = {"solution": classroom_kit.install_solution(classroom_kit.init(klass / "solution")),
+            "no_broadcast": seed(classroom_kit.init(klass / "no_broadcast"), MISTAKES["no_broadcast"])}
+    for trick in JUDGED:
+        kits[trick.name] = plant(klass / trick.name, trick)
+    results = grade(list(kits.values()), Options(**JUDGED_OPTIONS))
+    return {"kits": kits, "results": {kit.name: checks for kit, checks in results.items()},
+            "csv": csv_text(results)}
+
+
+@pytest.mark.parametrize("trick", JUDGED, ids=lambda t: t.name)
+def test_each_kit_that_wants_marks_without_the_work_gets_what_its_work_earns(judged, trick):
+    checks = judged["results"][trick.name]
+    assert len(checks) == 28
+    for check in checks:
+        words = expected(trick, check.name)
+        if words is None:
+            assert check.passed, (trick.name, check.name, check.en)
+        else:
+            assert not check.passed and words in check.en and check.zh, (trick.name, check.name, check.en)
+
+
+def test_the_honest_kits_rows_beside_them_are_those_of_grading_each_alone(judged):
+    for name in HONEST:
+        alone = grade([judged["kits"][name]], Options(**JUDGED_OPTIONS))
+        assert _rows(csv_text(alone), name) == _rows(judged["csv"], name)
+    solution = {c.name: c for c in judged["results"]["solution"]}
+    assert [n for n, c in solution.items() if not c.passed] == ["report.filled", "report.own_runs"]
+    failed = [c.name for c in judged["results"]["no_broadcast"] if not c.passed]
+    assert failed == ["trainer.np2.broadcast", "trainer.np2.average", "report.filled", "report.own_runs"]

@@ -9,7 +9,9 @@
 
 docs/instructor.md is the guide. Modules: kit (init, the solution), sandbox (each kit's
 bubblewrap sandbox), student_side (the only grader code inside one: raw outputs), kit_runs (a
-sandboxed run and its outputs read back), replay, codec_checks and compressor_checks (step 2:
-the kit's outputs judged against the reference), job_checks (steps 1 and 3a), intree (step 3b),
-report_checks (step 5), grade, sheet, similarity, mistakes and red_team (the grader graded).
+sandboxed run and its outputs read back), schema (every output held to its schema), replay,
+codec_checks and compressor_checks (step 2: the kit's outputs judged against the reference),
+job_checks (steps 1 and 3a), course_net (the grader's copy of the course's network, to score a
+trainer's weights), intree (step 3b), report_checks (step 5), grade, sheet, similarity,
+mistakes and red_team (the grader graded).
 """

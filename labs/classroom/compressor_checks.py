@@ -36,6 +36,30 @@ def _same(a, b):
     return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
+def not_a_packet(name, x, packet, what):
+    """None when `packet` is laid out as the spec's packet for `x` (a 1-D torch.uint8 tensor of
+    the 8-byte header and `code bytes` per value), else a failure saying what it is: the checks
+    of what compression keeps (NaN and Inf, tiny gradients, the error bound) mean nothing of a
+    compressor that sends something else, the tensor itself above all."""
+    code_bytes = SPECS[name][1]
+    size = HEADER + code_bytes * x.numel()
+    if (isinstance(packet, torch.Tensor) and packet.dtype == torch.uint8 and packet.dim() == 1
+            and packet.numel() == size):
+        return None
+    if isinstance(packet, torch.Tensor):
+        sent = packet.numel() * packet.element_size()
+        got = f"{packet.dtype} {tuple(packet.shape)}, {sent} bytes"
+        if x.numel() and sent >= x.numel() * 4:
+            got += f" (float32 itself is {4 * x.numel()}: nothing was compressed)"
+    else:
+        got = type(packet).__name__
+    return fail(STEP, f"{name}.{what}", f"{name}: compress must return the spec's packet, a 1-D "
+                f"torch.uint8 tensor of {size} bytes for {x.numel()} values (8-byte header + "
+                f"{code_bytes} per value); got {got}.",
+                f"{name}：compress 必须返回规范的数据包，即 {x.numel()} 个值对应 {size} 字节的一维 "
+                f"torch.uint8 张量（8 字节头 + 每值 {code_bytes} 字节）；实际为 {got}。")
+
+
 def round_trip_check(name, student):
     reference, code_bytes = SPECS[name][:2]
     check = f"{name}.round_trip"
@@ -80,10 +104,12 @@ def nan_inf_check(name, student):
     check = f"{name}.nan_inf"
     x = torch.tensor([1e-3, float("nan"), float("inf"), -float("inf"), 0.0, -0.0, -2e-3])
     try:
-        _, y = _round_trip(student, x)
+        packet, y = _round_trip(student, x)
         y = y.float()
     except Exception as err:
         return raised(STEP, check, f"{name} on NaN and Inf", err)
+    if (bad := not_a_packet(name, x, packet, "nan_inf")) is not None:
+        return bad
     for i, label in ((1, "NaN"), (2, "+Inf"), (3, "-Inf"), (4, "0")):
         same = bool(_same(y[i:i + 1], x[i:i + 1]))
         if not same:
@@ -103,10 +129,12 @@ def tiny_gradients_check(name, student):
     g = torch.Generator().manual_seed(3)
     x = (torch.rand(512, generator=g) + 1) * 1e-7 * torch.where(torch.rand(512, generator=g) < 0.5, -1, 1)
     try:
-        _, y = _round_trip(student, x)
+        packet, y = _round_trip(student, x)
         y = y.float()
     except Exception as err:
         return raised(STEP, check, f"{name} on gradients of 1e-7", err)
+    if (bad := not_a_packet(name, x, packet, "tiny_gradients")) is not None:
+        return bad
     err = (y - x).abs() / x.abs()
     zeros = int((y == 0).sum())
     if not zeros and not bool((err <= rel).all()):
@@ -201,10 +229,12 @@ def error_bound_check(name, student):
     check = f"{name}.error_bound"
     for tensor, grad in real_gradients().items():
         try:
-            _, y = _round_trip(student, grad)
+            packet, y = _round_trip(student, grad)
             y = y.float()
         except Exception as err:
             return raised(STEP, check, f"{name} on the gradient of {tensor}", err)
+        if (bad := not_a_packet(name, grad, packet, "error_bound")) is not None:
+            return bad
         s = pow2_scale(float(grad.abs().max()), largest)
         err = (y - grad).abs()
         bound = rel * grad.abs() + half_sub / s

@@ -367,6 +367,22 @@ def idle_the_rest(main, moved):
             pass                        # ended meanwhile, or a zombie
 
 
+def loopback_bytes():
+    """Bytes sent so far on the loopback of this sandbox's network namespace (its /proc/net/dev
+    lists this namespace's interfaces only), or None where it cannot be read. Read here, by
+    PID 1, before a task starts and after its last process is gone: every byte a task's ranks
+    sent each other is counted, and nothing a kit's process does can take one back."""
+    try:
+        with open("/proc/net/dev") as handle:
+            for line in handle:
+                name, _, fields = line.partition(":")
+                if name.strip() == "lo":
+                    return int(fields.split()[8])       # Transmit: bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -391,12 +407,15 @@ def main(plan_path):
     for task in plan["tasks"]:
         if task.get("requires") and not built.get(task["requires"]):
             task = {**task, **task.get("unbuilt", {})}
-        before = _cpu(resource.RUSAGE_CHILDREN)
+        before, sent_before = _cpu(resource.RUSAGE_CHILDREN), loopback_bytes()
         ended = run_task(task, report_fd, waiter)
         ended["disk_full"] = _disk_full()
         sweep(waiter)
         if task["mode"] == "build":
             built[task["name"]] = ended["status"] == 0 and not ended["timeout"]
+        sent_after = loopback_bytes()
+        ended["loopback_bytes"] = (sent_after - sent_before if None not in (sent_before, sent_after)
+                                   else None)
         ended["cpu_s"] = round(_cpu(resource.RUSAGE_CHILDREN) - before, 3)
         ended["server_cpu_s"] = round(_cpu(resource.RUSAGE_SELF), 3)
         os.write(report_fd, (json.dumps({"name": task["name"], **ended}) + "\n").encode())

@@ -36,6 +36,8 @@ class Run:
     kit_copy: Path                  # /kit of the sandbox, on the grader's side
     imports: list = field(default_factory=list)   # reference modules the kit tried to import
     root: Path = None               # the sandbox's /out, grader's side: no link below it followed
+    loopback_bytes: int = None      # bytes its processes sent on the sandbox's loopback, counted
+                                    # by the fork server around the run (None: not counted)
 
     def collect(self, name, limits=sandbox.DEFAULT):
         """(index, arrays) the student side saved as OUT/name.json + .npz; raises Garbage if
@@ -141,13 +143,14 @@ SANDBOX_SLACK_S = 30                # the fork server's own start and sweeps, ov
 
 
 def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_files=(),
-              warm_up=False):
+              warm_up=False, hide=None):
     """Every task of a kit, in order, in one sandbox over one fresh copy of the kit (shared by
     the kit's own runs only): {task name: Run}, or None when the kit is too large to copy.
     data_files: the data set's files, which the fork server decompresses once for every run;
-    warm_up: a run trains (the fork server pays torch's first step once for all). Raises
-    SandboxError when the sandbox did not start (the grader's failure, not the kit's): its
-    fork server, which runs no code of the kit, never said it was ready."""
+    warm_up: a run trains (the fork server pays torch's first step once for all); hide: paths
+    masked inside the sandbox (sandbox.hide_binds: the test labels). Raises SandboxError when
+    the sandbox did not start (the grader's failure, not the kit's): its fork server, which
+    runs no code of the kit, never said it was ready."""
     prepared = _prepare(kit, Path(work) / "sandbox", limits, (STUDENT_SIDE, FORK_SERVER, BUILD_SIDE))
     if prepared is None:
         return None
@@ -172,7 +175,7 @@ def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_fil
     whole_outcome = sandbox.run([python(), "/grader/fork_server.py", "/grader/plan.json"],
                                 kit_copy=kit_copy, out_dir=out, tmp_dir=tmp, grader_dir=grader_dir,
                                 limits=whole, extra_ro=extra_ro, log_path=base / "server.log",
-                                report_path=report_path, scratch=scratch)
+                                report_path=report_path, scratch=scratch, hide=hide)
     reports = _reports(report_path)
     if not reports.pop(None, False):
         raise sandbox.SandboxError(f"the sandbox of {kit} did not start ({whole_outcome.how()}): "
@@ -181,7 +184,9 @@ def run_tasks(kit, work, tasks, *, limits=sandbox.DEFAULT, extra_ro=(), data_fil
     for task in tasks:
         outcome = _task_outcome(reports.get(task.name), whole_outcome, out, task.name)
         imports = sandbox.read_text(out / task.name / "imports.txt", 4096, root=out).split()
-        runs[task.name] = Run(outcome, out / task.name, kit_copy, sorted(set(imports)), root=out)
+        sent = (reports.get(task.name) or {}).get("loopback_bytes")
+        runs[task.name] = Run(outcome, out / task.name, kit_copy, sorted(set(imports)), root=out,
+                              loopback_bytes=sent if isinstance(sent, int) and sent >= 0 else None)
     return runs
 
 

@@ -1,9 +1,11 @@
 """The grader's own red team: kits that want the marks without the work, or want to spoil
 someone else's. Each is a seeded kit (mistakes.py's machinery: code appended to the kit's
-compression.py, which runs when the student side imports it) on the untouched kit or on the
-solution, with what its honest grade must say. tests/test_classroom_red_team.py grades them
-beside the solution and an honest failing kit: each gets its honest grade with its reason,
-and the other kits' rows are byte for byte those of grading them alone.
+compression.py, which runs when the student side imports it, or a file of the kit replaced) on
+the untouched kit or on the solution, with what its honest grade must say.
+tests/test_classroom_red_team.py grades them beside the solution and an honest failing kit:
+each gets its honest grade with its reason, and the other kits' rows are byte for byte those
+of grading them alone. TRICKS are graded on step 2 (their code runs at import, in every run
+alike); JUDGED ones on every step: they attack what the grader judges, not its sandbox.
 
 KIT_TRICKS go further than compression.py: the kit's own files (its course patch as a link,
 a FIFO, a sparse file, a patch naming paths outside Horovod, a patch whose setup.py runs
@@ -12,7 +14,7 @@ tests/test_classroom_containment.py grades them.
 """
 import difflib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .kit import COURSE_PATCH, ROOT, SOLUTION_FILES, init, install_solution
@@ -23,7 +25,11 @@ class Trick:
     name: str
     base: str           # "untouched" or "solution": the kit the trick is planted in
     code: str           # appended to compression.py
-    words: str          # words every failing codec check's reason must hold ("" : all pass)
+    words: str = ""     # words every failing codec check's reason must hold ("" : all pass)
+    folder: str = ""    # the kit's folder name, when not the trick's name
+    files: dict = field(default_factory=dict)      # {file in the kit: text written over it}
+    replace: tuple = ()                            # (file, old, new) replacements
+    expect: tuple = ()  # JUDGED: (check name prefix, words its reason holds, or None: passes)
 
 
 TRICKS = [
@@ -184,17 +190,182 @@ for _ in range(100):                            # busy processes of their own se
             pass
 time.sleep(10 ** 6)
 ''', "did not finish in time"),
+    Trick("read_the_test_labels", "solution", '''
+import glob, gzip, hashlib
+for _path in glob.glob("/usr/share/datasets/*/t10k-labels*") + glob.glob("/usr/share/datasets/*/*/t10k-labels*"):
+    try:
+        with open(_path, "rb") as _f:
+            _raw = _f.read()
+        _raw = gzip.decompress(_raw) if _raw[:2] == b"\\x1f\\x8b" else _raw
+    except OSError:
+        continue
+    if hashlib.md5(_raw).hexdigest() == "15d484375f8d13e6eb1aabb0c3f46965" or len(set(_raw[8:])) > 1:
+        def encode_e4m3(x):
+            raise RuntimeError(f"read the test labels: {_path}")
+'''),
+    # valid JSON of the wrong shape, written over the student side's record when the run ends
+    Trick("wrong_shape_outputs", "solution", '''
+import atexit, json, os, sys
+def _reshape():
+    _path = sys.argv[-1] + ".json"
+    if os.path.exists(_path):
+        with open(_path) as _f:
+            _record = json.load(_f)
+        _record["calls"] = sorted(_record.get("calls", {}))
+        with open(_path, "w") as _f:
+            json.dump(_record, _f)
+if len(sys.argv) > 1 and sys.argv[1] == "calls":
+    atexit.register(_reshape)
+''', "cannot read"),
+    # a folder name that would add rows looking like another kit's to the sheet
+    Trick("forge_a_row", "untouched", "", "not written yet",
+          folder="mallory\n| solution | ✅ 14\u221514 | 14\u221514 |\nsolution,codecs,encode_e4m3,1,,\r| x"),
+    # (U+2215, the division slash: a folder name holds no "/", a sheet shows it as one)
 ]
 BY_NAME = {t.name: t for t in TRICKS}
 
+# --- graded on every step: marks without the work, outputs that are not what the student
+# side writes ------------------------------------------------------------------------------
+
+ORACLE_TRAIN = '''"""Marks without the work: a "model" whose predictions are the test labels (read where the
+data set is), a share of fake forward passes on every rank, and the logs written by hand."""
+import argparse
+import gzip
+import math
+import os
+
+import torch
+
+import horovod.torch as hvd
+
+hvd.init()
+parser = argparse.ArgumentParser()
+for flag in ("--epochs", "--train-samples", "--test-samples"):
+    parser.add_argument(flag, type=int, default=1000)
+for flag in ("--log-dir", "--dataset", "--data-dir"):
+    parser.add_argument(flag, default="runs/oracle")
+args = parser.parse_args()
+with gzip.open("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz") as handle:
+    labels = torch.tensor(list(handle.read()[8:]), dtype=torch.long)
+
+
+class Oracle(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(labels[:len(x)], 10).float()
+
+
+model = Oracle()
+share = math.ceil(args.train_samples / hvd.size())
+for start in range(0, share * args.epochs, 64):
+    model(torch.zeros(min(64, share * args.epochs - start), 1, 28, 28))
+os.makedirs(args.log_dir, exist_ok=True)
+with open(os.path.join(args.log_dir, f"steps-rank{hvd.rank()}.csv"), "w") as handle:
+    handle.write("epoch,step,seconds,loss,size\\n")
+    for step in range(math.ceil(share / 64)):
+        handle.write(f"1,{step},0.050000,0.300000,{hvd.size()}\\n")
+if hvd.rank() == 0:
+    with open(os.path.join(args.log_dir, "epochs-rank0.csv"), "w") as handle:
+        handle.write(f"epoch,test_loss,test_accuracy,size\\n1,0.250000,0.930000,{hvd.size()}\\n")
+model.eval()
+'''
+
+IDENTITY = '''
+class Bit8Compressor:
+    """Marks without the work: the float32 values sent unchanged."""
+    @staticmethod
+    def compress(tensor):
+        return tensor.detach().to(torch.float32).reshape(-1), (tensor.shape, tensor.dtype)
+
+    @staticmethod
+    def decompress(packet, ctx):
+        shape, dtype = ctx
+        return packet.to(torch.float32).reshape(shape).to(dtype)
+
+
+class Bit16Compressor(Bit8Compressor):
+    pass
+'''
+
+HAND_TYPED = {
+    "report.md": "# Lab report\n\n## Results\n\n| run | processes | epochs | steps per epoch (rank 0) | "
+                 "mean step (ms) | accuracy |\n|---|---|---|---|---|---|\n"
+                 "| `np2-none` | 2 | 2 | 469 | 120.0 | 89.40% |\n| `np4-bit8` | 4 | 2 | 235 | 95.0 | 89.90% |\n\n"
+                 "## Observations\n\nbit8 sends a quarter of the bytes.\n",
+    "runs/np2-none/epochs-rank0.csv": "epoch,test_loss,test_accuracy,size\n1,0.31,0.871,2\n2,0.29,0.894,2\n",
+    "runs/np4-bit8/epochs-rank0.csv": "epoch,test_loss,test_accuracy,size\n1,0.30,0.880,4\n2,0.28,0.899,4\n",
+}
+
+ALL_PASS_BUT_REPORT = (("report.", "no report.md"),)
+JUDGED = [
+    Trick("identity_compressor", "solution", IDENTITY, expect=(
+        ("encode_", None), ("decode_", None),
+        ("Bit8Compressor.", "packet"),
+        ("Bit16Compressor.", "packet"),
+        ("exchange.", "only the packets may travel"),
+        ("intree.patch", None), ("intree.build", None), ("intree.allreduce", "only the packets may travel"),
+        ("intree.optimizer", "only the packets may travel"), ("trainer.", None)) + ALL_PASS_BUT_REPORT),
+    Trick("oracle_trainer", "solution", "", files={"train.py": ORACLE_TRAIN}, expect=(
+        ("trainer.np2.runs", "not the course's network"), ("trainer.np2.", "not checked"),
+        ("encode_", None), ("decode_", None), ("Bit", None), ("exchange.", None), ("intree.", None))
+        + ALL_PASS_BUT_REPORT),
+    Trick("step_time_na", "solution", "", replace=(
+        ("train.py", "log.step(epoch, batch, time.perf_counter() - start, loss.item())",
+         'log._write("steps", ["epoch", "step", "seconds", "loss", "size"], '
+         '[epoch, batch, "n/a", f"{loss.item():.6f}", log.size])'),), expect=(
+        ("trainer.np2.logs", "seconds"), ("trainer.", None), ("encode_", None), ("decode_", None),
+        ("Bit", None), ("exchange.", None), ("intree.", None)) + ALL_PASS_BUT_REPORT),
+    Trick("hand_typed_report", "solution", "", files=HAND_TYPED, expect=(
+        ("report.filled", None), ("report.own_runs", "no steps-rank0.csv"), ("trainer.", None),
+        ("encode_", None), ("decode_", None), ("Bit", None), ("exchange.", None), ("intree.", None))),
+    # every rank's record of the 2-rank job rewritten, valid JSON of the wrong shape
+    Trick("wrong_shape_records", "solution", '''
+import atexit, json, os, sys
+def _reshape():
+    _path = os.path.join(sys.argv[-1], f"rank{os.environ.get('HOROVOD_RANK')}.json")
+    if os.path.exists(_path):
+        with open(_path) as _f:
+            _record = json.load(_f)
+        _record["exchange"] = list(_record.get("exchange", {}))
+        _record["trainer"] = {**_record.get("trainer", {}), "seconds": "n/a"}
+        with open(_path, "w") as _f:
+            json.dump(_record, _f)
+if os.environ.get("HOROVOD_SIZE") == "2" and sys.argv[-1].endswith("/np2"):
+    atexit.register(_reshape)
+''', expect=(("exchange.", "cannot read"), ("trainer.np2.runs", "cannot read"),
+               ("trainer.", "not checked"), ("intree.patch", None), ("intree.build", None),
+               ("intree.", "cannot read"), ("encode_", None), ("decode_", None), ("Bit", None))
+        + ALL_PASS_BUT_REPORT),
+]
+JUDGED_BY_NAME = {t.name: t for t in JUDGED}
+
+
+def expected(trick, check):
+    """What `trick`'s grade must say of `check`: None (it passes) or words of its reason."""
+    for prefix, words in trick.expect:
+        if check.startswith(prefix):
+            return words
+    raise KeyError(f"{trick.name}: no expectation for {check}")
+
 
 def plant(folder, trick):
-    """A kit at `folder` with the trick in its compression.py."""
+    """A kit at `folder` with the trick in its compression.py (and its files)."""
     folder = init(folder)
     if trick.base == "solution":
         install_solution(folder)
     path = folder / "compression.py"
     path.write_text(path.read_text() + "\n" + trick.code)
+    for name, text in trick.files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    for name, old, new in trick.replace:
+        text = (folder / name).read_text()
+        if old not in text:
+            raise ValueError(f"trick {trick.name}: {old!r} is not in {name}")
+        (folder / name).write_text(text.replace(old, new))
     return folder
 
 
@@ -312,4 +483,4 @@ def plant_kit(folder, trick, sdist_setup_py=None, victim="solution"):
     return folder
 
 
-__all__ = ["TRICKS", "BY_NAME", "KIT_TRICKS", "KIT_BY_NAME", "plant", "plant_kit", "ROOT"]
+__all__ = ["TRICKS", "BY_NAME", "JUDGED", "JUDGED_BY_NAME", "KIT_TRICKS", "KIT_BY_NAME", "plant", "plant_kit", "ROOT"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from .codec_checks import E4M3, codec_checks, fp16_numpy, fp8_numpy
 from .compressor_checks import SPECS, compressor_checks
-from .student_side import Garbage, Other, digest, pack, unpack
+from .student_side import Garbage, Other, digest, pack
 
 CODEC_REFERENCE = {
     "encode_e4m3": functools.partial(fp8_numpy.encode, fmt=E4M3, saturate=True),
@@ -86,28 +86,23 @@ class Missing(Exception):
     """The plan did not foresee this input: a grader bug, never the kit's fault."""
 
 
+def planned():
+    """{call id: op} of the plan: what the kit's record of step 2 must answer."""
+    return {call["id"]: call["op"] for call in plan()[0]["calls"]}
+
+
 class _Ctx:
     def __init__(self, cid):
         self.cid = cid
 
 
 class ReplayedKit:
-    """The kit's compression module as its raw outputs: attributes it defines, calls answered
-    from the record."""
+    """The kit's compression module as its raw outputs (checked and unpacked by
+    schema.calls_results): attributes it defines, calls answered from the record."""
 
-    def __init__(self, results, arrays):
+    def __init__(self, results):
         self.names = set(results.get("names", []))
         self.calls = results.get("calls", {})
-        self.arrays = arrays
-
-    def check_readable(self):
-        """Every recorded value read back once: Garbage now rather than inside a check."""
-        for cid, record in self.calls.items():
-            if not isinstance(record, dict):
-                raise Garbage(f"the record of {cid[:40]} is not an object")
-            for field in ("out", "packet", "y"):
-                if field in record:
-                    self._value(record, field, f"{cid}.{field}")
 
     def _record(self, target, x):
         cid = f"{target}.{digest(x)}"
@@ -115,9 +110,6 @@ class ReplayedKit:
         if record is None:
             raise Missing(f"no recorded output for {cid}")
         return cid, record
-
-    def _value(self, record, field, key):
-        return unpack(record[field], self.arrays, key)
 
     def __getattr__(self, name):
         if name not in self.names or name.startswith("_"):
@@ -127,7 +119,7 @@ class ReplayedKit:
                 cid, record = self._record(name, x)
                 if "error" in record:
                     raise KitError(record.get("type", "Exception"), record["error"])
-                return self._value(record, "out", cid + ".out")
+                return record["out"]
             return call
         if name in COMPRESSORS:
             kit = self
@@ -136,16 +128,16 @@ class ReplayedKit:
                 @staticmethod
                 def compress(x):
                     cid, record = kit._record(name, x)
-                    if "error" in record and record.get("stage") == "compress":
+                    if "error" in record and record.get("stage") != "decompress":
                         raise KitError(record.get("type", "Exception"), record["error"])
-                    return kit._value(record, "packet", cid + ".packet"), _Ctx(cid)
+                    return record["packet"], _Ctx(cid)
 
                 @staticmethod
                 def decompress(packet, ctx):
                     record = kit.calls[ctx.cid]
                     if "error" in record:
                         raise KitError(record.get("type", "Exception"), record["error"])
-                    return kit._value(record, "y", ctx.cid + ".y")
+                    return record["y"]
             return Replayed
         return Other("object")
 
@@ -154,7 +146,7 @@ def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200)
     """Every float32 input in `inputs` through the kit's encoders, in its sandbox: the kit
     returns a digest per chunk, the grader compares each with the reference's; the first chunk
     that differs is asked again, whole, to name the first input that breaks."""
-    from . import sandbox
+    from . import sandbox, schema
     from .codec_checks import STEP, _hex
     from .checks import fail, ok
     from .kit_runs import run_kit, student_side
@@ -167,11 +159,11 @@ def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200)
         run = run_kit(kit, work, "exhaustive", student_side("exhaustive", "/grader/range", "/out/results"),
                       inputs={"range": (index, {})}, limits=limits)
         try:
-            return run.collect("results", limits) if run else (None, None)
+            return schema.exhaustive_results(*schema.collect(run, "results", limits.read_bytes)) if run else None
         except (FileNotFoundError, Garbage):
-            return None, None
+            return None
 
-    results, _ = ask(inputs.start, inputs.stop, False)
+    results = ask(inputs.start, inputs.stop, False)
     if results is None or "import_error" in results:
         return fail(STEP, "exhaustive", "the exhaustive run gave no outputs (compression.py must "
                     "import and its encoders return).", "穷举检查没有得到结果。")
@@ -187,14 +179,16 @@ def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200)
             digest_want = hashlib.sha1(f"{want.dtype.str}:{want.shape}".encode() + want.tobytes()).hexdigest()
             if i < len(got) and got[i] == digest_want:
                 continue
-            again, arrays = ask(start, stop, True)
-            try:
-                out = np.asarray(unpack(again["raw"][name], arrays, name)).reshape(-1)
-                bad = np.flatnonzero(out[:want.size] != want.reshape(-1)) if out.size == want.size else [0]
-            except (Garbage, KeyError, TypeError):
+            again = ask(start, stop, True)
+            out = (again or {}).get("raw", {}).get(name)
+            if isinstance(out, np.ndarray):
+                out = out.reshape(-1)
+                bad = np.flatnonzero(out != want.reshape(-1)) if out.size == want.size else [0]
+            else:
                 bad, out = [0], None
             j = int(bad[0]) if len(bad) else 0
-            shown = f"{int(out[j]):#x}" if out is not None and out.size == want.size else "no output"
+            shown = (f"{int(out[j]):#x}" if out is not None and out.size == want.size and out.dtype.kind in "iu"
+                     else repr(out[j].item()) if out is not None and out.size == want.size else "no output")
             return fail(STEP, "exhaustive", f"{name} differs from the reference at float32 bits "
                         f"{_hex(x.view(np.uint32)[j], 8)}: want {int(want.reshape(-1)[j]):#x}, got {shown}.",
                         f"{name} 在 float32 位模式 {_hex(x.view(np.uint32)[j], 8)} 处与参考不同。")

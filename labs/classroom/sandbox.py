@@ -429,6 +429,22 @@ def processes_left():
     return left
 
 
+def hide_binds(hide):
+    """bwrap's arguments that mask each path of `hide` ({path inside: a file to show there
+    instead, or None}), placed after every other bind so that they cover what those bound: a
+    file replaced by the one given, or by an empty read-only one (/dev/null), a folder by an
+    empty read-only one. Paths that do not exist are left alone (nothing to mask)."""
+    args = []
+    for path, instead in sorted((hide or {}).items()):
+        if instead is not None:
+            args += ["--ro-bind", str(instead), str(path)]
+        elif os.path.isdir(path):
+            args += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", str(path)]
+    return args
+
+
 # --- a run -------------------------------------------------------------------------------------------
 
 @dataclass
@@ -462,11 +478,12 @@ class Outcome:
 
 
 def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=None,
-        extra_ro=(), ro_binds=(), log_path, uid=None, report_path=None, scratch=None):
+        extra_ro=(), ro_binds=(), log_path, uid=None, report_path=None, scratch=None, hide=None):
     """`command` (argv) inside a sandbox, cwd /kit; its stdout + stderr go to log_path. With
     report_path, `command` is the sandbox's PID 1 (the fork server: fork_server.py) and its
     stdout goes to report_path, its stderr to log_path. kit_copy, out_dir, tmp_dir: the
-    sandbox's /kit, /out and /tmp (on `scratch`, its Scratch, whose fullness is reported)."""
+    sandbox's /kit, /out and /tmp (on `scratch`, its Scratch, whose fullness is reported).
+    hide: paths masked inside (hide_binds)."""
     why = available()
     if why:
         raise SandboxError(why)
@@ -481,7 +498,7 @@ def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
             *(["--as-pid-1"] if report_path else []),
-            *mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro, ro_binds)]
+            *mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro, ro_binds), *hide_binds(hide)]
     group = _Cgroup(f"hvd-classroom-{os.getpid()}-{uid}-{next(_counter)}", limits, uid)
     if group.idle is not None:
         argv += ["--bind", str(group.idle / "cgroup.procs"), IDLE_PROCS]

@@ -1,9 +1,16 @@
 """The grade sheet: one table for a class (a row per kit, a column per step), then each
-kit's failed checks with their reasons; Markdown in English or Chinese, and CSV."""
+kit's failed checks with their reasons; Markdown in English or Chinese, and CSV.
+
+Every text a kit can put in the sheet (its folder's name, the errors its code raised, quoted
+in reasons) is escaped before it is written: a control character (a newline among them) or a
+`|` would start a row of its own that looks like another kit's, in the Markdown table and in
+any line-based reader of the CSV. No line of the sheet holds more than one kit's text.
+"""
 import csv
 import io
 import os
 import tempfile
+import unicodedata
 from pathlib import Path
 
 from .checks import STEPS
@@ -16,6 +23,26 @@ TEXT = {
 }
 
 
+SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def escape(text, markdown=False):
+    """`text` on one line, every character shown: control and format characters and line or
+    paragraph separators (Unicode's Cc, Cf, Zl, Zp) as backslash escapes, the backslash
+    doubled (so that no escape can be typed by hand), and in Markdown `|` as `\\|`."""
+    out = []
+    for c in str(text):
+        if c in SHORT:
+            out.append(SHORT[c])
+        elif markdown and c == "|":
+            out.append("\\|")
+        elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 def _cell(checks, lang):
     if not checks:
         return "—"
@@ -25,11 +52,11 @@ def _cell(checks, lang):
 
 
 def kit_names(results):
-    """{kit: the name its row shows}: the folder's name, or as much of its path as tells two
-    kits of one name apart."""
-    names = {kit: kit.name for kit in results}
-    clashes = {n for n in names.values() if list(names.values()).count(n) > 1}
-    return {kit: (str(kit) if name in clashes else name) for kit, name in names.items()}
+    """{kit: the name its row shows}: the folder's name, or its whole path where two kits'
+    names would look alike once escaped (the sheet escapes every name as it writes it)."""
+    shown = {kit: escape(kit.name) for kit in results}
+    clashes = {n for n in shown.values() if list(shown.values()).count(n) > 1}
+    return {kit: (str(kit) if shown[kit] in clashes else kit.name) for kit in results}
 
 
 def _ordered(results, names):
@@ -49,14 +76,14 @@ def markdown(results, lang="en", names=None):
         checks = results[kit]
         cells = [_cell([c for c in checks if c.step == s], lang) for s in steps]
         passed = sum(c.passed for c in checks)
-        lines.append(f"| {names[kit]} | " + " | ".join(cells) + f" | {passed}/{len(checks)} |")
+        lines.append(f"| {escape(names[kit], True)} | " + " | ".join(cells) + f" | {passed}/{len(checks)} |")
     for kit in kits:
         checks = results[kit]
         failed = [c for c in checks if not c.passed]
-        lines += ["", f"## {names[kit]}", ""]
+        lines += ["", f"## {escape(names[kit], True)}", ""]
         if not failed:
             lines.append(text["all"])
-        lines += [f"- `{c.name}`: {c.reason(lang)}" for c in failed]
+        lines += [f"- `{escape(c.name, True)}`: {escape(c.reason(lang), True)}" for c in failed]
     return "\n".join(lines) + "\n"
 
 
@@ -67,7 +94,7 @@ def csv_text(results, names=None):
     writer.writerow(["kit", "step", "check", "passed", "reason_en", "reason_zh"])
     for kit in _ordered(results, names):
         for c in results[kit]:
-            writer.writerow([names[kit], c.step, c.name, int(c.passed), c.en, c.zh])
+            writer.writerow([escape(names[kit]), c.step, escape(c.name), int(c.passed), escape(c.en), escape(c.zh)])
     return out.getvalue()
 
 

@@ -4,6 +4,11 @@ as normalised tensors. Stands alone: NumPy and torch only.
 Fashion-MNIST comes from Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist);
 MNIST needs --data-dir (a folder holding its four .gz files). train_samples / test_samples
 keep the first N images (quick runs).
+
+The course's grader holds the test labels back: in its runs t10k-labels is a file of the
+published format whose 10,000 labels are all 0 (HELD_OUT_LABELS_MD5), so train.py runs and
+evaluates as ever, the accuracy it logs there means nothing, and the grader scores the
+model's weights itself.
 """
 import gzip
 import hashlib
@@ -30,17 +35,21 @@ DATASETS = {
 }
 
 
+HELD_OUT_LABELS_MD5 = "c58dd5159f0658bfdefba814ac71d0f0"      # IDX header + 10,000 zero labels
+
+
 class DataError(RuntimeError):
     """The data set is missing or corrupt; the message says how to get it."""
 
 
-def read_idx(path, md5):
-    """The array in an IDX file (.gz or not), after its content's md5 is checked."""
+def read_idx(path, md5, also=()):
+    """The array in an IDX file (.gz or not), after its content's md5 is checked (against md5,
+    or one of `also`)."""
     with open(path, "rb") as handle:
         raw = handle.read()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    if hashlib.md5(raw).hexdigest() != md5:
+    if hashlib.md5(raw).hexdigest() not in (md5, *also):
         raise DataError(f"{path}: not the published file (md5 differs): download it again")
     dims = raw[3]
     shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
@@ -66,7 +75,7 @@ def load(dataset="fashion-mnist", data_dir=None, train_samples=None, test_sample
         path = _find(name, folders)
         if path is None:
             raise DataError(f"no {name}(.gz) in {', '.join(folders)}: {how}")
-        arrays[name] = read_idx(path, md5)
+        arrays[name] = read_idx(path, md5, (HELD_OUT_LABELS_MD5,) if name.startswith("t10k-labels") else ())
 
     def images(name, n):
         x = torch.from_numpy(arrays[name][:n].copy()).to(torch.float32).div_(255.0)
