@@ -73,7 +73,7 @@ ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoa
 AUTO_ROW = "ours:auto"
 LOCAL_ROW = "local"       # the same model, forward + backward + update, no exchange: the floor
 OVERLAP = "+overlap"      # a row of ours with schedule="overlap" (updates as buckets arrive)
-WHOLE = "+whole"          # before +overlap: no bucket cut into chunks (HVD_COMPRESS_PRIORITY=0)
+WHOLE = "+whole"          # before +overlap: no bucket cut into chunks (prioritise=False)
 STOCK_ROWS = ("stock:none", "stock:fp16")     # Horovod's own optimizer and compressions
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
 SPLIT = ["forward_backward_ms", "copy_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
@@ -245,26 +245,18 @@ def make_optimizer(row, model, trial_steps=0):
         compression, route = auto_compression()(trial_steps=trial_steps), None
     else:
         compression, route = row_compression(row)
-    overlap = {"schedule": "overlap", "model": model} if row.endswith(OVERLAP) else {}
-    with chunks_off(row.endswith(WHOLE + OVERLAP)):     # what the chunks buy, beside them
-        return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                       compression=compression, route=route, **overlap)
+    return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                   compression=compression, route=route,
+                                   **schedule_options(row, model))
 
 
-@contextmanager
-def chunks_off(off):
-    """While an optimizer is made: no bucket cut into chunks if `off` (the optimizer reads
-    HVD_COMPRESS_PRIORITY=0 at construction)."""
-    saved = os.environ.get("HVD_COMPRESS_PRIORITY")
-    if off:
-        os.environ["HVD_COMPRESS_PRIORITY"] = "0"
-    try:
-        yield
-    finally:
-        if off and saved is None:
-            del os.environ["HVD_COMPRESS_PRIORITY"]
-        elif off:
-            os.environ["HVD_COMPRESS_PRIORITY"] = saved
+def schedule_options(row, model):
+    """The optimizer's schedule for a row of ours: +overlap the model given (overlapped, as by
+    default), +whole+overlap with every bucket whole (prioritise=False: what the chunks buy,
+    beside them); any other row the waiting schedule."""
+    if not row.endswith(OVERLAP):
+        return {"schedule": "wait"}
+    return {"model": model, "prioritise": not row.endswith(WHOLE + OVERLAP)}
 
 
 def stock_bytes_sent(row, model, n):

@@ -42,7 +42,7 @@ import torch
 from .. import registry
 from ..codecs import SCALE_BLOCK
 from ..engine.base import AVERAGE
-from ..exchange.base import CommunicatorBase, launch_next_phases, wait_for
+from ..exchange.base import Capabilities, CommunicatorBase, launch_next_phases
 from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
@@ -142,9 +142,9 @@ class Status:
 class AutoCommunicator(CommunicatorBase):
     """Per-bucket exchange by the current plan, and the plan's measuring and re-planning."""
     route = None                 # per bucket: plan_report() and pop_stats()['plan'] say which
-    fuses = True
-    takes_memory = True          # the packet labels compensate; an allreduce label carries the
-                                 # residual once, exactly (_carry_residual)
+    # the packet labels compensate with the front's memory; an allreduce label carries the
+    # residual once, exactly (_carry_residual)
+    capabilities = Capabilities(fuses=True, takes_memory=True, plans_buckets=True)
 
     def __init__(self, auto, op=AVERAGE, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK, engine=None):
@@ -254,8 +254,8 @@ class AutoCommunicator(CommunicatorBase):
                 len(self._warmup.samples) + 1 >= self.settings.warmup_steps:
             # The calibration's errors and codec times are taken on the gradient as this rank
             # sends it: after the exchange the buffer holds the reduced result, which under a
-            # lossy plan in force has been through its codec already (a bucket on fp16 then
-            # measured an fp16 error of 0 at a re-plan). Only in a step that may end the
+            # lossy plan in force has been through its codec already (a re-plan would find that
+            # codec's error on it to be 0). Only in a step that may end the
             # warm-up (the calibration follows it). Hook work: the pace subtracts it.
             kept = self._warmup.inputs.get(i)
             if kept is None or kept.shape != bucket.buffer.shape:
@@ -291,29 +291,21 @@ class AutoCommunicator(CommunicatorBase):
         whichever label a bucket takes, its route's cut is the one the fixed scheme makes."""
         self._chunks = {}
         for text, sub in self._subs.items():
-            if callable(getattr(sub, "prioritise", None)):
-                sub.prioritise(buckets)
-                # the cut it made, for the planner to price ({bucket name: (priority, count)})
-                cut = sub.chunk_counts() if callable(getattr(sub, "chunk_counts", None)) else {}
-                if cut:
-                    self._chunks[text] = cut
+            sub.prioritise(buckets)
+            # the cut it made, for the planner to price ({bucket name: chunks})
+            cut = sub.chunk_counts()
+            if cut:
+                self._chunks[text] = cut
 
     def close(self):
         for sub in self._subs.values():
-            if callable(getattr(sub, "close", None)):
-                sub.close()
+            sub.close()
 
     def drop(self, exchange):
         """Wait for an abandoned exchange (its result and its own error dropped) by the route
         that started it."""
         sub = self._active.pop(id(exchange.bucket), None)
-        drop = getattr(sub, "drop", None)
-        if callable(drop):
-            return drop(exchange)
-        try:
-            wait_for(exchange.handle, self.engine)
-        except Exception:
-            pass
+        return (sub or super()).drop(exchange)
 
     def progress(self, exchange, wait=False):
         sub = self._active[id(exchange.bucket)]

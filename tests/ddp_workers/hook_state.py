@@ -1,5 +1,5 @@
 """The hook's state in a checkpoint (tests/ddprun.py, 2 ranks): training that stops, saves the
-model, the optimizer and HookState.state_dict(), and goes on in a fresh DDP model from that
+model, the optimizer and HookState.compression_state_dict(), and goes on in a fresh DDP model from that
 checkpoint ends with exactly the bits of training that never stopped (bit8 with error
 feedback: the residuals; PowerSGD: Q and residuals), auto takes its plan up again, residuals
 saved under one bucket layout reach another (by parameter name), and a state saved for one
@@ -47,17 +47,17 @@ def run(dist):
         steps(ddp, opt, data[:save_at])
         buffer = io.BytesIO()
         torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
-                    "hook": state.state_dict()}, buffer)
+                    "hook": state.compression_state_dict()}, buffer)
         steps(ddp, opt, data[save_at:])
         straight = params(ddp)
-        saved = state.state_dict()
+        saved = state.compression_state_dict()
 
         buffer.seek(0)
         ckpt = torch.load(buffer, weights_only=False)
         ddp2, state2, opt2 = _with_state(compression, route, label)
         ddp2.module.load_state_dict(ckpt["model"])
         opt2.load_state_dict(ckpt["opt"])
-        state2.load_state_dict(ckpt["hook"])
+        state2.load_compression_state_dict(ckpt["hook"])
         if label == "auto":
             # the plan is for DDP's buckets, which the hook meets in the first resumed step
             steps(ddp2, opt2, data[save_at:save_at + 1])
@@ -80,7 +80,7 @@ def run(dist):
                          set(counts.values()) == {SAVE_AT} and not ckpt["hook"]["communicator"]["qs"])
     other = hcd.HookState("bit16")
     try:
-        other.load_state_dict(hcd.HookState("bit8").state_dict())
+        other.load_compression_state_dict(hcd.HookState("bit8").compression_state_dict())
         checks.check("a state of another scheme is refused", False)
     except ValueError as err:
         checks.check("a state of another scheme is refused", "bit8" in str(err))
@@ -100,7 +100,7 @@ def check_other_layout(ckpt, data):
     """bit8 residuals saved under small buckets, loaded into a DDP model with one large bucket:
     its first exchange compensates with its parameters' saved pieces, in its own order."""
     ddp, state, opt = _with_state("bit8", "alltoall", "+ef", bucket_cap_mb=25)
-    state.load_state_dict(ckpt["hook"])
+    state.load_compression_state_dict(ckpt["hook"])
     used = {}
     compensate = state.memory.compensate
 
