@@ -7,8 +7,10 @@ once here (the fronts' own life cycles run on real ranks: tests/workers/, tests/
 - the communicators declare what they can do, and no module outside exchange/ asks a
   communicator's class;
 - error feedback where it cannot be carried is refused, naming every packet scheme;
+- Compression.auto(plan=...) reads a plan from a report, a file, a checkpoint's state;
 - the DDP hook's old checkpoint names still work, and say they are deprecated."""
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress import registry
+from hvd_compress.auto.settings import pinned_plan
 from hvd_compress.exchange.memory import ResidualMemory
 from hvd_compress.front.core import FrontCore, named_params, resolve_compression
 from hvd_compress.roles import Communicator
@@ -139,6 +142,29 @@ def test_one_checkpoint_format_for_every_front():
     assert state == {"format": 2, "scheme": "bit8/allgather", "steps": 0, "residuals": {}}
     with pytest.raises(ValueError, match="bit8/allgather"):
         FrontCore("a front", "bit16").load_state_dict(state)
+
+
+def test_a_plan_is_pinned_from_a_report_a_file_or_a_checkpoint(tmp_path):
+    report = {"plan": "bit8:allgather none:allreduce", "phase": "planned",
+              "buckets": [{"name": "fc.bias", "bytes": 40, "label": "bit8:allgather"},
+                          {"name": "conv.bias", "bytes": 8, "label": "none:allreduce"}]}
+    want = (("fc.bias", 40, "bit8:allgather"), ("conv.bias", 8, "none:allreduce"))
+    assert pinned_plan(report) == want
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"plan_report": report, "config": "np2-auto"}))   # a manifest
+    assert pinned_plan(str(path)) == want and pinned_plan(path) == want
+    state = {"format": 2, "communicator": {"auto_plan": {
+        "buckets": [["fc.bias", 40], ["conv.bias", 8]],
+        "decision": {"ok": True, "labels": ["bit8:allgather", "none:allreduce"]}}}}
+    assert pinned_plan(state) == want
+    assert hc.Compression.auto(plan=report).plan == want
+    assert hc.Compression.auto(plan=report) != hc.Compression.auto     # the ranks compare it
+    assert hc.Compression.auto(plan=report)(warmup_steps=3).plan == want
+    for bad, match in (({"plan": "", "phase": "measuring", "buckets": []}, "no plan in force"),
+                       ([("fc.bias", 40, "topk")], "not a codec of values"),
+                       (str(tmp_path / "missing.json"), "cannot read"), ([], "names no bucket")):
+        with pytest.raises(ValueError, match=match):
+            pinned_plan(bad)
 
 
 OLD_NAMES = r"""
