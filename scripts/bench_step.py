@@ -13,10 +13,10 @@ in interleaved rounds, so every ratio is measured in the same run on the same ma
 
 Rows beyond the grid's (--rows): `local`, the same model trained with no exchange (forward,
 backward and the optimizer's update: the compute floor), and `ours:SCHEME[:ROUTE]+overlap`,
-the optimizer with schedule="overlap" (a bucket's parameters updated as it arrives, the next
-forward waiting per layer; `ours:auto+overlap` plans on that schedule, its plan report in
+the optimizer given the model, which overlaps by default (a bucket's parameters updated as it
+arrives, the next forward waiting per layer; the other rows of ours pass schedule="wait"; `ours:auto+overlap` plans on that schedule, its plan report in
 plans/<cell>-overlap.json), and `ours:SCHEME[:ROUTE]+whole+overlap`, the same with no bucket
-cut into chunks (what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
+cut into chunks (prioritise=False: what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
 bound_ms = max(floor_ms, the local row's step; wire_ms, the row's bytes a step at the link's
 rate, none over loopback) and step_over_bound.
 
@@ -64,7 +64,6 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 # The default grid's rows; known_rows() lists every row --rows takes (the registry's schemes).
