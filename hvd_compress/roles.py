@@ -6,8 +6,8 @@ provide, and what the optimizer may ask of them. GRACE states three roles; so do
     PacketCompressor  codes allreduce cannot sum: six methods (below), the rest derived
     Communicator    start(bucket) launches a collective; advance(exchanges) launches later
                     phases; finish(exchange) leaves the reduced values in the bucket; it
-                    declares what it can do (fuses, takes_memory, own_memory), counts what it
-                    does in its Stats (pop_stats), and hears the step's boundary (end_step)
+                    declares what it can do (Capabilities), counts what it does in its Stats
+                    (pop_stats), and hears the step's boundary (end_step)
 
 One step serves every route: compensate -> compress -> remember -> collective -> decompress.
 Which Communicator carries a scheme is decided in one place, `exchange.routes.make_communicator`,
@@ -17,6 +17,7 @@ docs/extending.md walks through writing one; docs/architecture.md shows where ea
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -60,7 +61,7 @@ except ModuleNotFoundError as missing:   # hvd.Compression.fp16 is Compression.f
             return tensor.type(ctx) if ctx.is_floating_point else tensor
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "PacketCompressor", "Memory",
-           "Communicator", "Stats", "flat_float32", "pad4", "rounding_stream", "current_stream"]
+           "Capabilities", "Communicator", "Stats", "flat_float32", "pad4", "rounding_stream", "current_stream"]
 
 _STREAM = threading.local()
 
@@ -208,7 +209,9 @@ def pad4(nbytes: int) -> int:
 
 
 class Memory:
-    """Error feedback's state (exchange/memory.py): what compression dropped, per bucket name."""
+    """Error feedback's state (exchange/memory.py): what compression dropped, per bucket name
+    while it runs, per parameter name in a checkpoint. A front says which parameters a bucket
+    holds (bind), so that a residual follows its parameters when the buckets change."""
 
     def compensate(self, name, x, inplace=False):
         """x plus what the previous step dropped (x itself when there is nothing);
@@ -219,7 +222,13 @@ class Memory:
         """Store compensated - kept: exactly what this step's codes dropped."""
         raise NotImplementedError
 
+    def bind(self, name, names, numels, device=None):
+        """Bucket `name` holds the parameters `names` (of `numels` values), in this order, from
+        now on."""
+        raise NotImplementedError
+
     def state_dict(self):
+        """The residuals by parameter name (by name as given, where no bucket is bound)."""
         raise NotImplementedError
 
     def load_state_dict(self, state):
@@ -278,25 +287,49 @@ class Stats:
         return out
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a communicator can do, declared by its class, so that a front (front/) decides from
+    this record and never from the communicator's type or attributes:
+
+      fuses          its buckets are flat float32 buffers holding several gradients (False:
+                     one tensor per bucket, bound as it is)
+      takes_memory   start(bucket, memory) takes the front's Memory (error feedback)
+      own_memory     it keeps error feedback of its own (top-k, PowerSGD)
+      per_tensor     it exchanges each gradient on its own: a front that is handed several
+                     gradients at once (a DDP bucket) gives it one bucket per parameter
+      one_phase      an exchange is one collective, then finish(): it may be finished in the
+                     collective's completion callback (no collective is launched there)
+      groups         start_group(buckets) starts several per-tensor buckets as one exchange
+                     (PowerSGD: a DDP bucket in three allreduces)
+      plans_buckets  it chooses a route per bucket (Compression.auto): a front that cuts its
+                     own buckets tells it which (use_bucket, use_buckets), and its state (a
+                     plan) is for those buckets
+    """
+    fuses: bool = False
+    takes_memory: bool = False
+    own_memory: bool = False
+    per_tensor: bool = False
+    one_phase: bool = False
+    groups: bool = False
+    plans_buckets: bool = False
+
+
 class Communicator:
     """Carries buckets over one collective route (registry.Route) and counts what it does.
 
-    Declared, for the optimizer to read (never inferred from what attributes exist):
+    Declared, for the fronts to read (never inferred from what attributes exist):
       route                  registry.Route (None: it chooses per bucket, Compression.auto)
-      fuses                  buckets are flat float32 buffers holding several gradients
-                             (False: one gradient per bucket, bound as it is)
-      takes_memory           start() accepts the optimizer's Memory (error feedback)
-      own_memory             it keeps its own error feedback (top-k, PowerSGD), if any
+      capabilities           what it can do (Capabilities)
       fusion_threshold_bytes, scale_block   its bucket size and values per scale
-      stats                  its Stats; the optimizer adds its own counters to it (copy_s,
+      stats                  its Stats; the front adds its own counters to it (copy_s,
                              in_backward_s, overlap_s, exchange_s, launch_span_s)
     Every method below that does not raise NotImplementedError has a default that a fixed
-    route needs no more of; Compression.auto's communicator overrides them.
+    route needs no more of, so a front calls it without asking; Compression.auto's
+    communicator overrides them.
     """
     route = None
-    fuses = False
-    takes_memory = False
-    own_memory = False
+    capabilities = Capabilities()
     fusion_threshold_bytes = 0
     scale_block = None
 
@@ -325,6 +358,10 @@ class Communicator:
         return an exchange handle. Called from a gradient hook, so it must not block."""
         raise NotImplementedError
 
+    def start_group(self, buckets, memory=None):
+        """Several per-tensor buckets as one exchange (capabilities.groups)."""
+        raise NotImplementedError
+
     def progress(self, exchange, wait=False):
         """Launch the exchange's next phase if its current one is done (wait=True: once it
         is, which an engine that pairs collectives by order needs); never blocks otherwise."""
@@ -336,6 +373,31 @@ class Communicator:
     def finish(self, exchange):
         """Wait for the exchange and write the reduced values into its bucket."""
         raise NotImplementedError
+
+    def drop(self, exchange):
+        """Wait for an abandoned exchange; its result and its own error are dropped (the
+        front raises the error that made it abandon the step)."""
+        raise NotImplementedError
+
+    def use_bucket(self, index, bucket):
+        """A front that cuts its own buckets (a DDP bucket) puts bucket `index` in place before
+        its first start() (capabilities.plans_buckets; nothing otherwise)."""
+
+    def use_buckets(self, buckets):
+        """The front's buckets, in launch order, after a step in which they changed
+        (capabilities.plans_buckets: it plans again for them; nothing otherwise)."""
+
+    def prioritise(self, buckets):
+        """schedule="overlap": `buckets` in launch order; what the next forward needs first may
+        be sent first (the packet routes cut a large late bucket into chunks). Nothing by
+        default."""
+
+    def record_apply(self, index, needed_at, took):
+        """schedule="overlap": bucket `index` was applied when the next forward needed it
+        (Compression.auto times the forward's pace from it). Nothing by default."""
+
+    def close(self):
+        """Release what runs beside the exchange (a sender's thread); nothing by default."""
 
     def pop_stats(self):
         """The Stats counters since the last call (a dict; Stats says what each measures),

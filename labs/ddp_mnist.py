@@ -99,13 +99,13 @@ class HookedOptimizer:
             pause()
 
     def compression_state_dict(self):
-        return self._state.state_dict() if self._state is not None else None
+        return self._state.compression_state_dict() if self._state is not None else None
 
     def load_compression_state_dict(self, state):
         """The hook's state from the checkpoint; after torchrun restarted the job (the ranks
         changed) without auto's plan, which is measured and made again."""
         if self._state is not None and state is not None:
-            self._state.load_state_dict(state, plan=not self._restarted)
+            self._state.load_compression_state_dict(state, plan=not self._restarted)
 
 
 # DDP's bucket cap (MiB) that puts either lab network in one bucket (--ddp-powersgd's default)

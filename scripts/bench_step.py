@@ -13,10 +13,10 @@ in interleaved rounds, so every ratio is measured in the same run on the same ma
 
 Rows beyond the grid's (--rows): `local`, the same model trained with no exchange (forward,
 backward and the optimizer's update: the compute floor), and `ours:SCHEME[:ROUTE]+overlap`,
-the optimizer with schedule="overlap" (a bucket's parameters updated as it arrives, the next
-forward waiting per layer; `ours:auto+overlap` plans on that schedule, its plan report in
+the optimizer given the model, which overlaps by default (a bucket's parameters updated as it
+arrives, the next forward waiting per layer; the other rows of ours pass schedule="wait"; `ours:auto+overlap` plans on that schedule, its plan report in
 plans/<cell>-overlap.json), and `ours:SCHEME[:ROUTE]+whole+overlap`, the same with no bucket
-cut into chunks (what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
+cut into chunks (prioritise=False: what the chunks buy, measured beside them). With a local row, summary.csv gives every row its bound (issue 46):
 bound_ms = max(floor_ms, the local row's step; wire_ms, the row's bytes a step at the link's
 rate, none over loopback) and step_over_bound.
 
@@ -64,7 +64,6 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 # The default grid's rows; known_rows() lists every row --rows takes (the registry's schemes).
@@ -73,7 +72,7 @@ ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoa
 AUTO_ROW = "ours:auto"
 LOCAL_ROW = "local"       # the same model, forward + backward + update, no exchange: the floor
 OVERLAP = "+overlap"      # a row of ours with schedule="overlap" (updates as buckets arrive)
-WHOLE = "+whole"          # before +overlap: no bucket cut into chunks (HVD_COMPRESS_PRIORITY=0)
+WHOLE = "+whole"          # before +overlap: no bucket cut into chunks (prioritise=False)
 STOCK_ROWS = ("stock:none", "stock:fp16")     # Horovod's own optimizer and compressions
 LINKS = {"loopback": None, "1gbit": "1gbit", "100mbit": "100mbit", "10mbit": "10mbit"}
 SPLIT = ["forward_backward_ms", "copy_ms", "compress_ms", "communicate_ms", "decompress_ms", "overlap_ms"]
@@ -245,26 +244,18 @@ def make_optimizer(row, model, trial_steps=0):
         compression, route = auto_compression()(trial_steps=trial_steps), None
     else:
         compression, route = row_compression(row)
-    overlap = {"schedule": "overlap", "model": model} if row.endswith(OVERLAP) else {}
-    with chunks_off(row.endswith(WHOLE + OVERLAP)):     # what the chunks buy, beside them
-        return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                       compression=compression, route=route, **overlap)
+    return hc.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                   compression=compression, route=route,
+                                   **schedule_options(row, model))
 
 
-@contextmanager
-def chunks_off(off):
-    """While an optimizer is made: no bucket cut into chunks if `off` (the optimizer reads
-    HVD_COMPRESS_PRIORITY=0 at construction)."""
-    saved = os.environ.get("HVD_COMPRESS_PRIORITY")
-    if off:
-        os.environ["HVD_COMPRESS_PRIORITY"] = "0"
-    try:
-        yield
-    finally:
-        if off and saved is None:
-            del os.environ["HVD_COMPRESS_PRIORITY"]
-        elif off:
-            os.environ["HVD_COMPRESS_PRIORITY"] = saved
+def schedule_options(row, model):
+    """The optimizer's schedule for a row of ours: +overlap the model given (overlapped, as by
+    default), +whole+overlap with every bucket whole (prioritise=False: what the chunks buy,
+    beside them); any other row the waiting schedule."""
+    if not row.endswith(OVERLAP):
+        return {"schedule": "wait"}
+    return {"model": model, "prioritise": not row.endswith(WHOLE + OVERLAP)}
 
 
 def stock_bytes_sent(row, model, n):

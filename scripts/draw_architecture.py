@@ -28,6 +28,8 @@ LAYERS = [
     ("methods/", "top-k, PowerSGD"),
     ("auto/", "Compression.auto"),
     ("compression.py", "the namespace"),
+    ("front/", "the core every front shares"),
+    ("overlap.py", "the overlapped schedule"),
     ("optimizer.py, ddp.py", "Horovod's and DDP's fronts"),
 ]
 
@@ -37,8 +39,8 @@ HOT_PATH = [
     ("encode", "compensate, encode to one message, remember"),
     ("launch", "allgather / alltoall / allreduce, async"),
     ("backward goes on", "earlier layers' gradients, more buckets"),
-    ("step(): finish", "wait, decode and sum the ranks' codes / n"),
-    ("update", ".grad is its slice of the bucket; the optimizer steps"),
+    ("finish", "decode and sum the ranks' codes / n"),
+    ("update", ".grad is its slice of the bucket; its parameters step"),
 ]
 
 AUTO_LOOP = [
@@ -88,7 +90,7 @@ def draw(path=OUT):
             arrow(ax, (0.455, y + h + gap - 0.004), (0.455, y + h + 0.002))
     ax.text(0.61, top - 1.5 * (h + gap) + h / 2, "during backward\n(gradient hooks)",
             fontsize=7.5, color="#7f6000", va="center")
-    ax.text(0.61, top - 5.5 * (h + gap) + h / 2, "at step()", fontsize=7.5, color="#1f4e79",
+    ax.text(0.61, top - 5.5 * (h + gap) + h / 2, "next forward\n(or step())", fontsize=7.5, color="#1f4e79",
             va="center")
 
     ax.text(0.73, 0.97, "Compression.auto's loop", fontsize=10, weight="bold")

@@ -27,6 +27,8 @@ SUITE = {
     "engine_ops": (2, 4),
     "hook_checks": (2, 4),
     "hook_state": (2,),
+    "rebuild": (2,),
+    "user_models": (2,),
     "powersgd_ddp": (2, 4),
 }
 LIMIT_S = 900          # the whole job: a wedged collective ends here, not in a hang

@@ -507,7 +507,9 @@ def test_auto_across_ranks(controller, np, request):
                  "trial.events", "trial.plan_shown_once_kept", "trial.steps_ran_the_contenders",
                  "trial.kept_a_contender_with_the_models_prediction", "trial.cost_counted",
                  "trial.same_verdict_on_every_rank", "trial.identical_weights",
-                 "trial.changes_only_each_steps_schemes"):
+                 "trial.changes_only_each_steps_schemes", "pinned.in_force_from_the_first_step",
+                 "pinned.identical_weights", "pinned.bit8_everywhere_is_bit8",
+                 "pinned.other_buckets_refused"):
         assert what in names, what
     for label in ("bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"):
         assert sum(n.endswith(f"{label}.within_bound") for n in names) == 1, label

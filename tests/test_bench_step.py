@@ -290,23 +290,19 @@ def test_the_local_and_overlap_rows_are_known():
         "local", "ours:bit8+overlap"]
 
 
-def test_the_whole_bucket_row_turns_chunks_off_while_its_optimizer_is_made(monkeypatch):
-    """ours:...+whole+overlap: the same scheme and route, schedule="overlap" with no bucket
-    cut (HVD_COMPRESS_PRIORITY=0 read at construction), the environment as it was after."""
-    import os
+def test_the_whole_bucket_row_asks_the_optimizer_for_whole_buckets():
+    """ours:...+whole+overlap: the same scheme and route, overlapped (the model given) with no
+    bucket cut (prioritise=False, an argument of the optimizer: no environment flag); the
+    other rows of ours wait, +overlap cuts."""
     assert "ours:bit8:alltoall+whole+overlap" in bench.known_rows()
     compression, route = bench.row_compression("ours:bit8:alltoall+whole+overlap")
     assert (compression.name, route) == ("bit8", "alltoall")
-    monkeypatch.delenv("HVD_COMPRESS_PRIORITY", raising=False)
-    with bench.chunks_off(True):
-        assert os.environ["HVD_COMPRESS_PRIORITY"] == "0"
-    assert "HVD_COMPRESS_PRIORITY" not in os.environ
-    monkeypatch.setenv("HVD_COMPRESS_PRIORITY", "1")
-    with bench.chunks_off(True):
-        assert os.environ["HVD_COMPRESS_PRIORITY"] == "0"
-    with bench.chunks_off(False):
-        assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
-    assert os.environ["HVD_COMPRESS_PRIORITY"] == "1"
+    model = object()
+    assert bench.schedule_options("ours:bit8:alltoall+whole+overlap", model) == {
+        "model": model, "prioritise": False}
+    assert bench.schedule_options("ours:bit8:allgather+overlap", model) == {
+        "model": model, "prioritise": True}
+    assert bench.schedule_options("ours:bit8:allgather", model) == {"schedule": "wait"}
 
 
 def test_the_overlapped_auto_row_plans_itself_and_keeps_its_own_plan_report():

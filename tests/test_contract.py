@@ -19,7 +19,7 @@ from hvd_compress.codecs import E4M3, blocks, native
 from hvd_compress.exchange.routes import make_communicator
 from hvd_compress.costmodel import methods, model
 from hvd_compress.exchange.fusion import Bucket
-from hvd_compress.roles import PacketCompressor
+from hvd_compress.roles import Capabilities, PacketCompressor
 from labs.kit import flags, table
 
 pytestmark = pytest.mark.unit
@@ -77,7 +77,7 @@ def test_every_scheme_is_read_from_the_registry():
         if entry.parameter is None:
             comm = make_communicator(compression)
             assert comm.route == entry.default_route
-            assert comm.takes_memory == entry.packet
+            assert comm.capabilities.takes_memory == entry.packet
     assert table.SCHEME_FLAGS == {"none": [], "fp16": ["--fp16-allreduce"],
                                   "bit16": ["--bit16-allreduce"], "bit8": ["--bit8-allreduce"]}
     assert table.METHOD_FLAGS["topk"] == ["--topk-allreduce", "0.01"]
@@ -100,9 +100,23 @@ def test_communicators_declare_what_they_can_do():
     packet = make_communicator(hc.Compression.bit8)
     allreduce = make_communicator(hc.Compression.fp16)
     topk = make_communicator(hc.Compression.topk(0.1))
-    assert (packet.fuses, packet.takes_memory, packet.own_memory) == (True, True, False)
-    assert (allreduce.fuses, allreduce.takes_memory, allreduce.own_memory) == (False, False, False)
-    assert (topk.fuses, topk.takes_memory, topk.own_memory) == (False, False, True)
+    can = {name: comm.capabilities for name, comm in (("packet", packet), ("allreduce", allreduce),
+                                                      ("topk", topk))}
+    assert all(isinstance(c, Capabilities) for c in can.values())
+    assert (can["packet"].fuses, can["packet"].takes_memory, can["packet"].own_memory) == \
+        (True, True, False)
+    assert (can["allreduce"].fuses, can["allreduce"].takes_memory, can["allreduce"].own_memory) \
+        == (False, False, False)
+    assert (can["topk"].fuses, can["topk"].takes_memory, can["topk"].own_memory) == \
+        (False, False, True)
+    # what a front decides from: one phase (decoded in its collective's callback), per tensor
+    assert can["packet"].one_phase and can["allreduce"].one_phase and can["topk"].one_phase
+    assert can["topk"].per_tensor and not can["packet"].per_tensor
+    powersgd = make_communicator(hc.Compression.powersgd(1)).capabilities
+    assert powersgd.groups and powersgd.per_tensor and not powersgd.one_phase
+    two_phase = make_communicator(hc.Compression.bit8, route="alltoall").capabilities
+    assert two_phase.fuses and not two_phase.one_phase
+    assert make_communicator(hc.Compression.auto).capabilities.plans_buckets
     assert packet.state_dict() is None and topk.state_dict() == {"residuals": {}}
     with pytest.raises(ValueError, match="travels by allgather"):
         make_communicator(hc.Compression.topk(0.1), route="alltoall")

@@ -51,6 +51,63 @@ def test_the_hooks_state_survives_a_checkpoint(request, np):
 
 
 @pytest.mark.multiprocess
+@across_sizes("rebuild")
+def test_residuals_follow_their_parameters_through_ddps_rebuild(request, np):
+    """DDP's rebuild after the first step reorders the parameters of its one bucket (same
+    index, same size): every step's residuals still equal error feedback's own arithmetic,
+    parameter by parameter, element by element; and a job resumed without
+    find_unused_parameters (rebuilt again after the resume) equals the one that never
+    stopped, bit for bit (tests/ddp_workers/rebuild.py)."""
+    names = ddprun.passed_checks(request)
+    for scheme in ("bit8", "onebit"):
+        assert f"{scheme}: DDP's rebuild reordered the parameters of its one bucket" in names
+        assert (f"{scheme}: every step's residuals follow their parameters by name, element "
+                "by element") in names
+        assert (f"{scheme}: resumed without find_unused_parameters = never stopped, bit for "
+                "bit") in names
+
+
+@pytest.mark.multiprocess
+@across_sizes("user_models")
+def test_the_hook_as_a_user_runs_it(request, np):
+    """A small Transformer and a ResNet with BatchNorm under every DDP option, no_sync, join,
+    bfloat16 and a checkpoint (tests/ddp_workers/user_models.py): none and fp16 equal DDP's
+    own bit for bit everywhere, every scheme leaves every rank with the same bits."""
+    names = set(ddprun.passed_checks(request))
+    for model in ("transformer", "resnet"):
+        for option in ("defaults", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                       "find_unused_parameters"):
+            for kind in ("none", "fp16"):
+                assert f"{model}, {option}: {kind} = DDP's own, bit for bit" in names
+            for label in ("bit8", "bit8+ef", "powersgd", "auto"):
+                assert f"{model}, {option}: {label}: every rank holds the same bits, finite" in names
+        assert {f"{model}, no_sync: none = DDP's own, bit for bit",
+                f"{model}, no_sync: fp16 = DDP's own, bit for bit",
+                f"{model}, join: none = DDP's own, bit for bit",
+                f"{model}, join: bit8+ef: every rank holds the same bits, finite",
+                f"{model}, checkpoint: bit8+ef resumed = never stopped, bit for bit"} <= names
+    assert "resnet, bfloat16: none = DDP's own, bit for bit" in names
+
+
+@pytest.mark.multiprocess
+def test_a_rank_without_the_hook_ends_the_job_naming_it(tmp_path):
+    """Rank 1 registers no hook and runs DDP's own allreduce: rank 0's hook does not wait in a
+    collective rank 1 never joins; after the agreement's timeout (its default) it raises,
+    naming rank 1, and the job ends (tests/ddp_workers/hook_on_one_rank.py)."""
+    import time
+    from hvd_compress.front.core import AGREE_TIMEOUT_S
+    start = time.monotonic()
+    job = ddprun.run_job(2, ["hook_on_one_rank"], tmp_path, limit_s=AGREE_TIMEOUT_S + 240)
+    took = time.monotonic() - start
+    assert not job.killed, job.summary()
+    failure = job.logs[0].failure
+    assert failure and "rank 1 did not come to the ranks' agreement" in failure[2], job.summary()
+    assert f"within {AGREE_TIMEOUT_S:g} s" in failure[2]
+    assert job.logs[1].failure, job.summary()            # its peer gone: no hang either
+    assert took < AGREE_TIMEOUT_S + 120, took
+
+
+@pytest.mark.multiprocess
 @across_sizes("powersgd_ddp")
 def test_our_powersgd_in_ddps_variant_tracks_ddps_hook_step_for_step(request, np):
     """Compression.powersgd(1, start_iter=2, min_compression_rate=2, init="ddp") against
@@ -113,6 +170,7 @@ def test_the_ddp_trainer_keeps_the_labs_records(tmp_path):
     assert len(epochs) == 1 and 0.0 < float(epochs[0]["test_accuracy"]) <= 1.0
     state = __import__("torch").load(out / "checkpoint.pt", weights_only=False)
     assert state["compression_state"][0]["scheme"] == "bit8/allgather"
+    assert state["compression_state"][0]["format"] == 2
 
 
 @pytest.mark.multiprocess
@@ -161,6 +219,32 @@ def test_bench_ddp_arguments():
     assert bench_ddp.parse_args(["--rows", "stock:none,local"]).rows == ["stock:none", "local"]
     model = torch.nn.Linear(3, 2)
     assert bench_ddp.make_row("local", model) == (model, None)
+
+
+HOROVOD_MISSING = r"""
+import sys
+sys.modules["horovod"] = None                    # as on a machine without Horovod
+import torch
+import hvd_compress as hc
+model = torch.nn.Linear(3, 2)
+try:
+    hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                            model.named_parameters(), compression=hc.Compression.bit8)
+except ModuleNotFoundError as err:
+    print(f"refused: {err}")
+"""
+
+
+@pytest.mark.unit
+def test_the_optimizer_without_horovod_says_how_to_get_it():
+    """hc.DistributedOptimizer on a Python without Horovod: a ModuleNotFoundError that names
+    how to get Horovod (scripts/setup.sh, docs/setup.md) and the front that needs none."""
+    done = subprocess.run([sys.executable, "-c", HOROVOD_MISSING], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout
+    assert said.startswith("refused: hvd_compress.DistributedOptimizer runs on Horovod"), said
+    assert "scripts/setup.sh" in said and "docs/setup.md" in said and "hvd_compress.ddp" in said
 
 
 NO_HOROVOD = r"""

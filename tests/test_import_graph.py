@@ -98,6 +98,7 @@ LAYERS = [
     ("methods",),                      # top-k, PowerSGD: communicators of their own
     ("auto",),                         # Compression.auto: measure, plan, exchange by the plan
     ("compression",),                  # the Compression namespace a user names
+    ("front",),                        # the front core every front shares
     ("overlap",),                      # schedule="overlap": a bucket's update as it arrives
     ("optimizer", "ddp"),              # the fronts: DistributedOptimizer, DDP's comm hook
 ]

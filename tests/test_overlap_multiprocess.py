@@ -25,6 +25,11 @@ def test_overlap_is_bit_identical_to_waiting(controller, np, request):
             "overlap.forward_applies_its_own_buckets_only",
             "overlap.state_dict_applies_every_update",
             "overlap.applied_early_bit_identical_to_wait"} <= names
+    # any read outside a forward, by every means a user has, sees every update of the step
+    reads = ("parameters_cloned", "data", "grad", "norm", "deepcopy", "torch_save", "by_hand",
+             "eval_forward", "inside_a_mode")             # tests/workers/overlap_checks.py READS
+    assert {f"overlap.reads.{name}.sees_every_update" for name in reads} <= names
+    assert "overlap.reads.bit_identical_to_wait" in names
     for schedule in ("wait", "overlap"):              # the bound as a number
         assert {f"overlap.pop_stats.{schedule}.{what}" for what in (
             "first_step_has_no_interval", "floor_under_step", "wire_of_bytes_sent",
@@ -41,7 +46,7 @@ def test_chunks_and_pieces_are_bit_identical_to_the_bucket_whole(controller, np,
                   "bit16.alltoall", "bit8.alltoall.error_feedback"):
         assert {f"overlap.priority.{label}.{what}" for what in (
             "large_bucket_chunked", "chunked_bit_identical_to_wait", "same_on_every_rank")} <= names
-    assert "overlap.priority.off_by_environment" in names
+    assert {"overlap.priority.off_when_asked", "overlap.priority.default_with_a_model"} <= names
 
 
 @across_ranks("overlap_checks")

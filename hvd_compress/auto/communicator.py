@@ -42,7 +42,7 @@ import torch
 from .. import registry
 from ..codecs import SCALE_BLOCK
 from ..engine.base import AVERAGE
-from ..exchange.base import CommunicatorBase, launch_next_phases, wait_for
+from ..exchange.base import Capabilities, CommunicatorBase, launch_next_phases
 from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
@@ -142,9 +142,9 @@ class Status:
 class AutoCommunicator(CommunicatorBase):
     """Per-bucket exchange by the current plan, and the plan's measuring and re-planning."""
     route = None                 # per bucket: plan_report() and pop_stats()['plan'] say which
-    fuses = True
-    takes_memory = True          # the packet labels compensate; an allreduce label carries the
-                                 # residual once, exactly (_carry_residual)
+    # the packet labels compensate with the front's memory; an allreduce label carries the
+    # residual once, exactly (_carry_residual)
+    capabilities = Capabilities(fuses=True, takes_memory=True, plans_buckets=True)
 
     def __init__(self, auto, op=AVERAGE, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK, engine=None):
@@ -157,7 +157,9 @@ class AutoCommunicator(CommunicatorBase):
         self.fusion_threshold_bytes = (DEFAULT_FUSION_BYTES if fusion_threshold_bytes is None
                                        else int(fusion_threshold_bytes))
         self._subs = {}
-        for text in auto.candidates:
+        self._pinned = auto.plan             # ((bucket, bytes, label), ...) or None
+        pinned = [t for _, _, t in self._pinned or () if t not in auto.candidates]
+        for text in tuple(auto.candidates) + tuple(dict.fromkeys(pinned)):
             name, route = parse_label(text)
             comm = make_communicator(registry.scheme(name).load(), route, op,
                                      self.fusion_threshold_bytes, self.scale_block,
@@ -174,6 +176,8 @@ class AutoCommunicator(CommunicatorBase):
 
     # ---- the plan's state ---------------------------------------------------------------
     def _forget_plan(self, event):
+        if self._pinned is not None and self._take_pinned(event):
+            return
         self._labels = [FLOAT32] * len(self._buckets)
         self._plan = None                    # the decision in force (None: float32)
         self._good = None                    # the last plan that was not a fallback
@@ -181,6 +185,23 @@ class AutoCommunicator(CommunicatorBase):
         self._first_plan = True              # the next plan is judged early (REPLAN_FIRST)
         self._start_measuring()
         self._event(event)
+
+    def _take_pinned(self, why, strict=False):
+        """Run on the pinned plan (Compression.auto(plan=...)) if it names these buckets: True.
+        strict: else raise, naming the difference (the buckets are final)."""
+        layout = [(b.name, 4 * b.numel) for b in self._buckets if b is not None]
+        wanted = [(n, b) for n, b, _ in self._pinned]
+        if layout != wanted:
+            if strict:
+                raise ValueError(f"Compression.auto(plan=...): the plan is for buckets {wanted}, "
+                                 f"this job's are {layout} (a plan fits the front, model, "
+                                 "fusion threshold and bucket cap it was measured with)")
+            return False
+        self._first_plan = False
+        self._good = self._adopted = Decision(tuple(t for _, _, t in self._pinned),
+                                              note="pinned")
+        self._run_on(self._adopted, f"planned: pinned ({why})")
+        return True
 
     def _start_measuring(self):
         self._phase = Phase.MEASURING
@@ -205,18 +226,24 @@ class AutoCommunicator(CommunicatorBase):
         self._index = {id(b): i for i, b in enumerate(self._buckets)}
         self._labels = [FLOAT32] * len(self._buckets)
         self._clock.launches = [None] * len(self._buckets)
+        if self._pinned is not None:
+            self._take_pinned("plan=", strict=True)
         return planned
 
     def use_bucket(self, index, bucket):
         """A front that cuts its own buckets (hvd_compress.ddp: DDP's) puts bucket `index` in
         place before its first start(); it travels in float32 until use_buckets() ends the step
-        in which the buckets changed."""
+        in which the buckets changed, or by its pinned label where the pinned plan names it
+        (this name and size, at this place), so that a pinned job's first step, a resumed
+        one's too, is already the plan's."""
         while len(self._buckets) <= index:
             self._buckets.append(None)
             self._labels.append(FLOAT32)
             self._clock.launches.append(None)
         self._buckets[index] = bucket
-        self._labels[index] = FLOAT32
+        pinned = (self._pinned or ())[index:index + 1]
+        self._labels[index] = pinned[0][2] if pinned and pinned[0][:2] == (
+            bucket.name, 4 * bucket.numel) else FLOAT32
         self._index[id(bucket)] = index
 
     def use_buckets(self, buckets):
@@ -254,8 +281,8 @@ class AutoCommunicator(CommunicatorBase):
                 len(self._warmup.samples) + 1 >= self.settings.warmup_steps:
             # The calibration's errors and codec times are taken on the gradient as this rank
             # sends it: after the exchange the buffer holds the reduced result, which under a
-            # lossy plan in force has been through its codec already (a bucket on fp16 then
-            # measured an fp16 error of 0 at a re-plan). Only in a step that may end the
+            # lossy plan in force has been through its codec already (a re-plan would find that
+            # codec's error on it to be 0). Only in a step that may end the
             # warm-up (the calibration follows it). Hook work: the pace subtracts it.
             kept = self._warmup.inputs.get(i)
             if kept is None or kept.shape != bucket.buffer.shape:
@@ -291,29 +318,21 @@ class AutoCommunicator(CommunicatorBase):
         whichever label a bucket takes, its route's cut is the one the fixed scheme makes."""
         self._chunks = {}
         for text, sub in self._subs.items():
-            if callable(getattr(sub, "prioritise", None)):
-                sub.prioritise(buckets)
-                # the cut it made, for the planner to price ({bucket name: (priority, count)})
-                cut = sub.chunk_counts() if callable(getattr(sub, "chunk_counts", None)) else {}
-                if cut:
-                    self._chunks[text] = cut
+            sub.prioritise(buckets)
+            # the cut it made, for the planner to price ({bucket name: chunks})
+            cut = sub.chunk_counts()
+            if cut:
+                self._chunks[text] = cut
 
     def close(self):
         for sub in self._subs.values():
-            if callable(getattr(sub, "close", None)):
-                sub.close()
+            sub.close()
 
     def drop(self, exchange):
         """Wait for an abandoned exchange (its result and its own error dropped) by the route
         that started it."""
         sub = self._active.pop(id(exchange.bucket), None)
-        drop = getattr(sub, "drop", None)
-        if callable(drop):
-            return drop(exchange)
-        try:
-            wait_for(exchange.handle, self.engine)
-        except Exception:
-            pass
+        return (sub or super()).drop(exchange)
 
     def progress(self, exchange, wait=False):
         sub = self._active[id(exchange.bucket)]
@@ -346,7 +365,12 @@ class AutoCommunicator(CommunicatorBase):
         clock = self._clock
         clock.steps += 1
         step_s = now - clock.last_end if clock.last_end is not None else math.nan
-        if self._phase == Phase.MEASURING:        # the pace is only needed while measuring
+        if self._phase == Phase.MEASURING and self._pinned is not None:
+            # the pinned plan waits for its buckets (a DDP front meets them in its first two
+            # steps: DDP rebuilds them after the first); nothing is measured meanwhile
+            if clock.steps >= 2:
+                self._take_pinned("plan=", strict=True)
+        elif self._phase == Phase.MEASURING:      # the pace is only needed while measuring
             sample = calibration.step_sample(step_s, backward_start, backward_end, now,
                                              clock.launches, clock.applies or None)
             # Horovod's broadcast_optimizer_state steps once, with zero gradients and no
@@ -574,7 +598,7 @@ class AutoCommunicator(CommunicatorBase):
         step (labs/kit/recorder.py does). A plan for other buckets is not taken: then the job
         measures and plans afresh."""
         saved = (state or {}).get("auto_plan")
-        if not saved:
+        if not saved or self._pinned is not None:      # a pinned plan stays
             return
         layout = [[b.name, 4 * b.numel] for b in self._buckets]
         if [list(x) for x in saved["buckets"]] != layout:

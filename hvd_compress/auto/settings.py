@@ -8,11 +8,19 @@ only when the optimizer asks for it: the planner and its CLI never import this m
     compression=hc.Compression.auto(warmup_steps=10, margin=0.0)
     compression=hc.Compression.auto(trial_steps=5)       # time the plan against its rivals
     compression=hc.Compression.auto(candidates=("bit8", "e2m1"))   # a plugin scheme
+    compression=hc.Compression.auto(plan="plan.json")    # pinned: a plan measured before
 
 A candidate is any registered scheme whose entry says `carries_values` (registry.Scheme; the
 plugins of $HVD_COMPRESS_SCHEMES included), by any of its routes; the error guard then decides
 per bucket whether a lossy one may be taken (planner.candidates_for).
+
+A plan measured in one launch need not be the next launch's (docs/planner.md, "From launch to
+launch"); `plan=` pins one: a plan report (optimizer.plan_report(), or its to_dict()), a lab
+manifest or a checkpoint's compression state holding one, or the path of a JSON file of any of
+these. A pinned plan is in force from the first step whose buckets it names; nothing is
+measured, tried or re-planned.
 """
+import json
 import math
 
 from .. import registry
@@ -53,7 +61,7 @@ class Auto:
 
     def __init__(self, candidates=None, warmup_steps=WARMUP_STEPS,
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
-                 replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS):
+                 replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS, plan=None):
         texts = None if candidates is None else _checked(candidates)
         if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 2:
             raise ValueError(f"warmup_steps must be an integer >= 2 (the first is discarded), "
@@ -75,6 +83,7 @@ class Auto:
         self.margin = float(margin)
         self.replan_every = replan_every if replan_every == math.inf else int(replan_every)
         self.trial_steps = int(trial_steps)
+        self.plan = pinned_plan(plan)
 
     @property
     def candidates(self):
@@ -102,7 +111,8 @@ class Auto:
         """The settings by name, as Compression.auto(...) takes them (candidates resolved)."""
         return {"candidates": self.candidates, "warmup_steps": self.warmup_steps,
                 "error_bound": self.error_bound, "margin": self.margin,
-                "replan_every": self.replan_every, "trial_steps": self.trial_steps}
+                "replan_every": self.replan_every, "trial_steps": self.trial_steps,
+                "plan": self.plan}
 
     def __repr__(self):
         return "Auto(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
@@ -126,3 +136,45 @@ def _checked(candidates):
                              "per-bucket exchange can carry (its registry entry does not say "
                              "carries_values)")
     return texts
+
+
+def pinned_plan(spec):
+    """((bucket name, float32 bytes, label), ...) in launch order, from what `plan=` names
+    (the module docstring), or None for no pinned plan; ValueError where it holds no plan."""
+    if spec is None:
+        return None
+    if hasattr(spec, "to_dict"):
+        spec = spec.to_dict()
+    elif isinstance(spec, (str, bytes)) or hasattr(spec, "__fspath__"):
+        try:
+            with open(spec) as f:
+                spec = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"Compression.auto(plan={spec!r}): cannot read a plan from it: "
+                             f"{err}") from None
+    if isinstance(spec, dict):
+        spec = spec.get("plan_report") or spec.get("communicator") or spec
+        if "auto_plan" in spec:                  # a checkpoint: the communicator's state
+            saved = spec["auto_plan"]
+            labels = saved.get("decision", {}).get("labels") or []
+            buckets = [(n, b, t) for (n, b), t in zip(saved["buckets"], labels)]
+        elif spec.get("plan") and "buckets" in spec:
+            buckets = [(b["name"], b["bytes"], b["label"]) for b in spec["buckets"]]
+        else:
+            raise ValueError("Compression.auto(plan=...): no plan in force in it (a plan report "
+                             f"with a plan, a manifest or a checkpoint holding one); phase "
+                             f"{spec.get('phase', '?')!r}")
+    else:
+        buckets = list(spec)
+    try:
+        plan = tuple((str(n), int(b), label(*parse_label(str(t)))) for n, b, t in buckets)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Compression.auto(plan=...): not a plan of (bucket, bytes, label) "
+                         f"triples: {err}") from None
+    for _, _, text in plan:
+        if not registry.scheme(parse_label(text)[0]).carries_values:
+            raise ValueError(f"Compression.auto(plan=...): {text} is not a codec of values the "
+                             "per-bucket exchange can carry")
+    if not plan:
+        raise ValueError("Compression.auto(plan=...): the plan names no bucket")
+    return plan

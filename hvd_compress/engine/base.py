@@ -17,6 +17,9 @@ Every engine offers the same few operations, with the same meaning on every rank
     allgather(tensor, name)                 blocking; the first dimensions may differ
     allreduce(tensor, name, op), barrier()  blocking, a copy reduced (the lab's totals)
     allgather_object(obj, name), broadcast_object(obj, root_rank, name)
+    absent(key, timeout_s)                  the ranks that did not reach the point `key` names
+                                            within timeout_s (outside the collectives; [] for
+                                            an engine that cannot tell)
 
 Names label a collective (Horovod matches them across ranks; torch.distributed matches by
 order, so every rank must issue the same collectives in the same order, which the
@@ -42,11 +45,10 @@ def longest_sleep(local_ranks, cores):
     """The longest sleep between two polls, for `local_ranks` ranks on `cores` usable cores.
 
     A finished exchange is noticed up to one sleep late, and a rank's lateness delays the next
-    step of all. Where each rank has a core (2 ranks on 2 cores), polling every 200 us instead
-    of 1 ms cost no more main-thread CPU and cut the estimated lateness 2-3x (1.0 to 0.4 ms a
-    step of the lab net); with 4 ranks on 2 cores it cost 0.5-0.9 ms more CPU a step per rank,
-    on the cores the other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1]
-    (results/wait/README.md, scripts/bench_wait.py, AMD EPYC family 25 model 17, 2 cores)."""
+    step of all. Where each rank has a core, short sleeps cost no CPU another rank needs and
+    keep that lateness small; where ranks share cores, each poll takes CPU from the cores the
+    other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1] (scripts/bench_wait.py
+    measures both)."""
     if local_ranks > cores:
         return POLL_SLEEP_S[1]
     return min(POLL_SLEEP_S[1], UNCROWDED_LONGEST_SLEEP_S)
@@ -105,8 +107,8 @@ class Engine:
         Why: Horovod's synchronize() loops on std::this_thread::yield() until the handle is
         done. A rank that waits so keeps its core busy, and the core is what the other ranks'
         backward and the engine's background threads (which do the reduction) need when there
-        are as many processes as cores or more: 4 ranks on this 2-core machine spent 35% of
-        the CPU in the kernel, at ~30,000 preemptions a second each. Sleeping adds at most
+        are as many processes as cores or more: the spinning ranks and the ranks that compute
+        preempt each other in the kernel instead of progressing. Sleeping adds at most
         longest_sleep() to a wait; a finished handle's synchronize() returns at once (and
         raises its error, if any)."""
         sleeps = self.poll_sleeps()
@@ -142,6 +144,13 @@ class Engine:
 
     def broadcast_object(self, obj, root_rank=0, name=None):
         raise NotImplementedError
+
+    def absent(self, key, timeout_s):
+        """The ranks that have not reached the point named `key` after timeout_s seconds,
+        checked outside the collectives, so that a rank that never comes (a job in which one
+        rank registered no hook) is named instead of waited for; [] where the engine cannot
+        tell (Horovod: its coordinator reports a stalled collective itself)."""
+        return []
 
     def __repr__(self):
         return f"{type(self).__name__}(size={self.size()}, rank={self.rank()})"

@@ -14,8 +14,10 @@ on one rank is a mismatch the group may not detect: the hook checks layouts befo
 launches (hvd_compress/ddp.py).
 """
 import collections
+import itertools
 import os
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -26,13 +28,12 @@ __all__ = ["TorchEngine"]
 
 
 # With `in_pieces` set (hvd_compress.ddp decides it from the link), Gloo's allgather and
-# alltoall of a large tensor go in pieces of about this many bytes, at most this many. Why: with
-# the whole tensor in one collective the two ranks of an emulated 100 Mbit/s link finished 1.14
-# MB 46 ms apart (143.5 and 97.4 ms: one direction's transfer ends long after the other's, and
-# the rank served last also starts its next step last); in 16 pieces both finished in 98.2 ms
-# (formula 91.5). Why not always: over loopback the same gather took 1.2 ms whole and 13.4 ms in
-# 16 pieces at 2 ranks, 6.1 and 45 ms at 4 (each collective waits for every rank to be
-# scheduled). AMD EPYC family 26 model 2, 2 cores.
+# alltoall of a large tensor go in pieces of about this many bytes, at most this many. Why: over
+# a slow link a whole large gather does not move both ways alike: one direction's transfer can
+# end long after the other's, the rank served last also starts its next step last, and the
+# ranks drift apart; in pieces both directions move together, piece by piece. Why not always:
+# each piece waits for every rank to be scheduled, which over a fast link costs more than the
+# transfer (docs/ddp.md, "Gathers in pieces on a slow link", has the measurements).
 GATHER_PIECE_BYTES = 64 * 1024
 GATHER_MOST_PIECES = 32
 TIMED_BYTES = 128 * 1024      # collectives of tensors at least this large are timed (sent_times)
@@ -234,3 +235,35 @@ class TorchEngine(Engine):
         box = [obj]
         dist.broadcast_object_list(box, src=self._global(root_rank), group=self.group)
         return box[0]
+
+    def absent(self, key, timeout_s):
+        """Each rank sets a key of its own in the group's store (the rendezvous's, which
+        every rank reaches without a collective) and waits up to timeout_s for the others';
+        the ranks whose keys are missing then. Keys are numbered per process, in the order
+        the ranks reach such points (the same on every rank), and by torchrun's restart, so
+        that a restarted job never reads the keys of a dead attempt; [] without a store."""
+        store = _store(self.group)
+        if store is None or self._size == 1:
+            return []
+        prefix = (f"hvdc/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+                  f"{next(_ARRIVALS)}/{key}")
+        store.set(f"{prefix}/{self._rank}", "1")
+        keys = [f"{prefix}/{r}" for r in range(self._size)]
+        try:
+            store.wait(keys, timedelta(seconds=timeout_s))
+            return []
+        except Exception:                        # the store's timeout (DistStoreError)
+            return [r for r, k in enumerate(keys) if not store.check([k])]
+
+
+_ARRIVALS = itertools.count()
+
+
+def _store(group):
+    """The store of `group` (torch keeps it beside the group), or None."""
+    try:
+        world = dist.distributed_c10d._world
+        found = world.pg_map.get(group)
+        return found[1] if found is not None else dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None

@@ -8,10 +8,10 @@ import time
 
 from ..engine.base import (AVERAGE, POLL_SLEEP_S, SUM, UNCROWDED_LONGEST_SLEEP_S, longest_sleep,
                            usable_cores)
-from ..roles import Communicator, Stats
+from ..roles import Capabilities, Communicator, Stats
 from .fusion import Bucket
 
-__all__ = ["Stats", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
+__all__ = ["Stats", "Capabilities", "Exchange", "CommunicatorBase", "wait_for", "launch_next_phases",
            "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S", "longest_sleep", "default_engine"]
 
 _usable_cores = usable_cores
@@ -105,8 +105,15 @@ class CommunicatorBase(Communicator):
 
     def plan(self, names, tensors, prefix=""):
         """[(member indices, Bucket)] for these tensors, in the order given."""
-        return Bucket.plan(names, tensors, self.fusion_threshold_bytes, flat=self.fuses,
-                           prefix=prefix)
+        return Bucket.plan(names, tensors, self.fusion_threshold_bytes,
+                           flat=self.capabilities.fuses, prefix=prefix)
+
+    def drop(self, exchange):
+        """Wait for an abandoned exchange; its result and its own error are dropped."""
+        try:
+            wait_for(exchange.handle, self.engine)
+        except Exception:
+            pass
 
     def progress(self, exchange, wait=False):
         """Move a multi-phase exchange on if its current phase is done (wait=True: once it

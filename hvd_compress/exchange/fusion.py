@@ -10,7 +10,7 @@ import torch
 
 from .bucketing import groups_by_size
 
-__all__ = ["buckets_by_size", "Bucket"]
+__all__ = ["buckets_by_size", "Bucket", "Filling"]
 
 
 def buckets_by_size(tensors, threshold_bytes):
@@ -118,3 +118,30 @@ class Bucket:
         groups = buckets_by_size(tensors, threshold_bytes if flat else 0)
         return [(group, cls(prefix + names[group[0]], [names[i] for i in group],
                             [tensors[i] for i in group], flat)) for group in groups]
+
+
+class Filling:
+    """A step's buckets filling as their members' gradients arrive, in any order (a gradient
+    hook per parameter): a bucket is filled in one op (Bucket.put_all) when its last member
+    is in. `slots`: member -> (bucket index, position in it)."""
+
+    def __init__(self, buckets, slots):
+        self.buckets, self.slots = buckets, slots
+        self.reset()
+
+    def reset(self):
+        self.missing = [len(b) for b in self.buckets]
+        self.waiting = [[] for _ in self.buckets]    # (position, gradient) not yet in it
+        self.arrived = set()
+
+    def put(self, member, grad):
+        """Note `member`'s gradient; the index of its bucket if that is now full (and filled),
+        else None."""
+        b, j = self.slots[member]
+        self.arrived.add(member)
+        self.waiting[b].append((j, grad))
+        self.missing[b] -= 1
+        if self.missing[b]:
+            return None
+        self.buckets[b].put_all(self.waiting[b])
+        return b

@@ -31,7 +31,7 @@ from ..compressors import compressor_name
 from ..registry import SCHEMES, Route, load_plugins, resolve_route
 from ..engine.base import AVERAGE
 from ..roles import FP16Compressor, PacketCompressor, rounding_stream
-from .base import CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
+from .base import Capabilities, CommunicatorBase, Exchange, Stats, launch_next_phases, wait_for
 from .bucketing import DEFAULT_FUSION_BYTES, chunk_bounds
 from .sender import MAX_CHUNKS, ChunkedHandle, Sender, chunk_plan
 
@@ -43,7 +43,6 @@ _WARMED = set()
 
 
 class _Base(CommunicatorBase):
-    fuses = True                     # one flat float32 buffer per bucket
 
     def __init__(self, compression, op=AVERAGE, fusion_threshold_bytes=None,
                  scale_block=SCALE_BLOCK, engine=None):
@@ -56,6 +55,10 @@ class _Base(CommunicatorBase):
     def describe(self):
         return f"{compressor_name(self.compression)}/{self.route.value}"
 
+    def chunk_counts(self):
+        """{bucket name: chunks} of the buckets prioritise() cut (none here)."""
+        return {}
+
     def _average(self, values, n):
         if self.op == AVERAGE and n > 1:
             values.div_(n)
@@ -64,7 +67,7 @@ class _Base(CommunicatorBase):
 class AllreduceCommunicator(_Base):
     """compress -> hvd.allreduce_async_ -> decompress: Horovod's own path, tensor by tensor."""
     route = Route.ALLREDUCE
-    fuses = False
+    capabilities = Capabilities(one_phase=True)
     # Horovod's own name (the parameter's), so results match hvd.DistributedOptimizer's; True:
     # the scheme and route in it (Compression.auto, where buckets change schemes).
     tagged = False
@@ -99,7 +102,7 @@ class AllreduceCommunicator(_Base):
 
 class _PacketBase(_Base):
     """The packet routes: compensate -> encode one message per destination -> remember."""
-    takes_memory = True
+    capabilities = Capabilities(fuses=True, takes_memory=True)
 
     def __init__(self, compression, *args, **kwargs):
         super().__init__(compression, *args, **kwargs)
@@ -115,7 +118,7 @@ class _PacketBase(_Base):
 
     def codec_path(self):
         """'native' where the C++ kernel codes this bucket's values, else 'torch' (its fallback,
-        about 5x slower; a missing kernel warns once, codecs/blocks.py)."""
+        much slower; a missing kernel warns once, codecs/blocks.py)."""
         path = getattr(self.compression, "codec_path", None)
         return path(self.device) if path is not None else "torch"
 
@@ -209,6 +212,7 @@ class AllgatherCommunicator(_Prioritised):
     launched directly, are not queued behind all of it. The codes are the same (a chunk's
     segment of the message is the message of its values), so are the bits."""
     route = Route.ALLGATHER
+    capabilities = Capabilities(fuses=True, takes_memory=True, one_phase=True)
 
     def start(self, bucket, memory=None):
         if bucket.name in self._chunking and self.sender is not None:

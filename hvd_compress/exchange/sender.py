@@ -27,9 +27,9 @@ from ..engine.base import longest_sleep, usable_cores
 __all__ = ["Sender", "Ticket", "ChunkedHandle", "chunk_count", "chunk_plan", "MIN_CHUNK_BYTES",
            "DEPTH"]
 
-# Each chunk is a collective of its own, with Horovod's negotiation round before it: measured
-# on a 2-core Xeon over an emulated 100 Mbit/s link, 2 ranks, a 1.22 MB allgather took 105-112
-# ms whole, the same in 4 or 8 chunks and 117-127 ms in 16 (a small allgather: 3.6 ms there).
+# Each chunk is a collective of its own, with Horovod's negotiation round before it: chunks no
+# smaller than this, and no more than MAX_CHUNKS, so that the rounds stay a small part of the
+# bucket's time on the wire (docs/performance.md, "Priority on the wire").
 MIN_CHUNK_BYTES = 128 << 10
 MAX_CHUNKS = 8
 DEPTH = 2                       # chunks handed to the engine at once: one on the wire, one next

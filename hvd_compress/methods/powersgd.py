@@ -31,7 +31,7 @@ import zlib
 import torch
 
 from ..engine.base import AVERAGE
-from ..exchange.base import Exchange, launch_next_phases
+from ..exchange.base import Capabilities, Exchange, launch_next_phases
 from ..registry import Route
 from .tensorwise import TensorwiseCommunicator, check_device
 
@@ -162,6 +162,7 @@ def approximate(matrices, q):
 class PowerSGDCommunicator(TensorwiseCommunicator):
     """Every matrix by PowerSGD's two allreduces, every vector by one plain allreduce."""
     route = Route.ALLREDUCE
+    capabilities = Capabilities(own_memory=True, per_tensor=True, groups=True)
     ops = (AVERAGE,)            # the method averages: P and Q are means
 
     def __init__(self, method, op=AVERAGE, engine=None):

@@ -4,7 +4,7 @@ codec of values: top-k's sparse pairs (methods/topk.py), PowerSGD's factors (met
 both methods need it to converge), and state a checkpoint must keep."""
 
 from ..engine.base import AVERAGE
-from ..exchange.base import CommunicatorBase, Exchange
+from ..exchange.base import Capabilities, CommunicatorBase, Exchange
 from ..exchange.fusion import Bucket
 from ..exchange.memory import ResidualMemory
 
@@ -23,8 +23,7 @@ def check_device(method, tensor):
 
 class TensorwiseCommunicator(CommunicatorBase):
     """start(bucket) / progress(step) / finish(step) per tensor; subclasses say how."""
-    fuses = False
-    own_memory = True
+    capabilities = Capabilities(own_memory=True, per_tensor=True)
 
     def __init__(self, method, op=AVERAGE, engine=None):
         super().__init__(method, op, engine)

@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..engine.base import AVERAGE
-from ..exchange.base import Exchange
+from ..exchange.base import Capabilities, Exchange
 from ..registry import Route, topk_count
 from .tensorwise import TensorwiseCommunicator, check_device
 
@@ -83,6 +83,7 @@ def scatter_sum(indices, values, numel, device=None):
 class TopKCommunicator(TensorwiseCommunicator):
     """Every gradient's top-k pairs by one allgather, summed sparsely in rank order."""
     route = Route.ALLGATHER
+    capabilities = Capabilities(own_memory=True, per_tensor=True, one_phase=True)
 
     def describe(self):
         return f"topk{self.compression.ratio:g}/allgather"

@@ -27,7 +27,8 @@ def note(**fields):
     NOTES.write_text(json.dumps(record))
 
 
-_resume, _steps, _load = RunRecorder.resume, RunRecorder.steps, hcd.HookState.load_state_dict
+_resume, _steps = RunRecorder.resume, RunRecorder.steps
+_load = hcd.HookState.load_compression_state_dict
 
 
 def resume(self, model, optimizer):
@@ -51,7 +52,8 @@ def load_state_dict(self, state, plan=True):
     return _load(self, state, plan)
 
 
-RunRecorder.resume, RunRecorder.steps, hcd.HookState.load_state_dict = resume, steps, load_state_dict
+RunRecorder.resume, RunRecorder.steps = resume, steps
+hcd.HookState.load_compression_state_dict = load_state_dict
 
 if __name__ == "__main__":
     note()

@@ -1,5 +1,5 @@
 """The hook's state in a checkpoint (tests/ddprun.py, 2 ranks): training that stops, saves the
-model, the optimizer and HookState.state_dict(), and goes on in a fresh DDP model from that
+model, the optimizer and HookState.compression_state_dict(), and goes on in a fresh DDP model from that
 checkpoint ends with exactly the bits of training that never stopped (bit8 with error
 feedback: the residuals; PowerSGD: Q and residuals), auto takes its plan up again, residuals
 saved under one bucket layout reach another (by parameter name), and a state saved for one
@@ -10,6 +10,9 @@ otherwise than the uninterrupted job did; find_unused_parameters=True keeps DDP'
 buckets (no rebuild), so the resumed steps see the same buckets and can be compared bit for
 bit."""
 import io
+import json
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -47,17 +50,17 @@ def run(dist):
         steps(ddp, opt, data[:save_at])
         buffer = io.BytesIO()
         torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
-                    "hook": state.state_dict()}, buffer)
+                    "hook": state.compression_state_dict()}, buffer)
         steps(ddp, opt, data[save_at:])
         straight = params(ddp)
-        saved = state.state_dict()
+        saved = state.compression_state_dict()
 
         buffer.seek(0)
         ckpt = torch.load(buffer, weights_only=False)
         ddp2, state2, opt2 = _with_state(compression, route, label)
         ddp2.module.load_state_dict(ckpt["model"])
         opt2.load_state_dict(ckpt["opt"])
-        state2.load_state_dict(ckpt["hook"])
+        state2.load_compression_state_dict(ckpt["hook"])
         if label == "auto":
             # the plan is for DDP's buckets, which the hook meets in the first resumed step
             steps(ddp2, opt2, data[save_at:save_at + 1])
@@ -78,12 +81,57 @@ def run(dist):
             counts = ckpt["hook"]["communicator"]["counts"]
             checks.check(f"{label}: each tensor's count of plain steps saved",
                          set(counts.values()) == {SAVE_AT} and not ckpt["hook"]["communicator"]["qs"])
+    pinned(rank, data)
     other = hcd.HookState("bit16")
     try:
-        other.load_state_dict(hcd.HookState("bit8").state_dict())
+        other.load_compression_state_dict(hcd.HookState("bit8").compression_state_dict())
         checks.check("a state of another scheme is refused", False)
     except ValueError as err:
         checks.check("a state of another scheme is refused", "bit8" in str(err))
+
+
+def pinned(rank, data):
+    """Compression.auto(plan=a plan report's file): the plan another job measured is in force
+    from the first step, nothing measured, alike on every rank; a job resumed from a
+    checkpoint equals the one that never stopped, bit for bit; a plan for other buckets is
+    refused by the second step (DDP's rebuilt buckets are final), on every rank."""
+    ddp, state, opt = _with_state(Compression.auto(warmup_steps=2, trial_steps=0), None, "auto")
+    steps(ddp, opt, data)
+    report = state.plan_report()
+    path = Path(os.environ["HVDC_CHECK_DIR"]) / f"plan-rank{rank}.json"
+    path.write_text(json.dumps(report.to_dict()))
+    auto = Compression.auto(plan=str(path))
+    ddp, state, opt = _with_state(auto, None, "auto")
+    steps(ddp, opt, data[:1])
+    first = state.communicator.labels
+    steps(ddp, opt, data[1:SAVE_AT])
+    buffer = io.BytesIO()
+    torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
+                "hook": state.compression_state_dict()}, buffer)
+    steps(ddp, opt, data[SAVE_AT:])
+    again = state.plan_report()
+    checks.check("pinned: the plan is in force from the first step, nothing measured",
+                 report.plan and first == report.labels and again.plan == report.plan
+                 and again.calibrations == 0 and again.phase == "planned",
+                 f"{report.plan!r} {first} {again.plan!r} {again.calibrations}")
+    buffer.seek(0)
+    ckpt = torch.load(buffer, weights_only=False)
+    ddp2, state2, opt2 = _with_state(auto, None, "auto")
+    ddp2.module.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    state2.load_compression_state_dict(ckpt["hook"])
+    steps(ddp2, opt2, data[SAVE_AT:])
+    checks.check("pinned: resumed = never stopped, bit for bit", torch.equal(params(ddp2),
+                                                                          params(ddp)))
+    ddp, state, opt = _with_state(Compression.auto(plan=[("ddp.0.7", 28, "bit8:allgather")]),
+                                  None, "auto")
+    try:
+        steps(ddp, opt, data[:2])
+        refused = ""
+    except Exception as err:                     # raised in the hook, through DDP's backward
+        refused = str(err)
+    checks.check("pinned: a plan for other buckets is refused, naming them",
+                 "the plan is for buckets" in refused and "ddp.0.7" in refused, refused[:300])
 
 
 def _with_state(compression, route, label, bucket_cap_mb=0.01):
@@ -100,7 +148,7 @@ def check_other_layout(ckpt, data):
     """bit8 residuals saved under small buckets, loaded into a DDP model with one large bucket:
     its first exchange compensates with its parameters' saved pieces, in its own order."""
     ddp, state, opt = _with_state("bit8", "alltoall", "+ef", bucket_cap_mb=25)
-    state.load_state_dict(ckpt["hook"])
+    state.load_compression_state_dict(ckpt["hook"])
     used = {}
     compensate = state.memory.compensate
 

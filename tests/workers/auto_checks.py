@@ -9,8 +9,12 @@ alike on every rank and keeps one of them, the same everywhere (the other checks
 it: trial_steps=0). Read through the optimizer's plan_report() (records.PlanReport) and the
 communicator's public `labels` and `phase`."""
 import dataclasses
+import json
 import math
+import os
 import statistics
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -336,6 +340,43 @@ def run(hvd):
                  all(torch.equal(a, b) for a, b in zip(model.parameters(),
                                                        replay_model.parameters())),
                  str(sorted({" ".join(x) for x in used})))
+    pinned(hvd, [(b.name, b.bytes) for b in report.buckets])
+
+
+def pinned(hvd, layout):
+    """Compression.auto(plan=...): a plan report (or its file) pinned is in force from the
+    first step, nothing measured, on every rank alike; bit8 pinned on every bucket is the
+    fixed bit8 optimizer's exchange, bit for bit; a plan for other buckets is refused at
+    construction, naming them."""
+    mixed = ["bit8:allgather", "bit16:alltoall", "fp16:allreduce", "bit8:alltoall"]
+    report = {"plan": " ".join(mixed), "buckets": [{"name": n, "bytes": b, "label": t}
+                                                   for (n, b), t in zip(layout, mixed)]}
+    path = Path(os.environ.get("HVDC_CHECK_DIR", tempfile.gettempdir())) / \
+        f"pinned-plan-rank{hvd.rank()}.json"
+    path.write_text(json.dumps(report))
+    model = net()
+    opt = optimizer(model, plan=str(path))
+    stats = train(hvd, model, opt, 3)
+    checks.check("pinned.in_force_from_the_first_step", all(s["plan"] == report["plan"]
+                                                            for s in stats)
+                 and opt.plan_report().calibrations == 0, str([s["plan"] for s in stats]))
+    checks.check("pinned.identical_weights", checks.same_everywhere(list(model.parameters())))
+    model, fixed_model = net(), net()
+    train(hvd, model, optimizer(model, plan=[(n, b, "bit8:allgather") for n, b in layout]), 3)
+    fixed = hc.DistributedOptimizer(torch.optim.SGD(fixed_model.parameters(), lr=0.05),
+                                    named_parameters=fixed_model.named_parameters(),
+                                    compression=hc.Compression.bit8,
+                                    fusion_threshold_bytes=FUSION)
+    train(hvd, fixed_model, fixed, 3)
+    checks.check("pinned.bit8_everywhere_is_bit8", all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), fixed_model.parameters())))
+    try:
+        optimizer(net(), plan=[("elsewhere", 4, "bit8:allgather")])
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    checks.check("pinned.other_buckets_refused", "the plan is for buckets" in refused and
+                 "elsewhere" in refused, refused)
 
 
 def _raising():

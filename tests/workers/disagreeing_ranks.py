@@ -5,7 +5,7 @@ disagreement, instead of hanging in a collective. A case that went through fails
 it and the rank; one that hung would leave the job without a log line until it is killed.
 
 It runs first in its job, before a rank fails on purpose: the ranks' agreement check
-(optimizer._check_ranks_agree) is one allgather_object that every rank completes before every
+(FrontCore.agree) is one allgather_object that every rank completes before every
 rank raises, so a refusal leaves Horovod as it found it and the next case (and module) starts
 clean. Each rank also prints its refusal, for the launcher's output."""
 import torch

@@ -25,11 +25,11 @@ def compression(name):
 def exchange(hvd, label, name, route, ef):
     comm = make_communicator(compression(name), route, hvd.Average, 0, SCALE_BLOCK)
     Int8Compressor.reseed(0)             # after the communicator's warm-up, which encodes once
-    memory = ResidualMemory() if ef and comm.takes_memory else None
+    memory = ResidualMemory() if ef and comm.capabilities.takes_memory else None
     results = []
     for step in range(cases.STEPS):
         flat = cases.bucket(step, hvd.rank())
-        if comm.fuses:                   # named as the hook names it (int8 rounds by name)
+        if comm.capabilities.fuses:      # named as the hook names it (int8 rounds by name)
             bucket_name = f"ddp.0.{flat.numel()}"
             buckets = [Bucket(bucket_name, [bucket_name], [flat], flat=True)]
             members = [flat]

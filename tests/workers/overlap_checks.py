@@ -17,6 +17,8 @@ The model is the exchange checks' (a layer only rank 0 uses on odd steps: a modu
 forward does not run on a rank has its update applied at the next backward), with buckets small
 enough that it has several.
 """
+import copy
+import io
 import math
 import warnings
 
@@ -46,8 +48,8 @@ def compressions():
 
 
 def train(schedule, compression, route, make=None, zero_none=True, closure=False,
-          peek=None):
-    """(parameters, optimizer state) after STEPS steps, the schedule stepped each step."""
+          peek=None, steps=STEPS):
+    """(parameters, optimizer state) after `steps` steps, the schedule stepped each step."""
     torch.manual_seed(0)
     model = Model()
     base = (make or (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)))(model.parameters())
@@ -60,7 +62,7 @@ def train(schedule, compression, route, make=None, zero_none=True, closure=False
     lr = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.7)
     exchange_checks.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(exchange_checks.RANK)
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad(set_to_none=zero_none)
         x, y = torch.randn(32, 20, generator=g), torch.randint(0, 4, (32,), generator=g)
 
@@ -117,6 +119,71 @@ def train_auto(schedule, labels=None, steps=STEPS, warmup=3):
     return params, torch.cat(flat) if flat else torch.zeros(0), report
 
 
+# Reads outside a forward, by the means a user has, each right after step() (one a step, the
+# buckets pending): what they read -> a tensor to compare with the waiting schedule's.
+READS = {
+    "parameters_cloned": lambda model, opt: torch.cat([p.clone().reshape(-1)
+                                                       for p in model.parameters()]),
+    "data": lambda model, opt: torch.cat([p.data.reshape(-1) for p in model.parameters()]),
+    "grad": lambda model, opt: torch.cat([p.grad.reshape(-1) for p in model.parameters()
+                                          if p.grad is not None]),
+    "norm": lambda model, opt: torch.stack([p.norm() for p in model.parameters()]),
+    "deepcopy": lambda model, opt: torch.cat([p.reshape(-1) for p in
+                                              copy.deepcopy(model).parameters()]),
+    "torch_save": lambda model, opt: torch.cat([p.reshape(-1) for p in _saved(model)]),
+    "by_hand": lambda model, opt: torch.nn.functional.linear(torch.ones(1, 20), model.a.weight,
+                                                             model.a.bias),
+    "eval_forward": lambda model, opt: _evaluated(model),
+    "inside_a_mode": lambda model, opt: _in_a_mode(model),
+}
+
+
+def _saved(model):
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False).parameters()
+
+
+def _evaluated(model):
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.ones(3, 20), 0)
+    model.train()
+    return out
+
+
+def _in_a_mode(model):
+    with torch.device("cpu"):                # a mode entered after step(), left before the forward
+        return torch.cat([p.clone().reshape(-1) for p in model.parameters()])
+
+
+def reads_see_every_update():
+    """Each read of READS right after step() sees every update of that step, as under the
+    waiting schedule, whatever the buckets still pending; the parameters end as the wait's."""
+    wanted, got, pending = {}, {}, {}
+
+    def read(table, check_pending=False):
+        def peek(phase, step, model, opt):
+            if phase != "after":
+                return
+            name = list(READS)[step % len(READS)]
+            if check_pending:
+                pending[name] = len(opt._pending.exchanges)
+            table.setdefault(name, []).append(READS[name](model, opt).detach().clone())
+        return peek
+    steps = 2 * len(READS)
+    waited = train("wait", hc.Compression.bit8, "allgather", peek=read(wanted), steps=steps)
+    overlapped = train("overlap", hc.Compression.bit8, "allgather", peek=read(got, True),
+                       steps=steps)
+    for name in READS:
+        check(f"overlap.reads.{name}.sees_every_update",
+              pending[name] > 0 and all(map(torch.equal, wanted[name], got[name])),
+              f"pending {pending[name]}, max diff "
+              f"{max((a - b).abs().max().item() for a, b in zip(wanted[name], got[name]))}")
+    same("overlap.reads.bit_identical_to_wait", waited, overlapped)
+
+
 def same(label, a, b):
     check(label, torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]),
           f"parameters max diff {(a[0] - b[0]).abs().max()}, state equal {torch.equal(a[1], b[1])}")
@@ -146,13 +213,14 @@ def run(hvd):
         if phase == "before":
             seen["before"] = [p.detach().clone() for p in model.parameters()]
             return
-        seen["pending"] = len(opt._pending)
-        seen["moved_after_step"] = any(not torch.equal(a, p) for a, p in
-                                       zip(seen.pop("before"), model.parameters()))
+        seen["pending"] = len(opt._pending.exchanges)
+        with torch._C.DisableTorchFunction():    # a look the read guard does not see
+            seen["moved_after_step"] = any(not torch.equal(a, p) for a, p in
+                                           zip(seen.pop("before"), model.parameters()))
         x = torch.randn(2, 20)
         model.a(x)                           # a forward of one module applies its buckets only
-        seen["a_applied"] = not any(id(p) in opt._pending_of for p in model.a.parameters())
-        seen["b_still_pending"] = any(id(p) in opt._pending_of for p in model.b.parameters())
+        seen["a_applied"] = not any(id(p) in opt._pending.of for p in model.a.parameters())
+        seen["b_still_pending"] = any(id(p) in opt._pending.of for p in model.b.parameters())
         model.state_dict()                   # ... and a state_dict() applies every one
         seen["flushed_by_state_dict"] = not opt._pending
     same("overlap.applied_early_bit_identical_to_wait",
@@ -163,6 +231,8 @@ def run(hvd):
     check("overlap.forward_applies_its_own_buckets_only",
           seen["a_applied"] and seen["b_still_pending"], str(seen))
     check("overlap.state_dict_applies_every_update", seen["flushed_by_state_dict"], str(seen))
+
+    reads_see_every_update()
 
     # the bound as a number: pop_stats gives the step, its compute floor and, with the link's
     # rate, the wire time of its bytes and step / max(floor, wire)

@@ -46,7 +46,7 @@ def main(out, compression="bit8"):
     except Exception as err:                   # Horovod's own error
         result.update(outcome="raised", error=f"{type(err).__name__}: {err}")
     result.update(where=where, seconds=time.perf_counter() - start,
-                  pending_after=len(opt._pending))
+                  pending_after=len(opt._pending.exchanges))
     with open(os.path.join(out, "rank0.json"), "w") as f:
         json.dump(result, f)
     os._exit(0)                                # no shutdown handshake with a rank that is gone

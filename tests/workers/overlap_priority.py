@@ -10,8 +10,6 @@ bit-identical to schedule="wait"'s, where the bucket travels whole; a piece deco
 another piece's place, or reduced in another order, fails it. At 2 and 4 ranks
 (tests/hvdrun.py SUITE).
 """
-import os
-
 import torch
 
 import checks
@@ -23,7 +21,7 @@ STEPS = 4
 FUSION = 200_000             # bytes: the large layer's bucket alone, the others around it
 
 
-def make(schedule, compression, route, error_feedback=None):
+def make(schedule, compression, route, error_feedback=None, **options):
     """(model, optimizer): a net whose middle layer's bucket is the one to cut."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
@@ -33,7 +31,7 @@ def make(schedule, compression, route, error_feedback=None):
     return model, hc.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.named_parameters(),
         compression=compression, route=route, error_feedback=error_feedback,
-        fusion_threshold_bytes=FUSION, schedule=schedule, **extra)
+        fusion_threshold_bytes=FUSION, schedule=schedule, **extra, **options)
 
 
 def wide(schedule, compression, route, error_feedback=None, seed=0):
@@ -71,16 +69,24 @@ def run(hvd):
               torch.equal(waited, overlapped), f"max diff {(waited - overlapped).abs().max()}")
         check(f"overlap.priority.{label}.same_on_every_rank", checks.same_everywhere([overlapped]))
 
-    # HVD_COMPRESS_PRIORITY=0 (bench_step's +whole rows): overlap with the bucket whole
-    os.environ["HVD_COMPRESS_PRIORITY"] = "0"
-    try:
-        _, opt = make("overlap", hc.Compression.bit8, "alltoall")
-        check("overlap.priority.off_by_environment",
-              opt.schedule == "overlap" and not getattr(opt.communicator, "_chunking", {}),
-              str(getattr(opt.communicator, "_chunking", None)))
-        opt.close()
-    finally:
-        del os.environ["HVD_COMPRESS_PRIORITY"]
+    # prioritise=False (bench_step's +whole rows): overlap with the bucket whole
+    _, opt = make("overlap", hc.Compression.bit8, "alltoall", prioritise=False)
+    check("overlap.priority.off_when_asked",
+          opt.schedule == "overlap" and not opt.communicator.chunk_counts(),
+          str(opt.communicator.chunk_counts()))
+    opt.close()
+    # the model given and nothing asked: overlapped, the large bucket cut (the default)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4))
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), compression=hc.Compression.bit8,
+                                  fusion_threshold_bytes=FUSION, model=model)
+    check("overlap.priority.default_with_a_model",
+          opt.schedule == "overlap" and len(opt.communicator.chunk_counts()) == 1,
+          f"{opt.schedule} {opt.communicator.chunk_counts()}")
+    opt.close()
 
 
 if __name__ == "__main__":

@@ -125,11 +125,11 @@ def run(hvd):
     def sgd():
         return torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.1)
     opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit)
-    checks.check("onebit.error_feedback_on_by_default", opt._memory is not None)
+    checks.check("onebit.error_feedback_on_by_default", opt.core.memory is not None)
     opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit, error_feedback=False)
-    checks.check("onebit.error_feedback_off_when_asked", opt._memory is None)
+    checks.check("onebit.error_feedback_off_when_asked", opt.core.memory is None)
     opt = hc.DistributedOptimizer(sgd(), compression=hc.Compression.int8)
-    checks.check("int8.no_error_feedback_by_default", opt._memory is None)
+    checks.check("int8.no_error_feedback_by_default", opt.core.memory is None)
     try:
         hc.DistributedOptimizer(sgd(), compression=hc.Compression.onebit, route="alltoall")
         refusal = "no error"
