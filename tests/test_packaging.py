@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.build          # builds an sdist and a wheel, a virtualenv, the kernel
 
 # What a copy of the checkout leaves out: setuptools writes build/ and *.egg-info where it builds.
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "results", "runs", "build", "dist",
