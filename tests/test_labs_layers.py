@@ -3,6 +3,7 @@ docs/architecture.md): no circle, lazy imports inside functions included, and ev
 down its layers, stated here by package. Beneath every layer of labs/ sits the plugin, which
 imports nothing of labs/. No trainer or kit module edits sys.path: they import by package."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,15 @@ LAB_LAYERS = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
 def lab_modules():
     return {module_name(p): p for p in LABS.rglob("*.py")}
 
 
+@functools.lru_cache(maxsize=None)
 def lab_graph():
-    """{labs module: the labs and hvd_compress modules it imports}."""
+    """{labs module: the labs and hvd_compress modules it imports} (parsed once: the tests only
+    read it)."""
     known = dict(lab_modules())
     plugin = {module_name(p): p for p in (ROOT / "hvd_compress").rglob("*.py")}
     everything = {**known, **plugin}
