@@ -168,8 +168,9 @@ for _entry in (
     Scheme("fp16", 16, (Route.ALLREDUCE,), "Horovod's float16 cast, summed in float16",
            "hvd_compress.roles:FP16Compressor", "--fp16-allreduce", course=True,
            carries_values=True),
-    # bit16's default is two-phase: measured faster than its allgather and than Horovod's fp16
-    # allreduce at n = 2 and 4 (README), and half of fp32's bytes at every n.
+    # bit16's default is two-phase: a rank sends 2(n-1)/n of its codes where allgather sends
+    # n-1 copies, and decodes one chunk of each rank's where allgather decodes every rank's
+    # whole bucket; half of fp32's bytes at every n (the README's step table compares them).
     Scheme("bit16", 16, (Route.ALLTOALL, Route.ALLGATHER), "scaled float16, reduced in float32",
            "hvd_compress.compressors:Bit16Compressor", "--bit16-allreduce", _two_bytes,
            course=True, carries_values=True),
@@ -177,7 +178,7 @@ for _entry in (
     Scheme("bit8", 8, (Route.ALLGATHER, Route.ALLTOALL), "scaled OCP E4M3, reduced in float32",
            "hvd_compress.compressors:Bit8Compressor", "--bit8-allreduce", _one_byte,
            course=True, carries_values=True),
-    # The other methods the course names (issue 13); bits: what one value costs on the wire,
+    # The other methods the course names; bits: what one value costs on the wire,
     # before block scales (int8, onebit) or per kept value (topk: int32 index + float32 value).
     Scheme("int8", 8, (Route.ALLGATHER, Route.ALLTOALL),
            "int8, amax/127 scale per block, stochastic rounding, reduced in float32",

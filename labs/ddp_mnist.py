@@ -36,8 +36,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torch.optim as optim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a file by torchrun
-
 import hvd_compress.ddp as hcd                                   # noqa: E402
 from hvd_compress.compression import Compression                 # noqa: E402
 from hvd_compress.methods.powersgd import INITS                  # noqa: E402

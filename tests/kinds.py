@@ -3,16 +3,20 @@
 Each test carries exactly one kind marker, set in its module (`pytestmark = pytest.mark.unit`)
 or on the test itself where a module mixes kinds:
 
-    unit          one process: no Horovod job, no hvd.init() in the pytest process, no network
-                  namespaces, no horovodrun / mpirun subprocess
+    unit          one process, quick: no Horovod job, no hvd.init() in the pytest process, no
+                  network namespaces, no horovodrun / mpirun subprocess, nothing built (no
+                  compiler, pip, venv or set-up script)
+    build         builds what a user's first use builds: the kernel (a compiler), a wheel or a
+                  virtualenv (pip, venv), a set-up script's work (a classroom kit's); no ranks
     multiprocess  starts Horovod ranks (horovodrun / mpirun), or runs Horovod at all
     netns         needs root and network namespaces (labs.netem)
 
 A test with none or more than one fails its module's collection, named, so `pytest -m unit` can
 be trusted to hold every one-process test and nothing else.  While a test runs, what it
 launches is checked against its kind: a `unit` test that starts horovodrun / mpirun / a
-labs.netem cluster / `ip netns`, or calls hvd.init(), fails with a clear error, and so does a
-`multiprocess` test that builds namespaces.  The check sees the commands the test itself
+labs.netem cluster / `ip netns` / a compiler / pip / venv, or calls hvd.init(), fails with a
+clear error, and so does a `multiprocess` test that builds namespaces. Each kind allows what
+the kinds before it allow (unit < build < multiprocess < netns).  The check sees the commands the test itself
 starts (subprocess) and hvd.init() in the pytest process, not what those commands start in
 turn: a test that runs a tool which launches ranks must say so with its marker.
 
@@ -27,9 +31,10 @@ import pytest
 
 from launch_guard import ALLOWED, KindError, _running, child_environ, install_guards  # noqa: F401
 
-KINDS = ("unit", "multiprocess", "netns")
+KINDS = ("unit", "build", "multiprocess", "netns")
 MARKERS = {
-    "unit": "one process, no Horovod job, no network namespaces (fast)",
+    "unit": "one process, no Horovod job, no network namespaces, nothing built (fast)",
+    "build": "compiles the kernel, builds a wheel or a virtualenv, runs a set-up script; no ranks",
     "multiprocess": "starts Horovod ranks under horovodrun / mpirun (Gloo and MPI), or runs "
                     "Horovod at all",
     "netns": "needs root and network namespaces (the emulated network)",
@@ -81,7 +86,7 @@ def pytest_make_collect_report(collector):
     if wrong:
         report.outcome, report.result = "failed", []
         report.longrepr = (
-            "every test needs exactly one kind marker, unit, multiprocess or netns, in its "
+            "every test needs exactly one kind marker, unit, build, multiprocess or netns, in its "
             "module (pytestmark = pytest.mark.unit) or on the test (tests/kinds.py):\n  "
             + "\n  ".join(wrong))
 

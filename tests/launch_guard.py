@@ -15,6 +15,11 @@ WRAPPERS = {"env", "nice", "nohup", "setsid", "timeout", "stdbuf", "sudo", "exec
 # labs.netem asked only for help builds nothing; every command probes with a namespace first
 # (even `commands`, which prints the ip/tc lines a cluster would run).
 NETEM_READ_ONLY = {"-h", "--help"}
+# What builds: a compiler or a build tool (torch's cpp_extension starts ninja for the kernel),
+# pip and venv (a wheel, a virtualenv), a set-up script (the project's or a classroom kit's).
+BUILDERS = {"pip", "pip3", "virtualenv", "ninja", "cmake", "make", "c++", "g++", "gcc", "cc",
+            "clang", "clang++"}
+BUILD_MODULES = ("pip", "venv", "virtualenv", "build", "hvd_compress.codecs.native")
 
 
 class KindError(RuntimeError):
@@ -57,7 +62,8 @@ def _script_kind(script):
 
 def launch_kind(args, shell=False):
     """'multiprocess' if the command starts Horovod ranks, 'netns' if it builds or enters
-    network namespaces, None otherwise.  `shell`: args is a shell line (Popen's shell=True)."""
+    network namespaces, 'build' if it compiles, runs pip or venv or a set-up script, None
+    otherwise.  `shell`: args is a shell line (Popen's shell=True)."""
     if shell:
         return _script_kind(os.fsdecode(args) if not isinstance(args, (list, tuple))
                             else " ".join(map(str, args)))
@@ -82,10 +88,22 @@ def launch_kind(args, shell=False):
         return "multiprocess"
     if program in ("sh", "bash", "dash") and "-c" in argv[:-1]:
         return _script_kind(argv[argv.index("-c") + 1])
+    if set(argv[1:]) <= INFO_FLAGS and len(argv) > 1:
+        return None                         # `ninja --version`, `pip --help`: nothing built
+    if program in BUILDERS or program.removesuffix(".exe") in BUILDERS:
+        return "build"
+    for i, word in enumerate(argv[:-1]):
+        if word == "-m" and argv[i + 1] in BUILD_MODULES:
+            return None if argv[i + 2:] and set(argv[i + 2:]) <= INFO_FLAGS else "build"
+    if program in ("sh", "bash", "dash") and any(os.path.basename(a) == "setup.sh" for a in argv[1:]):
+        return "build"
     return None
 
 
-ALLOWED = {"unit": set(), "multiprocess": {"multiprocess"}, "netns": {"multiprocess", "netns"}}
+# Each kind allows its own launches and those of the kinds below it: unit < build <
+# multiprocess < netns (a multi-rank test may build the kernel its ranks load).
+ALLOWED = {"unit": set(), "build": {"build"}, "multiprocess": {"build", "multiprocess"},
+           "netns": {"build", "multiprocess", "netns"}}
 # The test now running (tests/kinds.py sets it around each test; in a child process,
 # start_in_child from the environment); `report`: the file a child writes its refusal to.
 _running = {"kind": None, "test": None, "report": None}
@@ -117,7 +135,7 @@ def _guarded_popen_init(original):
 
 def _guarded_hvd_init(original):
     def init(self, *args, **kwargs):
-        if _running["kind"] == "unit":
+        if _running["kind"] in ("unit", "build"):
             _refuse("calls hvd.init()" + ("" if _running["report"] else " in the pytest process"),
                     "multiprocess")
         return original(self, *args, **kwargs)
@@ -177,7 +195,7 @@ def child_environ(kind, test, report):
     """os.environ changes that make every Python process the test starts run the same checks
     (tests/kinds_site/sitecustomize.py), writing a refusal to `report` too: its KindError may
     end inside a launcher the test expects to fail.  None for netns (nothing to check)."""
-    if kind not in ("unit", "multiprocess"):
+    if kind not in ("unit", "build", "multiprocess"):
         return {}
     here = os.path.dirname(SITE)
     path = os.environ.get("PYTHONPATH")

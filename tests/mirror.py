@@ -48,7 +48,10 @@ class Mirror:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mnist/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for the serving loop's next poll: a short one ends each test at once
+        # (the default half second was most of a download test's time)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01},
+                                       daemon=True)
 
     def __enter__(self):
         self.thread.start()

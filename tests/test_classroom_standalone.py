@@ -11,7 +11,7 @@ import pytest
 
 from labs.classroom import kit as classroom_kit
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = [pytest.mark.build, pytest.mark.slow]     # the kit's setup.sh builds a venv
 
 SOLUTION = Path(classroom_kit.SOLUTION_FILES) / "compression.py"
 

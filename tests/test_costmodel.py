@@ -5,6 +5,7 @@ Every expected number below is worked out in the comment next to it, not copied 
 our own output. Common setting: 1 ms per message, 10 Gbit/s = 1.25e9 B/s, so
 beta = 1 / 1.25e9 = 0.8 ns per byte; g = 32 MiB = 33,554,432 B, g * beta = 26.8435456 ms.
 """
+import contextlib
 import csv
 import io
 import json
@@ -12,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -493,10 +495,28 @@ def test_bad_csv_is_an_error_naming_the_line(tmp_path, header, row, why):
 
 # ---------------------------------------------------------------- the command line
 
-def run_cli(*args):
+def run_cli_process(*args):
+    """The command as a user runs it: its own interpreter, `python -m`."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
+
+
+def run_cli(*args):
+    """The command's main() in this process, with what the interpreter would make of its exit:
+    returncode, stdout, stderr (a SystemExit's message to stderr and 1, as Python does)."""
+    from hvd_compress.costmodel.__main__ import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:
+            code = exit_.code
+            if isinstance(code, str):
+                print(code, file=err)
+                code = 1
+    return types.SimpleNamespace(returncode=code or 0, stdout=out.getvalue(),
+                                 stderr=err.getvalue())
 
 
 def markdown_rows(text):
@@ -514,7 +534,7 @@ def markdown_rows(text):
 
 
 def test_cli_table_parses_and_matches_the_model():
-    p = run_cli("--nodes", "4", "8", "--size", "32MiB", "--bandwidth", "10Gbit/s",
+    p = run_cli_process("--nodes", "4", "8", "--size", "32MiB", "--bandwidth", "10Gbit/s",
                 "--latency", "1ms", "--bits", "32", "16", "8")
     assert p.returncode == 0, p.stderr
     rows = markdown_rows(p.stdout)
@@ -565,6 +585,12 @@ LINK_ARGS = ["--bandwidth", "10Gbit/s", "--latency", "1ms"]
 def test_cli_rejects_bad_input(args, why):
     p = run_cli(*args)
     assert p.returncode == 2 and why in p.stderr and "usage" in p.stderr
+
+
+def test_cli_process_rejects_bad_input_with_its_usage():
+    p = run_cli_process("--nodes", "8", "--size", "32Mb", *LINK_ARGS)
+    assert p.returncode == 2 and "ambiguous" in p.stderr
+    assert p.stderr.startswith("usage: hvd-compress-costmodel ")
 
 
 def test_cli_fit(tmp_path):

@@ -117,6 +117,24 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
             assert subprocess.run([sys.executable, "-c", serial]).returncode != 0
 
         @pytest.mark.unit
+        def test_unit_builds_a_virtualenv():
+            subprocess.run([sys.executable, "-m", "venv", "/tmp/hvdc-never"])
+
+        @pytest.mark.unit
+        def test_unit_compiles_through_a_tool():
+            tool = "import subprocess; subprocess.run(['ninja', '-C', '/tmp/hvdc-never'])"
+            assert subprocess.run([sys.executable, "-c", tool]).returncode != 0
+
+        @pytest.mark.build
+        def test_build_starts_horovodrun():
+            subprocess.run(["horovodrun", "-np", "2", "true"])
+
+        @pytest.mark.build
+        def test_build_builds_a_virtualenv(tmp_path):
+            subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "v"],
+                           check=True)
+
+        @pytest.mark.unit
         def test_unit_runs_a_plain_process():
             assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True,
                                   text=True).stdout == "42\\n"
@@ -135,7 +153,10 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
              "test_unit_fixture_starts_ranks": "multiprocess",
              "test_multiprocess_builds_a_namespace": "netns",
              "test_unit_runs_a_tool_that_starts_ranks": "multiprocess",
-             "test_unit_runs_horovod_in_a_child": "multiprocess"}
+             "test_unit_runs_horovod_in_a_child": "multiprocess",
+             "test_unit_builds_a_virtualenv": "build",
+             "test_unit_compiles_through_a_tool": "build",
+             "test_build_starts_horovodrun": "multiprocess"}
     for name, kind in needs.items():
         outcome, message = found[name]
         assert outcome == "failed", (name, outcome)
@@ -144,12 +165,14 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     assert "calls hvd.init() in the pytest process" in found["test_unit_initialises_horovod"][1]
     assert "'horovodrun -np 2 true'" in found["test_unit_fixture_starts_ranks"][1]
     assert found["test_unit_runs_a_plain_process"][0] == "passed"
+    assert found["test_build_builds_a_virtualenv"][0] == "passed"
+    assert "(in child process" in found["test_unit_compiles_through_a_tool"][1]
     assert found["test_netns_lists_namespaces"][0] == "passed"
     for name in ("test_unit_runs_a_tool_that_starts_ranks", "test_unit_runs_horovod_in_a_child"):
         assert "(in child process" in found[name][1], found[name][1]
     assert "'mpirun -np 2 true'" in found["test_unit_runs_a_tool_that_starts_ranks"][1]
     assert "calls hvd.init()" in found["test_unit_runs_horovod_in_a_child"][1]
-    assert result.parseoutcomes() == {"failed": 8, "errors": 1, "passed": 2}
+    assert result.parseoutcomes() == {"failed": 11, "errors": 1, "passed": 3}
 
 
 @pytest.mark.parametrize("argv,kind", [
@@ -171,6 +194,16 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     ([sys.executable, "labs/mnist.py", "--epochs", "0"], None),
     (["ip", "-o", "link"], None),
     (["mpirun", "--version"], None),                     # the run records say which MPI
+    ([sys.executable, "-m", "pip", "install", "-q", "x.whl"], "build"),
+    (["/v/bin/pip", "wheel", "--no-deps", "."], "build"),
+    ([sys.executable, "-m", "venv", "/tmp/v"], "build"),
+    (["ninja", "-C", "/cache/kernel"], "build"),
+    (["env", "CCACHE_DISABLE=1", "c++", "-O3", "blocks.cpp"], "build"),
+    (["bash", "setup.sh", "--no-horovod"], "build"),
+    ("bash -c 'cd kit && bash ./setup.sh'", "build"),
+    ([sys.executable, "-m", "hvd_compress.codecs.native"], "build"),
+    (["ninja", "--version"], None),                      # torch asks before it builds
+    ([sys.executable, "-m", "pip", "--version"], None),
     ("echo horovodrun", None),
     ([], None),
 ])

@@ -10,7 +10,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-TOP_LEVEL = {"pyproject.toml", "MANIFEST.in", "hvd_compress", "labs", "patches", "scripts",
+TOP_LEVEL = {"pyproject.toml", "MANIFEST.in", "LICENSE", "hvd_compress", "labs", "patches", "scripts",
              "tests", "report_template.md", "README.md", "requirements.txt", "pytest.ini", "docs",
              "results", ".ci", ".gitignore"}
 COMMITTED_LAB = ROOT / "results" / "lab"

@@ -14,8 +14,6 @@ import torch
 import hvd_compress as hc
 from hvd_compress.codecs import E4M3, blocks, native
 
-pytestmark = pytest.mark.unit
-
 FIRST_USE = ("from hvd_compress.codecs import native\n"
              "assert native.module() is None\n"
              "print(native.why_missing())\n")
@@ -31,6 +29,7 @@ def empty_cache(monkeypatch, tmp_path):
     native.module.cache_clear()
 
 
+@pytest.mark.unit
 def test_without_a_compiler_the_torch_path_runs_and_the_warning_says_why(empty_cache,
                                                                          monkeypatch):
     monkeypatch.setenv("CXX", "no-such-c++")
@@ -46,6 +45,7 @@ def test_without_a_compiler_the_torch_path_runs_and_the_warning_says_why(empty_c
     assert not empty_cache.exists()                       # nothing was tried
 
 
+@pytest.mark.build
 def test_a_failed_build_is_recorded_once_and_retried_only_when_asked(tmp_path):
     calls = tmp_path / "calls"
     compiler = tmp_path / "broken-c++"
@@ -78,6 +78,7 @@ def test_a_failed_build_is_recorded_once_and_retried_only_when_asked(tmp_path):
     assert calls.read_text().count("blocks.cpp") > tried.count("blocks.cpp")
 
 
+@pytest.mark.unit
 def test_a_build_prunes_kernels_of_older_sources_for_this_torch_only(empty_cache):
     """After an upgrade of the sources, the old kernel of this same torch and Python can never be
     loaded again: prune_stale removes it. Another venv's kernel (other torch), a folder mid-build

@@ -494,7 +494,7 @@ def test_cli_plan_is_no_slower_than_any_fixed_scheme_and_compresses_only_a_slow_
 
 
 def test_cli_says_what_to_pass_without_a_step_benchmark_or_with_a_bad_rate(capsys, tmp_path):
-    """From a wheel there is no results/: the error names the flag, not an errno. A rate without
+    """A step benchmark that is not there: the error names the flag, not an errno. A rate without
     '/s' is refused with the parser's own words, not argparse's "invalid parse_rate value"."""
     from hvd_compress.auto import cli
     with pytest.raises(SystemExit, match="no step benchmark at .*pass --step-results"):
@@ -513,8 +513,8 @@ def test_cli_without_measured_errors_refuses_every_lossy_scheme(capsys, tmp_path
 
 
 def test_cli_reads_a_fitted_link(capsys):
-    from hvd_compress.auto import cli
-    fit = str(cli.ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
+    from conftest import ROOT
+    fit = str(ROOT / "results" / "netem" / "1gbit" / "bench_fit.json")
     out = run_cli(capsys, "--model", "lab", "--nodes", "4", "--link-fit", fit)
     assert out["plan"]["predicted_s"] > 0 and "fitted" in out["notes"][0]
 
@@ -540,6 +540,22 @@ def test_cli_counts_a_collectives_cpu_against_backward_where_cores_are_shared(ca
     with pytest.raises(SystemExit):
         cli.main(list(args) + ["--cpu-share", "nan"])
     capsys.readouterr()
+
+
+def test_the_commands_default_inputs_are_the_committed_measurements():
+    """The package's defaults/ (what an install plans from) is each committed file byte for byte:
+    a new run of a benchmark is copied there (hvd_compress/auto/defaults/README.md)."""
+    from conftest import ROOT
+    from hvd_compress.auto import cli
+    copies = {cli.STEP_RESULTS: ROOT / "results" / "step" / "summary.csv",
+              cli.ERRORS: ROOT / "results" / "planner" / "bucket_errors.csv"}
+    for source in sorted((ROOT / "results" / "collective-cpu").glob("cpu-np*.csv")):
+        copies[cli.COLLECTIVE_CPU / source.name] = source
+    assert len(copies) >= 4 and all(p.is_relative_to(cli.DEFAULTS) for p in copies)
+    for copy, source in copies.items():
+        assert copy.read_bytes() == source.read_bytes(), f"{copy} differs from {source}"
+    shipped = {p for p in cli.DEFAULTS.rglob("*.csv")}
+    assert shipped == set(copies), sorted(shipped ^ set(copies))
 
 
 def test_the_planner_and_its_command_import_neither_torch_nor_horovod():

@@ -8,7 +8,8 @@
     planner.py       the plan with the smallest predicted step, on the cost model's timeline
     trial.py         the plan timed against its strongest rivals in the job (off by default)
     communicator.py  AutoCommunicator: measure, plan, exchange by the plan, re-plan on drift
-    cli.py           `python -m hvd_compress.auto`: ask before training, or why a job took its plan
+    cli.py           `hvd-compress-plan`: ask before training, or why a job took its plan
+    defaults/        the command's default inputs, committed measurements (defaults/README.md)
 
 Nothing here is imported until asked: the planner and the CLI run without torch or Horovod.
 """

@@ -48,7 +48,7 @@ LINK_SMALL_BYTES = 4 << 10
 LINK_LARGE_BYTES = (64 << 10, 256 << 10)
 # Where the larger size took under LINK_RESOLVED_RATIO times the small one's time, the message's
 # cost hides the byte's, so it is timed again LINK_GROW_FACTOR larger, up to the job's largest
-# message and while a size takes under LINK_GROW_MAX_S (results/calibration-spread/README.md).
+# message and while a size takes under LINK_GROW_MAX_S.
 LINK_RESOLVED_RATIO = 4.0
 LINK_GROW_MAX_S = 0.05
 LINK_GROW_FACTOR = 4
@@ -56,8 +56,8 @@ LINK_GROW_FACTOR = 4
 # it does for the job's own buckets): the fit takes their median.
 LINK_REPS = 3
 # Where a size's repetitions are cheap, more, up to LINK_REPS_MAX, as many as LINK_REP_BUDGET_S
-# holds at the slowest rank's median: three left allgather's alpha a millisecond off often
-# enough to flip a plan (results/calibration-spread/README.md).
+# holds at the slowest rank's median: a small message's median of three moves with one slow
+# repetition, and alpha with it, by enough to flip a plan.
 LINK_REPS_MAX = 9
 LINK_REP_BUDGET_S = 0.06
 CODEC_REPS = 3
@@ -396,9 +396,8 @@ def job_step_s(steps):
     ranks' steps end together, so on average they last as long; one rank's step differs from
     another's by when that rank ran again after the exchange ended, which adds to one step and
     takes as much from the next. The slowest rank's time of each step (or the largest of the
-    ranks' medians) keeps only the additions: on 4 ranks sharing 2 cores, where a rank waits
-    for a core, it read the lab net's steps up to ~20% long and re-planned on drift that was
-    not there (results/step-auto-grid/np4-lab-job-step)."""
+    ranks' medians) keeps only the additions: where ranks share cores and one waits for a
+    core, it reads the steps long and re-plans on drift that is not there."""
     steps = list(steps)
     return math.fsum(steps) / len(steps)
 

@@ -1,37 +1,37 @@
 """Ask before training: the predicted step of every fixed scheme and of the planner's plan.
 Or ask after: why a job took its plan, re-decided from the measurements its record keeps.
 
-    python -m hvd_compress.auto --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
-    python -m hvd_compress.auto --model lab --nodes 2 \\
-        --link-fit results/lab/matrix-netem-100mbit/calibration/link_fit.json
-    python -m hvd_compress.auto --report results/step-auto-rerun/plans/basic-100mbit-n4.json
-    python -m hvd_compress.auto --report runs/matrix/np2-auto/manifest.json
+    hvd-compress-plan --model basic --nodes 2 --bandwidth 100Mbit/s --latency 1ms
+    hvd-compress-plan --model lab --nodes 2 --link-fit FIT.json
+    hvd-compress-plan --report runs/matrix/np2-auto/manifest.json
 
-The flags and units are the cost model's (python -m hvd_compress.costmodel); the command is a
-sibling of it rather than a flag of it because the planner imports the cost model, and the
-cost model never imports what sits above it (docs/architecture.md).
+(`python -m hvd_compress.auto` is the same command.) The flags and units are the cost model's
+(hvd-compress-costmodel); the command is a sibling of it rather than a flag of it because the
+planner imports the cost model, and the cost model never imports what sits above it
+(docs/architecture.md).
 
-Where each input comes from (docs/planner.md):
+Where each input comes from (docs/planner.md); by default from the package's defaults/ (copies
+of committed measurements, defaults/README.md), each replaceable by a flag:
 - buckets: the lab net's parameter shapes (costmodel.methods.MODEL_SHAPES) fused in backward
   order up to 1 MiB of float32 by methods.groups_by_size, the function exchange/fusion.py calls;
-- backward's pace: forward+backward from a committed step benchmark (results/step/summary.csv,
-  the median over its rows for this model and rank count), two thirds of it backward (a
-  backward pass costs about two forwards); each bucket ready when backward has done the work
-  of every tensor up to its last one, a tensor's work taken as its values times the output
-  positions that use each (conv layers: the map's size), a FLOP count, not a measurement;
+- backward's pace: forward+backward from a step benchmark's summary (--step-results; the
+  median over its rows for this model and rank count), two thirds of it backward (a
+  backward pass costs about two forwards), or --compute; each bucket ready when backward has
+  done the work of every tensor up to its last one, a tensor's work taken as its values times
+  the output positions that use each (conv layers: the map's size), a FLOP count, not a
+  measurement;
 - codec costs: per scheme and route, a + b * bytes solved from the same file's compress_ms and
   decompress_ms on the two nets (a per call, b per fp32 byte), median over links;
-- errors: results/planner/bucket_errors.csv (scripts/bucket_errors.py), the largest per
-  bucket and scheme;
+- errors: each scheme's relative error per bucket (--errors), the largest per bucket and
+  scheme;
 - the link: --bandwidth and --latency for every collective, or per collective from a fit
   (--link-fit, the JSON the network benchmark and the lab's calibration write);
 - the collectives' CPU, taken from backward where ranks share cores (--cpu-share, 0 by
   default: a core to spare): per collective a + b * bytes fitted to the per-rank medians of
-  scripts/bench_collective_cpu.py (results/collective-cpu/cpu-np<N>.csv, the nearest N), one
-  size per collective but allgather's two, so b alone where only one was measured.
-With --report, every input is the job's own: its plan_report() (scripts/bench_step.py's
-plans/<cell>.json, or the lab's manifest.json, which holds it), read back by
-inputs.replay.
+  the collective CPU benchmark (--collective-cpu; by default the file of the nearest rank
+  count), one size per collective but allgather's two, so b alone where only one was measured.
+With --report, every input is the job's own: its plan_report() (the step benchmark's
+plans/<cell>.json, or the lab's manifest.json, which holds it), read back by inputs.replay.
 """
 from __future__ import annotations
 
@@ -49,11 +49,13 @@ from ..registry import parse_label
 from . import planner as pl
 from . import inputs, records
 
-ROOT = Path(__file__).resolve().parents[2]
-STEP_RESULTS = ROOT / "results" / "step" / "summary.csv"
-ERRORS = ROOT / "results" / "planner" / "bucket_errors.csv"
-COLLECTIVE_CPU = ROOT / "results" / "collective-cpu"
-# bench_collective_cpu.py's cases, by the collective the planner's links name.
+# The default inputs ship with the package (defaults/README.md: copies of committed
+# measurements), so the planning mode runs from an install; each flag takes the user's own.
+DEFAULTS = Path(__file__).resolve().with_name("defaults")
+STEP_RESULTS = DEFAULTS / "step_summary.csv"
+ERRORS = DEFAULTS / "bucket_errors.csv"
+COLLECTIVE_CPU = DEFAULTS / "collective-cpu"
+# The collective CPU benchmark's cases, by the collective the planner's links name.
 CPU_CASES = {"allreduce float32": "allreduce", "allreduce fp16": "allreduce_fp16",
              "allgather bit8": "allgather", "allgather bit8 chunk": "allgather",
              "alltoall bit8": "alltoall"}
@@ -64,7 +66,7 @@ NAMES = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
 # -> 24x24, conv2 on 12x12 -> 8x8 (Net); conv1 3x3 -> 26x26, conv2 -> 24x24 (BasicNet).
 POSITIONS = {"horovod": [576, 576, 64, 64, 1, 1, 1, 1], "basic": [676, 676, 576, 576, 1, 1, 1, 1]}
 BACKWARD_SHARE = 2 / 3
-# The step benchmark's rows that measured each candidate (results/step, scripts/bench_step.py).
+# The step benchmark's rows that measured each candidate.
 BENCH_ROWS = {"none:allreduce": "ours:none", "fp16:allreduce": "ours:fp16",
               "bit16:alltoall": "ours:bit16:alltoall", "bit8:allgather": "ours:bit8:allgather",
               "bit8:alltoall": "ours:bit8:alltoall"}
@@ -99,8 +101,8 @@ def _rows(path, model, n):
     if not Path(path).is_file():
         raise SystemExit(
             f"error: no step benchmark at {path}: the plan prices codecs and backward's pace from "
-            "one; pass --step-results SUMMARY.csv (written by scripts/bench_step.py; a checkout "
-            "has results/step/summary.csv), or --report PLAN.json to explain a job's plan")
+            "one; pass --step-results SUMMARY.csv (a step benchmark's summary), or --report "
+            "PLAN.json to explain a job's plan")
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["model"] == BENCH_MODEL.get(model, model)]
     have = sorted({int(r["ranks"]) for r in rows})
@@ -179,8 +181,8 @@ def bucket_errors(path, model):
 
 
 def collective_cpu(path, n):
-    """{collective: Affine} from bench_collective_cpu.py's CSV (`path`, or the file of the
-    nearest rank count in results/collective-cpu): per (collective, bytes) the median over
+    """{collective: Affine} from the collective CPU benchmark's CSV (`path`, or the file of the
+    nearest rank count in COLLECTIVE_CPU): per (collective, bytes) the median over
     ranks of each rank's median CPU; a + b * bytes through those points (b alone from one)."""
     if path is None:
         have = {int(f.stem.removeprefix("cpu-np")): f for f in COLLECTIVE_CPU.glob("cpu-np*.csv")
@@ -265,7 +267,7 @@ def build(args):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m hvd_compress.auto",
+    p = argparse.ArgumentParser(prog="hvd-compress-plan",
                                 description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--report", metavar="PLAN.json",
@@ -290,8 +292,8 @@ def build_parser():
                         "compute threads per core where they fill every core (4 ranks of one "
                         "thread on 2 cores: 2); default 0, a core to spare")
     p.add_argument("--collective-cpu", metavar="CPU.csv",
-                   help="each collective's CPU per call (scripts/bench_collective_cpu.py; "
-                        "default: results/collective-cpu/cpu-np<N>.csv, the nearest N)")
+                   help="each collective's CPU per call (the collective CPU benchmark's CSV; "
+                        "default: the package's cpu-np<N>.csv, the nearest N)")
     p.add_argument("--margin", type=float,
                    help=f"tie margin (default {pl.TIE_MARGIN}; with --report, the job's)")
     p.add_argument("--format", choices=("table", "json"), default="table")

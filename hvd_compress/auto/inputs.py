@@ -1,7 +1,7 @@
 """The planner's inputs as a job last saw them: the links as its own steps run them
 (busy_links, after without_steal), and the record of them that plan_report() keeps (summary,
 a records.MeasurementsRecord) read back into planner.Measurements, so that
-`python -m hvd_compress.auto --report` re-decides a job's plan from its record, exactly
+`hvd-compress-plan --report` re-decides a job's plan from its record, exactly
 (docs/planner.md, "In the job" and "The command"). Pure: no torch, no Horovod."""
 import dataclasses
 import math

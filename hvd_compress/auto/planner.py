@@ -40,8 +40,8 @@ plan where there are at most EXHAUSTIVE_PLANS, and beyond lets the timeline re-r
 the DP's plans (`_improve`).
 
 The collectives' CPU: Horovod's thread sums what it receives (a float16 sum on a CPU is a
-software conversion each way: 17 ms a rank for fp16's 2.4 MB at 4 ranks, against fp32's 5 ms
-for twice the bytes, results/collective-cpu). Where the compute threads fill the cores, that CPU
+software conversion each way, so Horovod's fp16 allreduce costs more CPU than float32's for
+half the bytes). Where the compute threads fill the cores, that CPU
 is taken from backward: a collective's `cpu` (its measured CPU seconds x Measurements.cpu_share)
 is added to backward's end and to every later hook, in the share of its run that overlaps
 backward. The fold leaves it out; the timeline, which chooses, has it.
@@ -101,8 +101,8 @@ DEFAULT_CANDIDATES = ("none:allreduce", "fp16:allreduce", "bit16:alltoall", "bit
 # after scaling (flushed or coarsely rounded): the scale does not fit the bucket.
 ERROR_BOUND = 2.0 ** -4
 # Plans predicted within this fraction of the fastest are tied, the least lossy taken: small,
-# since the model's gaps between plans are smaller than the measured ones
-# (results/step-auto-grid/basic-margin-2pct).
+# since the model's gaps between plans are smaller than the measured ones (a wide margin hands
+# the step to a slower, less lossy plan the model cannot tell apart).
 TIE_MARGIN = 0.005
 # Re-plan when the median of the last REPLAN_WINDOW steps is off the prediction by more than
 # REPLAN_MARGIN (the accuracy the prediction is held to: a drift inside it is no evidence),
@@ -111,13 +111,14 @@ REPLAN_MARGIN = 0.15
 REPLAN_WINDOW = 20
 REPLAN_EVERY = 100
 # A first plan is also judged once a window of its own steps exists: it was predicted from the
-# run's least settled steps (results/step-auto-reps/README.md, "re-planning").
+# run's least settled steps (the first after start-up, when caches and Horovod's negotiation
+# are still settling).
 REPLAN_FIRST = REPLAN_WINDOW
 # The most plan prefixes the DP keeps per bucket: exact below it (tests/test_planner.py holds it
 # to brute force), a beam above, which the plan then says.
 MAX_FRONT = 128
 # Up to this many allowed plans every one is predicted on the timeline (6 candidates on 5
-# buckets: 7,776, under 0.1 s in pure Python); beyond, the DP shortlists.
+# buckets: 7,776, a fraction of a second in pure Python); beyond, the DP shortlists.
 EXHAUSTIVE_PLANS = 8192
 # Then the timeline improves the IMPROVE_STARTS fastest shortlisted plans one bucket at a time,
 # at most IMPROVE_PLANS predicted: enough to find the exhaustive optimum on 300 random instances

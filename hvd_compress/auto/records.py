@@ -4,8 +4,8 @@ and the plan report (docs/planner.md, "The records"). Frozen: a record is what w
 decided, never edited afterwards. `to_dict` / `from_dict` only where a record leaves the
 process: the calibration's gather, rank 0's broadcast, a checkpoint, the JSON of the lab's
 manifest and of bench_step's plans/<cell>.json; `from_dict` also reads the records committed
-under results/ by earlier versions (fields they lack take their defaults). Pure: no torch, no
-Horovod (`python -m hvd_compress.auto --report` reads them)."""
+by earlier versions (fields they lack take their defaults). Pure: no torch, no
+Horovod (`hvd-compress-plan --report` reads them)."""
 from __future__ import annotations
 
 import math

@@ -30,15 +30,14 @@ from . import planner
 __all__ = ["Auto", "WARMUP_STEPS", "NOT_BY_DEFAULT", "default_candidates"]
 
 # Steps measured before the first plan: the first discarded (first touches, Horovod's first
-# negotiation), the median of five, which one slow step cannot move (results/lab-auto-head).
+# negotiation), the median of five, which one slow step cannot move.
 WARMUP_STEPS = 6
 # Off by default: the trial's rivals are lossy steps, whose verdicts on a loaded machine cost
-# accuracy (docs/planner.md, "The trial"; results/step-auto-trial/README.md).
+# accuracy (docs/planner.md, "The trial").
 DEFAULT_TRIAL_STEPS = 0
 # Schemes that carry values but are candidates only when named: int8 sends bit8's bytes with
 # more codec time and a coarser error on small values; bf16 sends bit16's bytes with a coarser
-# rounding (8 significant bits against 11), and no auto grid has measured it
-# (results/step-auto-rerun).
+# rounding (8 significant bits against 11), so bit16 is the one of the two auto weighs.
 NOT_BY_DEFAULT = ("int8", "bf16")
 _DEFAULT = object()             # Auto.communicator's scale block when none is passed
 

@@ -28,17 +28,16 @@ __all__ = ["TRIAL_STEPS", "TRIAL_MARGIN", "TRIAL_RIVALS", "TRIAL_TIE", "Contende
 # to a step, so a low quantile is what the plan itself costs, and no one lucky step decides.
 TRIAL_STEPS = 5
 # Rivals: the fixed plans (one scheme on every bucket) predicted within this fraction of the
-# plan's predicted step. 30%: the largest error of the model's *ranking* measured so far
-# (results/step-auto, 2 ranks, 100 Mbit/s: bit8 two-phase predicted 9% slower than the lab
-# net's plan, measured 21% faster); a fixed plan predicted further off costs more trial time
-# than it can be expected to win.
+# plan's predicted step: as wide as the model's errors in *ranking* plans (a fixed plan
+# predicted slower than the plan can run faster than it); a fixed plan predicted further off
+# costs more trial time than it can be expected to win.
 TRIAL_MARGIN = 0.30
 # At most this many rivals beside the plan (the fastest predicted first): four plans x six
 # rounds = 24 trial steps at most.
 TRIAL_RIVALS = 3
 # Measured steps within this fraction of the fastest count as tied: the least lossy is kept.
-# 2%: below what a few steps resolve (a row's median step is known to 1.7-46%, the width of
-# its 95% interval, after 10-40 rounds in results/step-auto-grid).
+# 2%: below what a few steps resolve (a median of a few steps on a shared machine is known
+# to a few percent at best).
 TRIAL_TIE = 0.02
 
 

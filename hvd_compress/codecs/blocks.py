@@ -74,15 +74,18 @@ _missing_warned = []
 
 def note_missing_kernel(fmt: FloatFormat):
     """Warn, once per process, when `fmt` has a native kernel but it is not loaded (no compiler
-    here, or its build failed) and its codes take the torch path, about 5x slower. Switched
-    off on purpose (HVD_COMPRESS_NATIVE=0) is not warned about; codec_path() records both."""
+    here, or its build failed) and its codes take the torch path: the same bits (the path the
+    kernel is tested against), an order of magnitude slower or more, by bucket size and CPU.
+    Switched off on purpose (HVD_COMPRESS_NATIVE=0) is not warned about; codec_path() records
+    both."""
     if (_missing_warned or fmt.name not in native.FORMATS or native.module() is not None
             or os.environ.get("HVD_COMPRESS_NATIVE", "1") == "0"):
         return
     _missing_warned.append(fmt.name)
     warnings.warn(f"hvd_compress: no native {fmt.name} kernel ({native.why_missing()}), so "
-                  "codes take the torch path (about 5x slower); build it with "
-                  "`python -m hvd_compress.codecs.native`",
+                  "codes take the torch path (the same bits, an order of magnitude slower or "
+                  "more); build it with `hvd-compress-build-kernel` "
+                  "(python -m hvd_compress.codecs.native)",
                   RuntimeWarning, stacklevel=3)
 
 

@@ -4,7 +4,8 @@
     link = Link.from_bandwidth(parse_time("1ms"), parse_rate("10Gbit/s"))
     predict("allgather", n=8, g=parse_size("32MiB"), bits=8).seconds(link)
 
-Command line: python -m hvd_compress.costmodel --help   (formulas: docs/costmodel.md)
+Command line: hvd-compress-costmodel --help (python -m hvd_compress.costmodel; formulas:
+docs/costmodel.md)
 Pure Python + NumPy: importing this does not import torch or Horovod.
 """
 from .model import (  # noqa: F401

@@ -68,7 +68,7 @@ def method_rows(chosen=None) -> list[tuple]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m hvd_compress.costmodel",
+        prog="hvd-compress-costmodel",
         description="Alpha-beta cost model: predicted time of each gradient-exchange scheme "
                     "(time = messages*alpha + bytes*beta [+ codec_bytes*gamma]), the "
                     "bit8-allgather vs fp32-ring crossover, or a fit of alpha/beta to "

@@ -9,8 +9,9 @@ __all__ = ["DEFAULTS", "AUTO", "AUTO_FLAG", "compression_flags", "scale_block",
            "add_compression_flags", "check_args", "compression_of", "auto_compression"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
-# lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' network with momentum 0.9 reaches ~89%
-# on Fashion-MNIST in 2 epochs at 1 to 4 processes, the small one 78% in 3 (results/lab/README.md, "The defaults, measured").
+# lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' larger network with momentum 0.9, which
+# learns in 2 epochs what the small net takes several for, at 1 to 4 processes alike (the runs
+# that chose them: the lab's results, "The defaults, measured").
 # The run matrix and the elastic trainer take them from here.
 DEFAULTS = {"model": "basic", "lr": 0.02, "momentum": 0.9, "epochs": 2}
 
@@ -25,7 +26,7 @@ def compression_flags():
     return {s.name: _dest(s.flag) for s in registry.schemes().values() if s.flag}
 
 
-# Compression.auto (issue 25, docs/planner.md): not one scheme but a per-bucket plan the
+# Compression.auto (docs/planner.md): not one scheme but a per-bucket plan the
 # optimizer measures and chooses inside the job, so it has no registry entry of its own (no
 # bits, no bytes formula); its name is a run name all the same ('np2-auto'), and its switch
 # sits beside the schemes' in the same exclusive group.
@@ -144,7 +145,7 @@ def auto_compression():
     auto = getattr(Compression, AUTO, None)
     if auto is None:
         raise RuntimeError(f"{AUTO_FLAG}: this hvd_compress has no Compression.auto (the "
-                           f"per-bucket planner's runtime, issue 25); update the checkout")
+                           f"per-bucket planner's runtime); update the checkout")
     return auto
 
 

@@ -23,10 +23,10 @@ before each launch, inside S or while earlier units are on the wire.
 
 Two calibrations of the link: one with every core kept busy, as backward keeps them for the
 first S seconds of the exchange, and one on idle cores, as they are after it; each collective
-is timed by the first until S and by the second after (exchange_seconds' links_after). With
-one calibration for the whole exchange, the 4-process rows were predicted 22-42% low (idle
-cores) or 6-33% high (busy cores): at 4 processes on 2 cores a collective's fixed cost is
-mostly the scheduler's.
+is timed by the first until S and by the second after (exchange_seconds' links_after). Where
+ranks outnumber cores, a collective's fixed cost is mostly the scheduler's: a calibration on
+busy cores overstates the collectives that run after backward, one on idle cores understates
+those that run during it.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from hvd_compress.costmodel.model import Cost, Link
 
 from .flags import AUTO
 
-# Where a prediction is judged (issue 14): rows whose measured exchange is at least this long.
+# Where a prediction is judged: rows whose measured exchange is at least this long.
 JUDGED_MS = 5.0
 TOLERANCE = 0.25
 
@@ -162,7 +162,7 @@ def predictions(net_frame, net_manifests, loop_frame, links, links_after=None):
 
 @dataclass
 class StepBound:
-    """How far a row's step is from what the machine and the link allow (issue 46):
+    """How far a row's step is from what the machine and the link allow:
     bound = max(the compute floor, the wire time of the step's bytes)."""
     step_ms: float
     floor_ms: float               # the mean step less its mean wait for the exchange

@@ -30,7 +30,7 @@ SCHEME_FLAGS = {name: scheme_flags(name) for name in COURSE_SCHEMES}
 # Every other registered scheme with a flag (plugins of $HVD_COMPRESS_SCHEMES included), a
 # method at its default parameter: the matrix's --methods rows.
 METHOD_FLAGS = {name: scheme_flags(name) for name in other_schemes() if SCHEMES[name].flag}
-# The per-bucket plan (issue 25): the matrix's --auto rows, at 2 and 4 processes.
+# The per-bucket plan: the matrix's --auto rows, at 2 and 4 processes.
 AUTO_FLAGS = {AUTO: scheme_flags(AUTO)}
 RANKS = (2, 4)
 # A run of the network that is not the default is named so: np2-bit8-small (Horovod's small

@@ -1,17 +1,19 @@
 """The C++ block kernel (blocks.cpp): compiled once per user, on first use, into a cache.
 
-    python -m hvd_compress.codecs.native       # build it now (scripts/setup.sh does), then check it
+    hvd-compress-build-kernel      # build it now (scripts/setup.sh does), then check it
+                                   # (python -m hvd_compress.codecs.native is the same)
 
 The sources ship with the package, so a plain `pip install` has everything to build it. The
 library lives in CACHE_ROOT/<name>-<key>/, the key a hash of the sources, the flags, torch's
 version and Python's; another torch or an edited source gets a folder of its own. `module()`
 loads it, building it first where it is missing: under a file lock, so that of several ranks
-starting at once one compiles (with a one-line message on stderr; 10-30 s on 2 cores)
-and the others wait and load its library. Never at import: a process builds when it first
-codes a bucket. A build removes the kernels of older sources for the same torch and Python. Where no C++ compiler or ninja is found, or the build failed before (its log
-is the folder's FAILED file; `python -m hvd_compress.codecs.native` tries again), `module()`
-returns None and codecs/blocks.py runs its pure-torch path, the reference the kernel is tested
-against bit for bit, with one warning that says why.
+starting at once one compiles (with a one-line message on stderr: a C++ compile, seconds on
+idle cores and minutes on busy ones) and the others wait and load its library. Never at
+import: a process builds when it first codes a bucket. A build removes the kernels of older
+sources for the same torch and Python. Where no C++ compiler or ninja is found, or the build
+failed before (its log is the folder's FAILED file; `hvd-compress-build-kernel` tries again),
+`module()` returns None and codecs/blocks.py runs its pure-torch path, the reference the kernel
+is tested against bit for bit, with one warning that says why.
 
 HVD_COMPRESS_NATIVE=0 switches the kernel off; HVD_COMPRESS_F16C=0 keeps its portable loops on a
 CPU with AVX2 and F16C (kernels_x86.h otherwise); HVD_COMPRESS_CACHE moves the cache (default
@@ -143,7 +145,8 @@ def _build_on_first_use():
             if built(build_dir) or os.path.exists(os.path.join(build_dir, "FAILED")):
                 return built(build_dir)
             print(f"hvd_compress: compiling the native codec kernel once, into {build_dir} "
-                  "(10-30 s; other processes wait for it)", file=sys.stderr, flush=True)
+                  "(a C++ compile: seconds on idle cores, minutes on busy ones; other "
+                  "processes wait for it)", file=sys.stderr, flush=True)
             return _build_locked(build_dir, verbose=False)
     except Exception:               # a failed build (FAILED says why), an unwritable cache
         return None                 # the torch path runs, and blocks.py warns once

@@ -1,4 +1,4 @@
-"""python -m hvd_compress.codecs.native (hvd-compress-build-kernel): build the kernel into the
+"""hvd-compress-build-kernel (python -m hvd_compress.codecs.native): build the kernel into the
 per-user cache now, even where an earlier build failed, then check it against the torch path."""
 import argparse
 import sys
@@ -11,7 +11,7 @@ from .. import E4M3, FP16, blocks
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="python -m hvd_compress.codecs.native",
+        prog="hvd-compress-build-kernel",
         description="Compile the codec's C++ kernel (blocks.cpp) into the per-user cache "
                     "(HVD_COMPRESS_CACHE, default ~/.cache/hvd-compress), then check that it "
                     "codes 100,003 values bit for bit as the torch path does. Without this, the "
