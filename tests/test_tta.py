@@ -1,4 +1,4 @@
-"""Time to accuracy (labs/bench/tta.py, labs/bench/tta_grid.py) and the trainers' held-out split:
+"""Time to accuracy (labs/kit/tta.py, labs/bench/tta_grid.py) and the trainers' held-out split:
 the split, the flags that refuse a run that would evaluate on the test set, when a target is
 reached, what a run's time is made of, the composition, and the grid's bookkeeping, on run
 folders written here with known times."""
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from labs.bench import tta, tta_grid
+from labs.bench import tta_grid
+from labs.kit import tta
 from labs.kit import data as lab_data, runlog
 from labs.kit.data import DataError
 

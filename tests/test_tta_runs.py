@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import MNIST_DIR, ROOT
-from labs.bench import tta
+from labs.kit import tta
 from labs.kit import runlog
 from labs.kit.launch import horovodrun_command, launch_env
 

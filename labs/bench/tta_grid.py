@@ -4,7 +4,7 @@
     python -m labs.bench.tta_grid --prefix /work/bin/cpu-shared   # run (resumable), then summarise
     python -m labs.bench.tta_grid --summary-only --out runs/tta    # the CSVs and the plot again
 
-Steps (labs/bench/tta.py): each method trains over loopback (labs/mnist.py on Horovod,
+Steps (labs/kit/tta.py): each method trains over loopback (labs/mnist.py on Horovod,
 labs/ddp_mnist.py for DDP's own hooks) with --holdout HOLDOUT and an evaluation every
 EVAL_IMAGES training images (--eval-every 40 at 2 ranks, 20 at 4), at the lab's settings (lr
 0.02 x ranks, momentum 0.9, batch 64 a rank), both lab networks, 2 and 4 ranks. float32 first,
@@ -44,7 +44,7 @@ from labs.kit.flags import DEFAULTS
 from labs.kit.launch import horovodrun_command
 from labs.kit.matrix import move_aside, run_one
 
-from . import tta
+from labs.kit import tta
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("basic", "horovod")                # labs/mnist.py --model
@@ -97,7 +97,7 @@ DDP_OWN = [Method("ddp:fp16", "ddp", ("--ddp-fp16",), "stock:fp16"),
 TRAINED = {m.key: m for m in OURS + DDP_OWN}
 # The fronts' rows of the time table: (front, method) -> the method whose steps it takes.
 # Horovod: ours, each its own. DDP: its own allreduce is float32's (the same sum and mean;
-# at 2 ranks a + b in either order, bit for bit: tests/test_tta.py), our hook's schemes are
+# at 2 ranks a + b in either order, bit for bit: tests/test_tta_runs.py), our hook's schemes are
 # ours (the same codec and route on DDP's buckets), its own hooks their own runs.
 STEPS_OF = {("horovod", m.key): m.key for m in OURS}
 STEPS_OF.update({("ddp", m.key): m.key for m in OURS})
