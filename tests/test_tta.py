@@ -90,7 +90,7 @@ def write_run(folder, start=1000.0, resumed=False):
     """A run folder of 2 epochs of 4 steps of 0.25 s each (rank 0; rank 1's rows are other
     times that must not count), evaluations of 0.5 s after steps 2, 4, 6, 8, an epoch end of
     3 s between steps 4 and 5 besides its evaluation, and a start-up of 6 s."""
-    folder.mkdir()
+    folder.mkdir(parents=True)
     runlog.write_manifest(folder, {"status": "complete", "process_start_unix": start,
                                    "resumes": [1] if resumed else []})
     t, steps, evals = start + 6.0, [], []
@@ -195,7 +195,7 @@ def test_targets_wait_for_every_float32_seed_then_take_their_mean(tmp_path):
 
 def test_a_run_made_for_another_target_is_run_again(tmp_path, capsys):
     folder = tmp_path / "run"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     runlog.write_manifest(folder, {"status": "complete", "args": {"target_accuracy": 0.88}})
     assert tta_grid.plan_run(folder, 0.88) == "skip"
     assert tta_grid.plan_run(folder, 0.89) == "fresh"
@@ -209,3 +209,64 @@ def test_a_run_made_for_another_target_is_run_again(tmp_path, capsys):
 def test_bench_rows_name_a_method_at_a_parameter(text, parsed):
     from scripts import bench_step
     assert bench_step.method_parameter(text) == parsed
+
+
+def lab_table(base, runs, link_ms=None, holdout=True):
+    """A loopback table of parallel runs {name: (compression, held-out accuracies of 4
+    evaluations, 2 an epoch)}, 0.2 s a step over loopback; with link_ms, a network table beside
+    it (its step per run in ms, 100 Mbit/s)."""
+    rows = []
+    for name, (compression, accuracies) in runs.items():
+        folder = base / "loop" / name
+        write_run(folder)
+        frame = pd.read_csv(folder / "evals.csv")
+        frame["holdout_accuracy"] = accuracies
+        if holdout:
+            frame.to_csv(folder / "evals.csv", index=False)
+        else:
+            (folder / "evals.csv").unlink()
+        manifest = runlog.read_manifest(folder)
+        runlog.write_manifest(folder, dict(manifest, data={"holdout_samples": 2000},
+                                           args={"eval_every": 40, "batch_size": 64},
+                                           world_size=2))
+        rows.append(dict(run=name, ranks=2, compression=compression, reduction="allgather",
+                         error_feedback=False, status="complete", epochs=2, run_dir=name,
+                         train_time_s=10.0, final_test_accuracy=0.88, step_ms=200.0,
+                         forward_backward_ms=150.0, compress_ms=1.0, communicate_ms=40.0,
+                         decompress_ms=1.0, update_ms=8.0, bytes_per_step=1000.0,
+                         netem_rate_bps=math.nan))
+    pd.DataFrame(rows).to_csv(base / "loop" / "summary.csv", index=False)
+    if link_ms is None:
+        return base / "loop" / "summary.csv", None
+    (base / "net").mkdir(parents=True)
+    net = pd.DataFrame(rows).assign(netem_rate_bps=1e8, step_ms=[link_ms[r["run"]] for r in rows])
+    net.to_csv(base / "net" / "summary.csv", index=False)
+    return base / "loop" / "summary.csv", base / "net" / "summary.csv"
+
+
+def test_the_report_says_when_each_scheme_reaches_its_targets_on_the_link(tmp_path):
+    from labs.kit import report
+    loop, net = lab_table(tmp_path, {"np2-none": ("none", [0.80, 0.86, 0.87, 0.89]),
+                                     "np2-bit8": ("bit8", [0.80, 0.885, 0.88, 0.885])},
+                          link_ms={"np2-none": 500.0, "np2-bit8": 250.0})
+    text = report.tta_section(loop, report.load_summary(loop), net)
+    # targets: float32's last 0.89 (float32), 0.885 (lab); float32 reaches both at step 8,
+    # bit8 the lab target at step 4 and never the stricter one
+    assert "2 processes float32 89.00%; 2 processes lab 88.50%" in text
+    none_lab = 6.0 + 8 * 0.5 + 4 * 0.5 + 3.0
+    bit8_lab = 6.0 + 4 * 0.25 + 2 * 0.5
+    assert f"float32 {none_lab:.0f} s; bit8 {bit8_lab:.0f} s (x{bit8_lab / none_lab:.2f}: pays)" in text
+    assert "bit8 — s (never reached it: does not pay)" in text
+    assert "| not within 2 epochs |" in text and "(tta.png)" in text
+    assert "nan" not in text.lower()
+
+
+def test_the_report_says_why_there_is_no_time_to_accuracy(tmp_path):
+    from labs.kit import report
+    loop, net = lab_table(tmp_path, {"np2-none": ("none", [0.8, 0.8, 0.8, 0.8])},
+                          link_ms={"np2-none": 500.0}, holdout=False)
+    assert report.tta_section(loop, report.load_summary(loop), net).startswith(
+        "Not measured in this table")
+    loop2, _ = lab_table(tmp_path / "b", {"np2-none": ("none", [0.8, 0.8, 0.8, 0.8])})
+    assert "no network table (--no-network)" in report.tta_section(
+        loop2, report.load_summary(loop2), None, "--no-network")

@@ -39,23 +39,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from labs.kit import runlog
+from labs.kit import runlog, tta
 from labs.kit.flags import DEFAULTS
 from labs.kit.launch import horovodrun_command
 from labs.kit.matrix import move_aside, run_one
-
-from labs.kit import tta
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("basic", "horovod")                # labs/mnist.py --model
 BENCH_MODEL = {"basic": "basic", "horovod": "lab"}   # the step benchmarks' names of them
 RANKS = (2, 4)
 LINKS = ("loopback", "1gbit", "100mbit", "10mbit")
-HOLDOUT = 2000                               # images held out of the training set
-EVAL_IMAGES = 5120                           # training images between two evaluations
+HOLDOUT, EVAL_IMAGES = tta.HOLDOUT, tta.EVAL_IMAGES    # the lab job's: the same runs
 LAB_EPOCHS = DEFAULTS["epochs"]              # float32's accuracy after these sets the targets
 CAP = {"basic": 3, "horovod": 4}             # epochs a method may take to reach them
-LOOSE_POINTS = 0.005                         # the 'lab' target: float32's - 0.5 points
+LOOSE_POINTS = tta.LOOSE_POINTS              # the 'lab' target: float32's - 0.5 points
 SEEDS = (42, 1, 2)
 
 
@@ -128,7 +125,7 @@ class Run:
 
     @property
     def eval_every(self):
-        return max(1, EVAL_IMAGES // (64 * self.ranks))
+        return tta.eval_every(self.ranks)
 
 
 def grid(models=MODELS, ranks=RANKS, methods=None, seeds=SEEDS):

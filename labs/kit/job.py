@@ -10,7 +10,8 @@ Stages, each one resumable (a finished run is skipped, an interrupted one resume
 calibration kept): run the same command again after an interruption.
 
  1. The table (labs/kit/matrix.py): serial, then 2 and 4 processes x none / fp16 / bit16 / bit8
-    over loopback, every run with the same epochs, seed and data.
+    over loopback, every run with the same epochs, seed and data, each scoring a held-out split
+    of the training set as it trains (--holdout): the steps it took to each target accuracy.
  2. The network, as root where network namespaces work (`python -m labs.netem check`; the
     report says why it is missing otherwise): two short calibrations of one emulated link,
     with the cores kept busy and on idle cores (labs.netem.bench: allreduce of float32 and of
@@ -24,7 +25,9 @@ calibration kept): run the same command again after an interruption.
     np2-auto and np4-auto (--auto-allreduce): the report sets each one's plan beside its
     predicted and measured step.
  3. The report (runs/report.md by default) and the PNGs next to it (labs/kit/report.py,
-    labs/kit/plots.py). The committed run's are in results/lab/.
+    labs/kit/plots.py): with both tables, each scheme's time to each target on the emulated
+    link (its steps from the table, its step from the network table, labs/kit/tta.py). The
+    committed run's are in results/lab/.
 
 After each run a line says how far the whole job is: "[lab 40% | 13.2 min | ~19 min left]".
 """
@@ -36,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import matrix
+from . import matrix, tta
 from .network import idle_fit_path
 from .table import course_runs
 
@@ -94,6 +97,10 @@ def parse_args(argv=None):
     parser.add_argument("--split-test", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs of the table's runs (default: the trainer's, 2)")
+    parser.add_argument("--holdout", type=int, default=tta.HOLDOUT, metavar="K",
+                        help=f"the table's runs hold the training set's last K images out and "
+                             f"score them every {tta.EVAL_IMAGES} training images: the report's "
+                             f"time to accuracy (default {tta.HOLDOUT}; 0: none)")
     parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
     parser.add_argument("--out", default="runs/matrix", help="the table's folder")
     parser.add_argument("--report", default=DEFAULT_REPORT,
@@ -112,8 +119,11 @@ def parse_args(argv=None):
 
 
 def table_args(args, extra):
-    """The loopback table's settings (labs/kit/matrix.py flags)."""
+    """The loopback table's settings (labs/kit/matrix.py flags): its runs hold images out and
+    score them as they train, so that the report can say when each reached its target."""
     argv = ["--dataset", args.dataset, "--controller", args.controller, "--out", args.out]
+    if args.holdout:
+        argv += ["--holdout", str(args.holdout)]
     if args.epochs is not None:
         argv += ["--epochs", str(args.epochs)]
     return matrix.parse_args(argv + matrix.data_flags(args) + extra)

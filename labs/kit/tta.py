@@ -31,8 +31,22 @@ import pandas as pd
 
 from labs.kit import runlog
 
-__all__ = ["Reach", "RunTimes", "RunError", "read_evals", "read_steps", "reach", "run_times",
-           "compose", "elapsed", "accuracy_curve"]
+# The lab's held-out split and how often it is scored (the lab job's table and the grid,
+# labs/bench/tta_grid.py): 2,000 images, evaluated after every 5,120 training images (every 40
+# steps at 2 ranks of 64, 20 at 4, 80 serially), about 11 times an epoch: a step count known to
+# a tenth of an epoch, at the price of a forward pass over 2,000 images each time (the same
+# for every method, so it moves no ranking).
+HOLDOUT = 2000
+EVAL_IMAGES = 5120
+
+__all__ = ["HOLDOUT", "EVAL_IMAGES", "LOOSE_POINTS", "eval_every", "Reach", "RunTimes",
+           "RunError", "Composed", "read_evals", "read_steps", "reach", "run_times", "compose",
+           "elapsed", "accuracy_curve", "targets_of", "compose_runs"]
+
+
+def eval_every(ranks, batch_size=64, images=EVAL_IMAGES):
+    """--eval-every for `ranks` processes: the steps in which they train on `images` images."""
+    return max(1, images // (batch_size * ranks))
 
 
 class RunError(RuntimeError):
@@ -160,3 +174,47 @@ def accuracy_curve(evals: pd.DataFrame, step_s: float, times: RunTimes) -> pd.Da
     seconds = times.startup_s + evals["step"] * step_s + count * times.eval_s + ends
     return pd.DataFrame({"step": evals["step"], "seconds": seconds,
                          "holdout_accuracy": evals["holdout_accuracy"]})
+
+
+# ---- the lab's table: each scheme's time to its targets on the network table's link ---------
+
+LOOSE_POINTS = 0.005            # the 'lab' target: float32's accuracy minus 0.5 points
+
+
+def targets_of(float32_run) -> dict:
+    """The targets a float32 run sets: its held-out accuracy after its last epoch ('float32')
+    and that minus 0.5 points ('lab')."""
+    accuracy = float(read_evals(float32_run)["holdout_accuracy"].iloc[-1])
+    return {"lab": accuracy - LOOSE_POINTS, "float32": accuracy}
+
+
+@dataclass(frozen=True)
+class Composed:
+    """One run's time to one target on a link: the reach counted over loopback, the link's
+    step, the composed seconds; and the run's own seconds over loopback (measured)."""
+    run: str
+    ranks: int
+    compression: str
+    target_name: str
+    target: float
+    reach: Reach
+    step_s: float
+    seconds: float
+    loopback_s: float
+
+
+def compose_runs(loop_dirs: dict, link_step_s: dict, float32_of) -> list:
+    """Composed rows for every run of `loop_dirs` ({run: (folder, ranks, compression)}) that has
+    a step on the link (`link_step_s`, {run: seconds}) and a float32 run at its ranks
+    (`float32_of(ranks)`: a run name): each target that float32 run sets."""
+    rows = []
+    for run, (folder, ranks, compression) in loop_dirs.items():
+        base = float32_of(ranks)
+        if run not in link_step_s or base not in loop_dirs:
+            continue
+        evals, times = read_evals(folder), run_times(folder)
+        for name, target in targets_of(loop_dirs[base][0]).items():
+            hit = reach(evals, target)
+            rows.append(Composed(run, ranks, compression, name, target, hit, link_step_s[run],
+                                 compose(hit, link_step_s[run], times), elapsed(folder, hit)))
+    return rows
