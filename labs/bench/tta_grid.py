@@ -165,12 +165,12 @@ def train_command(run, run_dir, target, resume, dataset, data_dir=None, cap=None
 # ---- targets ----------------------------------------------------------------------------------
 
 def lab_accuracy(run_dir):
-    """A run's held-out accuracy after the lab's epochs (the evaluation at that epoch's end)."""
-    evals = tta.read_evals(run_dir)
-    last = evals[evals["epoch"] == LAB_EPOCHS]
-    if last.empty:
-        raise tta.RunError(f"{run_dir}: no evaluation in epoch {LAB_EPOCHS}")
-    return float(last["holdout_accuracy"].iloc[-1])
+    """A run's held-out accuracy after the lab's epochs (tta.accuracy_after: the mean of its
+    last evaluations up to that epoch's end)."""
+    try:
+        return tta.accuracy_after(tta.read_evals(run_dir), LAB_EPOCHS)
+    except tta.RunError as err:
+        raise tta.RunError(f"{run_dir}: {err}") from None
 
 
 def targets(out, model, ranks, seeds=SEEDS):
@@ -190,17 +190,23 @@ def targets(out, model, ranks, seeds=SEEDS):
 # ---- running -------------------------------------------------------------------------------------
 
 def plan_run(run_dir, target):
-    """'skip', 'resume' or 'fresh' for a run folder; a run made for another target, or one
-    that stopped at a lower target than the stricter one now is, is run again."""
+    """'skip', 'resume' or 'fresh' for a run folder. A complete run serves any target at or
+    below the one it stopped at (it passed them on the way), and any target if it ran to its
+    cap without stopping; one that stopped below the stricter target now asked, or was made
+    for float32's place (no target) and is asked for one, or the other way, is run again."""
     manifest = runlog.read_manifest(run_dir)
     if manifest is None:
         if run_dir.exists() and any(run_dir.iterdir()):
             move_aside(run_dir)
         return "fresh"
     asked = (manifest.get("args") or {}).get("target_accuracy")
-    same = asked == target or (asked is not None and target is not None
-                               and abs(asked - target) < 5e-7)
-    if not same:
+    stopped = "reached after" in str(manifest.get("reason") or "")
+    if (asked is None) != (target is None):
+        serves = False
+    else:
+        serves = asked is None or asked >= target - 5e-7 or (
+            manifest.get("status") == "complete" and not stopped)
+    if not serves:
         move_aside(run_dir)
         return "fresh"
     if manifest.get("status") == "complete":
@@ -238,6 +244,8 @@ def run_grid(args):
             print(header + ": " + shlex.join(args.prefix + train_command(
                 run, run_dir, target, False, args.dataset, args.data_dir, args.cap)))
             continue
+        while args.pause_file and Path(args.pause_file).exists():
+            time.sleep(10)          # another measurement wants the machine alone
         action = plan_run(run_dir, target)
         done += weight
         if action == "skip":
@@ -298,12 +306,26 @@ def steps_table(out, seeds=SEEDS):
     return pd.DataFrame(rows)
 
 
+def named_parameter(row):
+    """A benchmark row of a method at its default parameter, named with it: ours:topk ->
+    ours:topk0.01, ours:powersgd -> ours:powersgd2 (the registry's defaults), as the grid
+    names its methods; every other row as it is."""
+    from hvd_compress import registry
+    who, _, rest = row.partition(":")
+    name, _, route = rest.partition(":")
+    entry = registry.SCHEMES.get(name)
+    if who != "ours" or entry is None or entry.parameter is None:
+        return row
+    return f"ours:{name}{entry.parameter:g}" + (f":{route}" if route else "")
+
+
 def bench_cells(steps_csv, front, source, cpu):
     """Step times from a step benchmark's steps.csv (bench_step or bench_ddp: rank 0's timed
     steps, in rounds): per (model, link, ranks, row) the median over rounds of each round's
     mean step. A sum of steps is what a run's time is, so a mean; a round's, so that one slow
     round cannot carry it."""
     steps = pd.read_csv(steps_csv)
+    steps["row"] = steps["row"].map(named_parameter)
     means = steps.groupby(["model", "link", "ranks", "row", "round"]).step_ms.mean()
     cells = means.groupby(level=[0, 1, 2, 3]).median().rename("step_ms").reset_index()
     rounds = means.groupby(level=[0, 1, 2, 3]).size().rename("rounds").reset_index()
@@ -438,6 +460,52 @@ def plot(out, steps, cells, path):
     plt.close(fig)
 
 
+# The cost model's name of each method of ours: (scheme, parameter, route) (registry names).
+SCHEME_OF = {"none": ("none", None, None), "fp16": ("fp16", None, None),
+             "bit16": ("bit16", None, None), "bf16": ("bf16", None, None),
+             "bit8": ("bit8", None, None), "bit8:alltoall": ("bit8", None, "alltoall"),
+             "int8": ("int8", None, None), "onebit": ("onebit", None, None),
+             **{f"topk{r:g}": ("topk", r, None) for r in (0.1, 0.01, 0.001)},
+             **{f"powersgd{k}": ("powersgd", k, None) for k in (1, 2, 4)}}
+
+
+def scaling_table(out, steps, cells, seeds=SEEDS):
+    """The cost model's input for time to accuracy at n ranks (python -m hvd_compress.costmodel
+    --tta): per network and method of ours, the steps to one target at 2 and at 4 ranks (the
+    lower of the two cells' 'lab' targets, which the runs of both reached on the way to their
+    own; the mean over the seeds run), its compute per step (its step over loopback at 2 ranks,
+    a core a rank: the exchange there is nearly free) and its start-up and evaluations."""
+    rows, out = [], Path(out)
+    for model in MODELS:
+        cell_targets = [targets(out, model, n, seeds) for n in RANKS]
+        if None in cell_targets:
+            continue
+        target = min(t["lab"] for t in cell_targets)
+        for key, (scheme, parameter, route) in SCHEME_OF.items():
+            measured = []
+            for n in RANKS:
+                reached = []
+                for seed in seeds_of(key, model, n, seeds):
+                    run_dir = out / "runs" / Run(model, n, TRAINED[key], seed).name
+                    if (runlog.read_manifest(run_dir) or {}).get("status") == "complete":
+                        reached.append(tta.reach(tta.read_evals(run_dir), target))
+                ok = reached and all(r.reached for r in reached)
+                measured.append(sum(r.step for r in reached) / len(reached) if ok else None)
+            cell = cells[(cells.front == "horovod") & (cells.model == BENCH_MODEL[model])
+                         & (cells.link == "loopback") & (cells.ranks == 2)
+                         & (cells.row == TRAINED[key].bench_row)]
+            own = steps[(steps.model == model) & (steps.ranks == 2) & (steps.method == key)
+                        & (steps.target_name == "lab")]
+            rows.append(dict(model=model, method=key, scheme=scheme, parameter=parameter,
+                             route=route, target=target, batch_per_rank=64,
+                             ranks1=RANKS[0], steps1=measured[0], ranks2=RANKS[1],
+                             steps2=measured[1],
+                             compute_s=float(cell.step_ms.iloc[0]) / 1e3 if len(cell) else None,
+                             overhead_s=float((own.startup_s + own.evals * own.eval_s).median())
+                             if len(own) else None))
+    return pd.DataFrame(rows)
+
+
 def summarise(out, step_time_specs, seeds=SEEDS):
     out = Path(out)
     steps = steps_table(out, seeds)
@@ -451,6 +519,8 @@ def summarise(out, step_time_specs, seeds=SEEDS):
     runlog.atomic_write_text(out / "tta.csv", table.to_csv(index=False, float_format="%.6g"))
     if not steps.empty and not cells.empty:
         plot(out, steps, cells, out / "tta.png")
+        runlog.atomic_write_text(out / "scaling.csv", scaling_table(out, steps, cells, seeds)
+                                 .to_csv(index=False, float_format="%.6g"))
     return steps, table
 
 
@@ -473,6 +543,9 @@ def parse_args(argv=None):
                         help="float32's seeds (the others take the first)")
     parser.add_argument("--cap", type=int, default=None, metavar="EPOCHS",
                         help=f"epochs a run may take (default by network: {CAP})")
+    parser.add_argument("--pause-file", default=None, metavar="PATH",
+                        help="while PATH exists, wait before starting the next run (a timing "
+                             "measurement that needs the machine alone holds it)")
     parser.add_argument("--timeout", type=float, default=3 * 3600)
     parser.add_argument("--summary-only", action="store_true")
     parser.add_argument("--dry-run", action="store_true")
