@@ -13,13 +13,13 @@ pytestmark = pytest.mark.unit
 BASIC = methods.MODEL_SHAPES["basic"]
 
 
-def test_the_curve_through_two_measurements_is_mccandlish_s_with_its_noise_scale():
-    s_min, b_noise = 300.0, 500.0
-    truth = lambda b: s_min * (1 + b_noise / b)                        # noqa: E731
+def test_the_curve_through_two_measurements_is_mccandlish_s_with_its_critical_batch():
+    s_min, b_crit = 300.0, 500.0
+    truth = lambda b: s_min * (1 + b_crit / b)                        # noqa: E731
     curve = StepsCurve.fit(128, truth(128), 256, truth(256))
-    assert curve.s_min == pytest.approx(s_min) and curve.b_noise == pytest.approx(b_noise)
+    assert curve.s_min == pytest.approx(s_min) and curve.b_crit == pytest.approx(b_crit)
     assert curve.steps(64 * 64) == pytest.approx(truth(64 * 64))
-    assert curve.e_min == pytest.approx(s_min * b_noise)
+    assert curve.e_min == pytest.approx(s_min * b_crit)
 
 
 def test_a_larger_batch_that_bought_no_steps_keeps_them_and_better_than_perfect_is_perfect():
@@ -27,7 +27,7 @@ def test_a_larger_batch_that_bought_no_steps_keeps_them_and_better_than_perfect_
     assert (flat.s_min, flat.e_min) == (900, 0) and flat.steps(4096) == 900
     perfect = StepsCurve.fit(128, 800, 256, 350)            # fewer images at the larger batch
     assert perfect.s_min == 0 and perfect.e_min == 256 * 350
-    assert perfect.steps(512) == pytest.approx(175) and math.isinf(perfect.b_noise)
+    assert perfect.steps(512) == pytest.approx(175) and math.isinf(perfect.b_crit)
 
 
 @pytest.mark.parametrize("bad", [(256, 800, 128, 500), (128, 0, 256, 500),

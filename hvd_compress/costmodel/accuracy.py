@@ -6,10 +6,11 @@ assumptions said (docs/costmodel.md, "Time to accuracy at n ranks"):
 
 Steps. Each rank trains on its own batch of b images, the learning rate scaled by n (the
 lab's rule): the global batch is B = n b. The steps to a target then follow McCandlish et al.,
-"An Empirical Model of Large-Batch Training" (2018): S(B) = S_min (1 + B_noise / B), S_min the
-fewest steps any batch needs and B_noise the gradient noise scale, the batch beyond which a
-larger one buys few steps; written S(B) = S_min + E_min / B, E_min = S_min B_noise the fewest
-images. Two measurements (the same target, two rank counts) fix both:
+"An Empirical Model of Large-Batch Training" (2018): (S / S_min - 1)(E / E_min - 1) = 1 for S
+steps of E images in all, S_min the fewest steps any batch needs and E_min the fewest images;
+so S(B) = S_min + E_min / B = S_min (1 + B_crit / B), B_crit = E_min / S_min the critical
+batch, beyond which a larger one buys few steps (close to the gradient noise scale, they
+find). Two measurements (the same target, two rank counts) fix both:
 
     S_min = (B2 S2 - B1 S1) / (B2 - B1),   E_min = B1 B2 (S1 - S2) / (B2 - B1)
 
@@ -24,8 +25,7 @@ the first launch (early in backward) to the last result, the last unit leaving o
 backward ends (methods.exchange_seconds), so the part hidden behind backward is taken out:
 compute is the method's step on one rank's own core with nothing to send (forward, backward,
 its codec and the update), backward the share of it that overlaps the exchange. A rank per
-machine: compute does not grow with n; the decoding of n ranks' packets does, and is left out
-(add it with a codec rate).
+machine: compute does not grow with n; the decoding of n ranks' packets does, and is left out.
 """
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ class StepsCurve:
                    e_min=batch1 * batch2 * (steps1 - steps2) / (batch2 - batch1))
 
     @property
-    def b_noise(self):
-        """The gradient noise scale, B_noise = E_min / S_min (inf: perfect scaling)."""
+    def b_crit(self):
+        """The critical batch, B_crit = E_min / S_min (inf: perfect scaling)."""
         return math.inf if self.s_min == 0 else self.e_min / self.s_min
 
     def steps(self, batch: float) -> float:
