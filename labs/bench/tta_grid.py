@@ -244,8 +244,10 @@ def run_grid(args):
             print(header + ": " + shlex.join(args.prefix + train_command(
                 run, run_dir, target, False, args.dataset, args.data_dir, args.cap)))
             continue
+        held = time.monotonic()
         while args.pause_file and Path(args.pause_file).exists():
             time.sleep(10)          # another measurement wants the machine alone
+        started += time.monotonic() - held     # the estimate counts the grid's own time
         action = plan_run(run_dir, target)
         done += weight
         if action == "skip":
@@ -261,7 +263,7 @@ def run_grid(args):
         if not ok:
             failures.append(run.name)
         elapsed = time.monotonic() - started
-        left = (total - done) * elapsed / ran_weight
+        left = (total - done) * elapsed / max(ran_weight, 1.0)
         print(f"{header}: {'done' if ok else 'FAILED'} in {seconds:.0f} s "
               f"({manifest.get('reason') or manifest.get('status')}) "
               f"[{100 * done / total:.0f}% | {elapsed / 3600:.2f} h | ~{left / 3600:.2f} h left]",
