@@ -2,17 +2,15 @@
 the split, the flags that refuse a run that would evaluate on the test set, when a target is
 reached, what a run's time is made of, the composition, and the grid's bookkeeping, on run
 folders written here with known times."""
-import json
 import math
+import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from labs.bench import tta_grid
-from labs.kit import tta
-from labs.kit import data as lab_data, runlog
+from labs.kit import data as lab_data, runlog, tta
 from labs.kit.data import DataError
 
 pytestmark = pytest.mark.unit
@@ -295,3 +293,24 @@ def test_a_bench_row_at_a_methods_default_is_named_with_its_parameter():
     assert tta_grid.named_parameter("ours:powersgd") == "ours:powersgd2"
     for kept in ("ours:powersgd1", "ours:bit8:alltoall", "stock:powersgd1", "ours:auto", "local"):
         assert tta_grid.named_parameter(kept) == kept
+
+
+def test_the_lab_jobs_table_holds_images_out_and_evaluates_by_images_seen():
+    from labs.kit import job, matrix, table
+    args, extra = job.parse_args(["--prefix", "/bin/env X=1"])
+    loop = job.table_args(args, extra)
+    assert loop.holdout == tta.HOLDOUT and loop.prefix == ["/bin/env", "X=1"]
+    by_name = {run.name: run for run in table.course_runs()}
+    for name, every in (("serial", 80), ("np2-none", 40), ("np4-bit8", 20)):
+        cmd = matrix.launch_command(by_name[name], loop, "/tmp/x", False)
+        assert cmd[cmd.index("--eval-every") + 1] == str(every), name
+    network = job.network_args(args, loop)
+    assert network.holdout is None and network.prefix == ["/bin/env", "X=1"]
+    assert "--holdout" not in matrix.launch_command(by_name["np2-none"], network, "/tmp/x", False)
+    assert job.table_args(job.parse_args(["--holdout", "0"])[0], []).holdout is None
+
+
+def test_a_calibration_in_a_wrapper_keeps_its_cores_busy_inside_it():
+    from labs.kit import job
+    assert job.main(["--busy", "1", "--", sys.executable, "-c", "pass"]) == 0
+    assert job.main(["--busy", "0", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3

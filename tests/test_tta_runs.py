@@ -2,7 +2,6 @@
 torchrun): when they come and what they record, the stop at a target accuracy, --resume, and
 the claim the time-to-accuracy grid rests on, that DDP's own allreduce and Horovod's float32
 allreduce take the same steps (at 2 ranks, bit for bit)."""
-import os
 import subprocess
 import sys
 

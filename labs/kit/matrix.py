@@ -436,6 +436,9 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds allowed per run before it is stopped (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
+    parser.add_argument("--prefix", default="", metavar="COMMAND",
+                        help="a command each run is started under (a lock that gives a timing "
+                             "run the machine alone: each run waits for it, alone)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--summary-only", action="store_true",
                         help="rebuild summary.csv from the existing run folders")
@@ -450,6 +453,7 @@ def parse_args(argv=None):
         parser.error("--timeout must be positive")
     if args.netem_delay and not args.netem_rate:
         parser.error("--netem-delay needs --netem-rate (e.g. --netem-rate 1gbit)")
+    args.prefix = shlex.split(args.prefix)
     if args.netem_rate:
         try:
             netem_rate_bps(args)
@@ -489,7 +493,8 @@ def main(argv=None):
     for number, spec in enumerate(runs, 1):
         header = f"[{number}/{len(runs)}] {spec.name}"
         if args.dry_run:
-            print(header + ": " + shlex.join(launch_command(spec, args, out / spec.name, False)))
+            print(header + ": " + shlex.join(args.prefix + launch_command(spec, args,
+                                                                          out / spec.name, False)))
             continue
         if not execute(spec, args, out, header,
                        f"matrix time so far {(time.monotonic() - started) / 60:.1f} min"):
@@ -506,7 +511,7 @@ def execute(spec, args, out, header, note=""):
     if action == "skip":
         print(f"{header}: already complete, skipped", flush=True)
         return True
-    cmd = launch_command(spec, args, run_dir, resume=action == "resume")
+    cmd = args.prefix + launch_command(spec, args, run_dir, resume=action == "resume")
     print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
           f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
           f"{note + '; ' if note else ''}log {out / 'logs' / spec.name}.log)", flush=True)
