@@ -90,9 +90,22 @@ def report(args):
     cells = tta_grid.bench_cells(args.step_times, "horovod", args.step_times, args.cpu)
     link = cells[(cells.model == "basic") & (cells.ranks == 2) & (cells.link == args.rate)]
     rows = []
-    targets = tta.targets_of(out / f"none-s{args.seed}-loopback")
+    for seed in args.seeds:
+        rows += report_seed(args, out, link, seed)
+    frame = pd.DataFrame(rows)
+    runlog.atomic_write_text(out / "check.csv", frame.to_csv(index=False, float_format="%.6g"))
+    print(frame[["method", "seed", "target_name", "steps_loopback", "steps_direct",
+                 "composed_s", "direct_s", "error", "composed_step_ms",
+                 "direct_step_ms"]].to_string(index=False))
+    return 0
+
+
+def report_seed(args, out, link, seed):
+    """check.csv's rows of one seed: each method and target (the seed's float32 sets them)."""
+    rows = []
+    targets = tta.targets_of(out / f"none-s{seed}-loopback")
     for method in args.methods:
-        loop_dir = out / f"{method.replace(':', '-')}-s{args.seed}-loopback"
+        loop_dir = out / f"{method.replace(':', '-')}-s{seed}-loopback"
         link_dir = loop_dir.with_name(loop_dir.name.replace("-loopback", "-link"))
         row = link[link.row == tta_grid.TRAINED[method].bench_row]
         if row.empty:
@@ -107,18 +120,14 @@ def report(args):
             composed = tta.compose(loop_hit, step_s, tta.run_times(loop_dir))
             direct = tta.elapsed(link_dir, link_hit)
             mine, theirs = parts(loop_dir, loop_hit, step_s), parts(link_dir, link_hit)
-            rows.append(dict(method=method, seed=args.seed, link=args.rate, target_name=name,
+            rows.append(dict(method=method, seed=seed, link=args.rate, target_name=name,
                              target=target, steps_loopback=loop_hit.step,
                              steps_direct=link_hit.step, composed_s=composed, direct_s=direct,
                              error=composed / direct - 1,
                              **{f"composed_{k}": v for k, v in mine.items()},
                              **{f"direct_{k}": v for k, v in theirs.items()},
                              step_source=args.step_times, cpu=args.cpu))
-    frame = pd.DataFrame(rows)
-    runlog.atomic_write_text(out / "check.csv", frame.to_csv(index=False, float_format="%.6g"))
-    print(frame[["method", "target_name", "steps_loopback", "steps_direct", "composed_s",
-                 "direct_s", "error", "composed_step_ms", "direct_step_ms"]].to_string(index=False))
-    return 0
+    return rows
 
 
 def main(argv=None):
@@ -127,7 +136,8 @@ def main(argv=None):
     parser.add_argument("what", choices=["run", "report"])
     parser.add_argument("--out", default="runs/tta-check")
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--seed", type=int, default=tta_grid.SEEDS[0])
+    parser.add_argument("--seed", type=int, default=tta_grid.SEEDS[0], help="run: the seed")
+    parser.add_argument("--seeds", default=None, help="report: the seeds run (default --seed)")
     parser.add_argument("--rate", default="100mbit")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--prefix", default="", help="a command each training runs under")
@@ -140,6 +150,7 @@ def main(argv=None):
         parser.error("--methods needs none: float32's loopback run sets the targets")
     args.methods = ["none"] + [m for m in args.methods if m != "none"]
     args.prefix = shlex.split(args.prefix)
+    args.seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     if args.what == "run":
         failed = run_all(args)
         return 1 if failed else 0

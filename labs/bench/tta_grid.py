@@ -507,6 +507,67 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
     return pd.DataFrame(rows)
 
 
+def _fmt_steps(rows):
+    """'720' or '560, 720, 840' (its seeds': 42, 1, 2), 'never' where one did not reach it."""
+    return ", ".join("never" if not r.reached else f"{int(r.step)}"
+                     for r in rows.sort_values("seed", key=lambda s: s.map(SEEDS.index))
+                     .itertuples())
+
+
+def _fmt_s(value):
+    return "never" if not math.isfinite(value) else f"{value:,.0f}"
+
+
+def tables(steps, table):
+    """The README's tables, from the summaries: each method's steps to each target per network
+    and ranks (every seed run), the targets; then per front, network and ranks, each method's
+    time to the two targets on each link (x float32's; the fastest of the column in bold)."""
+    lines = ["### Steps to each target over loopback (lab / float32; seeds 42, 1, 2 where run)",
+             ""]
+    cells = [(m, n) for m in MODELS for n in RANKS
+             if not steps[(steps.model == m) & (steps.ranks == n)].empty]
+    lines += ["| method | " + " | ".join(f"{m} net, {n} ranks" for m, n in cells) + " |",
+              "|---" * (len(cells) + 1) + "|"]
+    for key in TRAINED:
+        cols = []
+        for m, n in cells:
+            here = steps[(steps.model == m) & (steps.ranks == n) & (steps.method == key)]
+            cols.append("—" if here.empty else
+                        f"{_fmt_steps(here[here.target_name == 'lab'])} / "
+                        f"{_fmt_steps(here[here.target_name == 'float32'])}")
+        lines.append(f"| {key} | " + " | ".join(cols) + " |")
+    lines += ["", "Targets (held-out accuracy): " + "; ".join(
+        f"{m} net, {n} ranks: lab {100 * g[g.target_name == 'lab'].target.iloc[0]:.2f}%, "
+        f"float32 {100 * g[g.target_name == 'float32'].target.iloc[0]:.2f}%"
+        for (m, n), g in steps.groupby(["model", "ranks"], sort=False)) + "."]
+    if table.empty:
+        return "\n".join(lines)
+    for front in ("horovod", "ddp"):
+        for (model, n), rows in table[table.front == front].groupby(["model", "ranks"],
+                                                                    sort=False):
+            links = [link for link in LINKS if link in set(rows.link)]
+            lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the lab / float32 "
+                          f"target (x float32's)", "",
+                      "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
+            for method in (m for m in front_methods(front) if m in set(rows.method)):
+                cols = []
+                for link in links:
+                    parts = []
+                    for name in ("lab", "float32"):
+                        cell = rows[(rows.link == link) & (rows.target_name == name)]
+                        mine = cell[cell.method == method]
+                        if mine.empty:
+                            parts.append("—")
+                            continue
+                        r = mine.iloc[0]
+                        text = _fmt_s(r.tta_s) + ("" if not math.isfinite(r.tta_s)
+                                                  else f" (x{r.vs_float32:.2f})")
+                        parts.append(f"**{text}**" if r.tta_s == cell.tta_s.min() else text)
+                    cols.append(" / ".join(parts))
+                lines.append(f"| {method} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def summarise(out, step_time_specs, seeds=SEEDS):
     out = Path(out)
     steps = steps_table(out, seeds)
@@ -518,6 +579,8 @@ def summarise(out, step_time_specs, seeds=SEEDS):
     runlog.atomic_write_text(out / "step_times.csv", cells.to_csv(index=False))
     table = tta_table(steps, cells) if not steps.empty else pd.DataFrame()
     runlog.atomic_write_text(out / "tta.csv", table.to_csv(index=False, float_format="%.6g"))
+    if not steps.empty:
+        runlog.atomic_write_text(out / "tables.md", tables(steps, table) + "\n")
     if not steps.empty and not cells.empty:
         plot(out, steps, cells, out / "tta.png")
         runlog.atomic_write_text(out / "scaling.csv", scaling_table(out, steps, cells, seeds)
