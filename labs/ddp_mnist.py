@@ -6,6 +6,7 @@ and the same run records, so the lab's table can have a DDP column.
     torchrun --nproc-per-node 2 labs/ddp_mnist.py --bit8-allreduce    # hvd_compress's hook
     torchrun --nproc-per-node 4 labs/ddp_mnist.py --bit16-allreduce --route allgather
     torchrun --nproc-per-node 2 labs/ddp_mnist.py --ddp-powersgd 1    # DDP's own PowerSGD hook
+    torchrun --nproc-per-node 2 labs/ddp_mnist.py --ddp-fp16          # DDP's fp16_compress_hook
 
 labs/mnist.py is the course's page (Horovod); this is its twin on torch.distributed (Gloo on
 the CPU, NCCL with --cuda GPUs), in as few lines as the twin needs: the flags, networks, data
@@ -15,8 +16,8 @@ RunRecorder (run folder, steps/epochs CSV, manifest, checkpoint with the hook's 
 compression flag DDP runs without a hook (its own allreduce); any flag registers
 hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit8-ddp).
 
-Two flags of DDP's own: --bucket-cap-mb (DDP's bucket_cap_mb) and --ddp-powersgd RANK, DDP's
-powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
+DDP's own flags: --bucket-cap-mb (DDP's bucket_cap_mb), --ddp-fp16 (DDP's fp16_compress_hook)
+and --ddp-powersgd RANK, DDP's powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
 with --powersgd-allreduce RANK (with --powersgd-like-ddp ours runs the hook's variant: the
 first 2 steps uncompressed, its min_compression_rate 2 and its first Q's; or set each with
 --powersgd-start-iter, --powersgd-min-compression-rate, --powersgd-init); it runs with every parameter in one bucket unless
@@ -122,6 +123,9 @@ def parse_args(argv=None):
     own.add_argument("--ddp-powersgd", type=int, default=None, metavar="RANK",
                      help="DDP's own powerSGD_hook at this rank instead of hvd_compress's "
                           "hook (compare with --powersgd-allreduce RANK)")
+    own.add_argument("--ddp-fp16", action="store_true",
+                     help="DDP's own fp16_compress_hook instead of hvd_compress's hook "
+                          "(compare with --fp16-allreduce)")
     own.add_argument("--powersgd-start-iter", type=int, default=None, metavar="N",
                      help="with --powersgd-allreduce: the first N steps uncompressed (DDP's "
                           "start_powerSGD_iter; default 0)")
@@ -140,6 +144,11 @@ def parse_args(argv=None):
         own.print_help()
     args = mnist.parse_args(rest)
     args.bucket_cap_mb, args.ddp_powersgd = extra.bucket_cap_mb, extra.ddp_powersgd
+    args.ddp_fp16 = extra.ddp_fp16
+    if args.ddp_fp16 and (args.ddp_powersgd is not None or args.compression != "none"
+                          or args.route is not None):
+        sys.exit("error: --ddp-fp16 is DDP's own hook: no compression flag or --ddp-powersgd "
+                 "with it")
     args.powersgd_options = powersgd_options(extra, args)
     if args.ddp_powersgd is not None:
         if args.ddp_powersgd < 1:
@@ -186,6 +195,8 @@ def config_name(args, world_size):
     other settings 'np2-powersgd-ddp-start2-rate2-initddp' (those that differ from ours)."""
     if getattr(args, "ddp_powersgd", None) is not None:
         name = run_name(world_size, "powersgd", variant="ddphook")
+    elif getattr(args, "ddp_fp16", False):
+        name = run_name(world_size, "fp16", variant="ddphook")
     else:
         name = run_name(world_size, args.compression, args.route,
                         error_feedback=bool(args.error_feedback), variant="ddp")
@@ -229,11 +240,13 @@ def elastic_restart(args, engine):
     return True
 
 
-def train(epoch, model, optimizer, data, args, run):
+def train(epoch, model, optimizer, data, args, run, engine):
     model.train()
     shard = lab_data.train_shard(len(data.train_y), run.rank, run.size, args.seed, epoch)
     batches = lab_data.batches(shard, args.batch_size)[:args.steps_per_epoch]
-    for step in run.steps(epoch, batches):
+    validate = None if data.holdout_x is None else (
+        lambda: evaluate(model, data.holdout_x, data.holdout_y, args, run, engine, "holdout"))
+    for step in run.steps(epoch, batches, validate):
         with step.timer("forward_backward"):
             x, y = data.train_x[step.index], data.train_y[step.index]
             optimizer.zero_grad()
@@ -244,22 +257,27 @@ def train(epoch, model, optimizer, data, args, run):
         step.loss = loss.item()
 
 
-def test(epoch, model, data, args, run, engine):
+def evaluate(model, images, labels, args, run, engine, split):
     """labs/mnist.py's evaluation: each rank scores its block, the sums added across ranks."""
     model.eval()
     start = time.perf_counter()
-    shard = lab_data.eval_shard(len(data.test_y), run.rank, run.size)
+    shard = lab_data.eval_shard(len(labels), run.rank, run.size)
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for index in lab_data.batches(shard, args.test_batch_size):
-            output = model(data.test_x[index])
-            loss_sum += F.nll_loss(output, data.test_y[index], reduction="sum").item()
-            correct += int((output.argmax(dim=1) == data.test_y[index]).sum())
+            output = model(images[index])
+            loss_sum += F.nll_loss(output, labels[index], reduction="sum").item()
+            correct += int((output.argmax(dim=1) == labels[index]).sum())
     totals = engine.allreduce(torch.tensor([loss_sum, correct, len(shard)], dtype=torch.float64),
-                              f"test_totals.{epoch}", "sum")
-    return {"test_samples": int(totals[2]), "test_loss": float(totals[0] / totals[2]),
-            "test_accuracy": float(totals[1] / totals[2]),
+                              f"{split}_totals.{run.step}", "sum")
+    model.train()
+    return {f"{split}_samples": int(totals[2]), f"{split}_loss": float(totals[0] / totals[2]),
+            f"{split}_accuracy": float(totals[1] / totals[2]),
             "eval_s": time.perf_counter() - start}
+
+
+def test(epoch, model, data, args, run, engine):
+    return evaluate(model, data.test_x, data.test_y, args, run, engine, "test")
 
 
 def main(argv=None):
@@ -300,10 +318,13 @@ def main(argv=None):
         ddp.register_comm_hook(state, hcd.hook)
     elif args.ddp_powersgd is not None:
         ddp_powersgd(ddp, args.ddp_powersgd)
+    elif args.ddp_fp16:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     try:
         with run.recording(optimizer, data):
             for epoch in range(first_epoch, args.epochs + 1):
-                train(epoch, ddp, optimizer, data, args, run)
+                train(epoch, ddp, optimizer, data, args, run, engine)
                 run.end_epoch(epoch, test(epoch, ddp, data, args, run, engine), model, optimizer)
     finally:
         dist.destroy_process_group()

@@ -86,6 +86,16 @@ def parse_args(argv=None):
                              "missing and online)")
     parser.add_argument("--split-test", type=int, default=None, metavar="N",
                         help="train on the first N test images, evaluate on the rest")
+    parser.add_argument("--holdout", type=int, default=None, metavar="K",
+                        help="set the training set's last K images aside and score them after "
+                             "every epoch (evals.csv): steps to a target accuracy are counted "
+                             "on them, never on the test set")
+    parser.add_argument("--eval-every", type=int, default=None, metavar="N",
+                        help="with --holdout: score the held-out images every N training steps "
+                             "too, between two steps (outside their time)")
+    parser.add_argument("--target-accuracy", type=float, default=None, metavar="A",
+                        help="with --holdout: end the run (complete) at the first evaluation "
+                             "whose held-out accuracy is at least A, e.g. 0.885")
     # --- the run's records (labs/kit/recorder.py) ---
     parser.add_argument("--out", default=None,
                         help="run folder (default: runs/<configuration>-<time>)")
@@ -179,11 +189,14 @@ def make_optimizer(model, args, world_size):
 
 
 def train(epoch, model, optimizer, data, args, run):
-    """One epoch on this rank's shard; the recorder times each step and writes its row."""
+    """One epoch on this rank's shard; the recorder times each step and writes its row, and
+    with --holdout scores the held-out images between steps (validate)."""
     model.train()
     shard = lab_data.train_shard(len(data.train_y), run.rank, run.size, args.seed, epoch)
     batches = lab_data.batches(shard, args.batch_size)[:args.steps_per_epoch]
-    for step in run.steps(epoch, batches):
+    validate = None if data.holdout_x is None else (
+        lambda: evaluate(model, data.holdout_x, data.holdout_y, args, run, "holdout"))
+    for step in run.steps(epoch, batches, validate):
         with step.timer("forward_backward"):
             x, y = data.train_x[step.index], data.train_y[step.index]
             optimizer.zero_grad()
@@ -194,23 +207,29 @@ def train(epoch, model, optimizer, data, args, run):
         step.loss = loss.item()
 
 
-def test(epoch, model, data, args, run):
-    """Test loss and accuracy over the whole test set: each rank scores its own block, then
-    the sums and counts are added across ranks (exact, not an average of averages)."""
+def evaluate(model, images, labels, args, run, split):
+    """Loss and accuracy over `images`: each rank scores its own block, then the sums and
+    counts are added across ranks (exact, not an average of averages)."""
     model.eval()
     start = time.perf_counter()
-    shard = lab_data.eval_shard(len(data.test_y), run.rank, run.size)
+    shard = lab_data.eval_shard(len(labels), run.rank, run.size)
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for index in lab_data.batches(shard, args.test_batch_size):
-            output = model(data.test_x[index])
-            loss_sum += F.nll_loss(output, data.test_y[index], reduction="sum").item()
-            correct += int((output.argmax(dim=1) == data.test_y[index]).sum())
+            output = model(images[index])
+            loss_sum += F.nll_loss(output, labels[index], reduction="sum").item()
+            correct += int((output.argmax(dim=1) == labels[index]).sum())
     totals = hvd.allreduce(torch.tensor([loss_sum, correct, len(shard)], dtype=torch.float64),
-                           op=hvd.Sum, name=f"test_totals.{epoch}")
-    return {"test_samples": int(totals[2]), "test_loss": float(totals[0] / totals[2]),
-            "test_accuracy": float(totals[1] / totals[2]),
+                           op=hvd.Sum, name=f"{split}_totals.{run.step}")
+    model.train()
+    return {f"{split}_samples": int(totals[2]), f"{split}_loss": float(totals[0] / totals[2]),
+            f"{split}_accuracy": float(totals[1] / totals[2]),
             "eval_s": time.perf_counter() - start}
+
+
+def test(epoch, model, data, args, run):
+    """Test loss and accuracy over the whole test set, after each epoch."""
+    return evaluate(model, data.test_x, data.test_y, args, run, "test")
 
 
 def main(argv=None):

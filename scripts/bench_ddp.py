@@ -112,6 +112,8 @@ def make_row(row, model, trial_steps=0):
         variant = dict(start_iter=2, min_compression_rate=2, init="ddp") \
             if scheme.endswith("ddp") else {}
         compression = Compression.powersgd(int(scheme[8:].removesuffix("ddp")), **variant)
+    elif bench_step.parameter_row(row):          # ours:topk0.1: a method at a parameter
+        compression, _ = bench_step.row_compression(row)
     else:
         compression = scheme
     state = hcd.HookState(compression, route[0] if route else None, model=ddp,
@@ -280,6 +282,16 @@ def _launch(args, model, link, n, csv_path):
         raise RuntimeError(f"bench_ddp: a rank failed ({codes})")
 
 
+def known_row(row):
+    """A row this benchmark can make (make_row): the grid's, ours at any registered scheme and
+    route or a method at a parameter, DDP's PowerSGD hook at any rank."""
+    if row in ROWS + EXTRA_ROWS + [LOCAL_ROW] or bench_step.parameter_row(row):
+        return True
+    if row.startswith("stock:powersgd"):
+        return row[len("stock:powersgd"):].isdigit() and int(row[len("stock:powersgd"):]) > 0
+    return row.startswith("ours:") and row in bench_step.known_rows()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="lab,basic")
@@ -308,9 +320,11 @@ def parse_args(argv=None):
         return args
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if r.removesuffix(DEFERRED) not in ROWS + EXTRA_ROWS + [LOCAL_ROW]]
+    bad = [r for r in args.rows if not known_row(r.removesuffix(DEFERRED))]
     if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {ROWS + EXTRA_ROWS + [LOCAL_ROW]}, links among {list(LINKS)}")
+        p.error(f"rows must be among {ROWS + EXTRA_ROWS + [LOCAL_ROW]}, ours:<scheme>[:route] of "
+                f"any registered scheme, a method at a parameter (ours:topk0.1, "
+                f"ours:powersgd4, stock:powersgd2); links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):
         p.error("models must be among ['lab', 'basic']")
     try:

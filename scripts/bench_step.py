@@ -113,15 +113,43 @@ def plans_name(model, link, n, row):
     return f"{model}-{link}-n{n}{'-overlap' if row.endswith(OVERLAP) else ''}.json"
 
 
+def method_parameter(text):
+    """(scheme, parameter) of a row's scheme: 'topk0.1' -> ('topk', 0.1), 'powersgd4' ->
+    ('powersgd', 4) for a method that takes one (registry.Scheme.parameter, of the same type),
+    ('bit8', None) for the rest; None when the text names no registered scheme."""
+    from hvd_compress import registry
+    known = registry.schemes()
+    if text in known:
+        return text, None
+    for name, entry in known.items():
+        if entry.parameter is None or not text.startswith(name):
+            continue
+        try:
+            value = type(entry.parameter)(text[len(name):])
+        except ValueError:
+            continue
+        return (name, value) if value > 0 else None
+    return None
+
+
+def parameter_row(row):
+    """Is `row` ours:<method><parameter>[:route][+overlap] (a method at another parameter than
+    its default: ours:topk0.1, ours:powersgd4)?"""
+    who, _, rest = row.partition(":")
+    found = method_parameter(rest.removesuffix(OVERLAP).removesuffix(WHOLE).split(":")[0])
+    return who == "ours" and found is not None and found[1] is not None
+
+
 def row_compression(row):
     """(compression, route) of a fixed row of ours: the scheme's registry entry, a method at its
-    default parameter (top-k's ratio, PowerSGD's rank)."""
+    default parameter (top-k's ratio, PowerSGD's rank) or at the row's (ours:topk0.1)."""
     from hvd_compress import registry
-    _, name, *route = row.removesuffix(OVERLAP).removesuffix(WHOLE).split(":")
+    _, text, *route = row.removesuffix(OVERLAP).removesuffix(WHOLE).split(":")
+    name, value = method_parameter(text)
     entry = registry.scheme(name)
     compression = entry.load()
     if entry.parameter is not None:
-        compression = compression(entry.parameter)
+        compression = compression(entry.parameter if value is None else value)
     return compression, route[0] if route else None
 
 
@@ -597,7 +625,8 @@ def parse_args(argv=None):
     p.add_argument("--rows", default=",".join(ROWS),
                    help="comma-separated rows (default: the grid's); any of stock:none, "
                         "stock:fp16, ours:auto and ours:SCHEME[:ROUTE] for every registered "
-                        "scheme, plugins included")
+                        "scheme, plugins included; a method at another parameter than its "
+                        "default: ours:topk0.1, ours:powersgd4")
     p.add_argument("--steps", type=int, default=None,
                    help="timed steps per row in its first rounds, every cell (default: STEPS, "
                         "the lab net 10 a round, the basic net 5, at 10mbit 3)")
@@ -630,7 +659,7 @@ def parse_args(argv=None):
     args.rows = args.rows.split(",")
     args.models, args.links = args.models.split(","), args.links.split(",")
     known = known_rows()
-    bad = [r for r in args.rows if r not in known]
+    bad = [r for r in args.rows if r not in known and not parameter_row(r)]
     if bad or any(link not in LINKS for link in args.links):
         p.error(f"rows must be among {known}, links among {list(LINKS)}")
     if any(m not in ("lab", "basic") for m in args.models):

@@ -7,6 +7,8 @@
     python -m hvd_compress.costmodel --fit runs/bench.csv --nodes 8 64 --size 32MiB   # fitted link
     python -m hvd_compress.costmodel --methods basic --nodes 2 4 --bandwidth 100Mbit/s \
         --latency 50us [--schemes bit8 bf16:allgather]    # every registered scheme by default
+    python -m hvd_compress.costmodel --tta results/tta/scaling.csv --nodes 8 16 32 64 \
+        --bandwidth 10Gbit/s --latency 50us     # time to accuracy at n ranks (accuracy.py)
 
 The compression schemes and their bit widths come from hvd_compress.registry (plugins of
 $HVD_COMPRESS_SCHEMES included): a scheme registered in one file appears in --methods, and its
@@ -108,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every compression method's bytes and time per step for one of the "
                         "lab's networks (horovod | basic), with --nodes, --bandwidth, --latency; "
                         "formulas in hvd_compress/costmodel/methods.py")
+    p.add_argument("--tta", metavar="FILE.csv",
+                   help="time to accuracy at --nodes ranks on the --bandwidth/--latency link, "
+                        "from each method's steps to a target measured at two rank counts and "
+                        "its compute per step (the grid's scaling.csv: labs/bench/tta_grid.py); "
+                        "the model and its assumptions: hvd_compress/costmodel/accuracy.py")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--fit", metavar="FILE.csv",
                    help="fit alpha/beta per collective to a measurement CSV with columns "
@@ -283,6 +290,72 @@ def methods_command(args, link: model.Link) -> str:
     return head + "\n" + _markdown(header, body, {0, 3, 4, 5, 6, 7})
 
 
+# ---------------------------------------------------------------- time to accuracy
+
+TTA_COLUMNS = ("model", "method", "scheme", "parameter", "route", "target", "batch_per_rank",
+               "ranks1", "steps1", "ranks2", "steps2", "compute_s", "overhead_s")
+
+
+def read_scaling(path) -> list[dict]:
+    """The rows of a scaling CSV (TTA_COLUMNS; numbers as floats, empty as None)."""
+    with open(path, newline="", encoding="utf-8") as stream:
+        reader = csv.DictReader(stream)
+        missing = [c for c in TTA_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise SystemExit(f"error: --tta {path}: no column {', '.join(missing)}")
+        rows = []
+        for row in reader:
+            for key in ("target", "batch_per_rank", "ranks1", "steps1", "ranks2", "steps2",
+                        "compute_s", "overhead_s", "parameter"):
+                text = row[key].strip()
+                row[key] = float(text) if text else None
+            row["route"] = row["route"].strip() or None
+            rows.append(row)
+    return rows
+
+
+def tta_command(args, link: model.Link) -> str:
+    """Each method's predicted time to its target at every n of --nodes (accuracy.py), and its
+    ratio to float32's at the same n."""
+    from . import accuracy
+    rows = []
+    for item in read_scaling(args.tta):
+        if item["steps1"] is None or item["steps2"] is None or item["compute_s"] is None:
+            continue                       # never reached at a rank count: no curve
+        b = item["batch_per_rank"]
+        curve = accuracy.StepsCurve.fit(item["ranks1"] * b, item["steps1"],
+                                        item["ranks2"] * b, item["steps2"])
+        parameter = item["parameter"]
+        if parameter is not None and registry.scheme(item["scheme"]).parameter is not None:
+            parameter = type(registry.scheme(item["scheme"]).parameter)(parameter)
+        for n in args.nodes:
+            step = accuracy.step_seconds(item["scheme"], methods.MODEL_SHAPES[item["model"]], n,
+                                         link, item["compute_s"], parameter, item["route"])
+            rows.append(dict(model=item["model"], method=item["method"], target=item["target"],
+                             n=n, steps=curve.steps(n * b), step_s=step,
+                             tta_s=accuracy.time_to_accuracy(curve, b, n, step,
+                                                             item["overhead_s"] or 0.0),
+                             s_min=curve.s_min, e_min=curve.e_min))
+    if not rows:
+        raise SystemExit(f"error: --tta {args.tta}: no method with steps at both rank counts")
+    base = {(r["model"], r["n"]): r["tta_s"] for r in rows if r["method"] == "none"}
+    for r in rows:
+        r["vs_float32"] = r["tta_s"] / base.get((r["model"], r["n"]), math.nan)
+    if args.format == "json":
+        return json.dumps(_jsonable(rows), indent=2)
+    if args.format == "csv":
+        return _csv(rows)
+    header = ["model", "n", "method", "steps", "step", "time to target", "vs fp32"]
+    body = [[r["model"], str(r["n"]), r["method"], f"{r['steps']:,.0f}",
+             units.format_time(r["step_s"]), units.format_time(r["tta_s"]),
+             _ratio(r["vs_float32"])] for r in rows]
+    head = (f"time to accuracy at n ranks, alpha = {units.format_time(link.alpha)}, bandwidth = "
+            f"{units.format_rate(link.bandwidth)}: steps S(B) = S_min + E_min / B through each "
+            f"method's two measured rank counts, step = its compute + the exchange not hidden "
+            f"behind backward (hvd_compress/costmodel/accuracy.py)")
+    return head + "\n" + _markdown(header, body, {1, 3, 4, 5, 6})
+
+
 # ---------------------------------------------------------------- fitting
 
 
@@ -353,6 +426,12 @@ def main(argv=None) -> int:
     predicting = args.nodes is not None or args.size is not None
     if args.size is not None and args.size <= 0:
         parser.error("--size must be greater than 0 bytes")
+    if args.tta:
+        missing = [f"--{k}" for k in ("nodes", "bandwidth", "latency") if getattr(args, k) is None]
+        if missing:
+            parser.error(f"--tta needs {', '.join(missing)}")
+        print(tta_command(args, model.Link.from_bandwidth(args.latency, args.bandwidth)))
+        return 0
     if args.methods:
         try:
             method_rows(args.schemes)

@@ -12,6 +12,7 @@
     matrix    runs the table (python -m labs.kit.matrix), summary.csv
     report    fills report_template.md from a matrix (python -m labs.kit.report)
     plots     PNG plots of a matrix (python -m labs.kit.plots)
+    tta       time to accuracy: a run's steps to a target, composed with a link's step time
 
 The plugin (hvd_compress) imports nothing from here; the kit imports the plugin.
 """

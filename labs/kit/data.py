@@ -9,6 +9,8 @@ must run offline.  Everything here is plain NumPy/torch:
 * ``load_dataset``  returns normalised float tensors, loaded once (no per-sample transform);
                     MNIST missing is downloaded (labs/kit/download.py) where the machine is
                     online.
+* ``hold_out``      sets the training set's last images aside, a validation split to
+                    evaluate on while training (steps to a target accuracy), not the test set.
 * ``train_shard`` / ``eval_shard`` split sample indices across Horovod ranks the way
                     ``torch.utils.data.DistributedSampler`` does, deterministically.
 
@@ -22,7 +24,7 @@ import gzip
 import hashlib
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -228,10 +230,13 @@ class LoadedData:
     mean: float
     std: float
     note: Optional[str] = None  # why this data set and not the one asked for (the fallback)
+    holdout_x: Optional[torch.Tensor] = None    # hold_out(): images set aside from training
+    holdout_y: Optional[torch.Tensor] = None
 
     def describe(self) -> dict:
         return {"name": self.name, "folder": self.folder, "files": self.files,
                 "split_test": self.split_test, "train_samples": len(self.train_y),
+                "holdout_samples": 0 if self.holdout_y is None else len(self.holdout_y),
                 "test_samples": len(self.test_y), "mean": self.mean, "std": self.std,
                 "note": self.note}
 
@@ -372,6 +377,21 @@ def load_dataset(name: Optional[str] = None, data_dir: Optional[str] = None,
         test_x=normalise(test_images, spec.mean, spec.std),
         test_y=torch.from_numpy(test_labels.astype(np.int64)),
         files=files, split_test=split_test, mean=spec.mean, std=spec.std, note=note)
+
+
+def hold_out(data: LoadedData, count: int) -> LoadedData:
+    """``data`` with the last ``count`` training images set aside as ``holdout_x/_y``: a
+    validation split, scored while training to count the steps to a target accuracy, so that
+    the test set is never what a run is stopped or compared by. The last ones, the same for
+    every seed: the published training sets are in no class order, so the tail is as mixed
+    as the whole."""
+    total = len(data.train_y)
+    if not 0 < count < total:
+        raise DataError(f"--holdout must be between 1 and {total - 1} (the training set has "
+                        f"{total} images), got {count}")
+    keep = total - count
+    return replace(data, train_x=data.train_x[:keep], train_y=data.train_y[:keep],
+                   holdout_x=data.train_x[keep:], holdout_y=data.train_y[keep:])
 
 
 # ---------------------------------------------------------------------------------------------

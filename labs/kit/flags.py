@@ -66,10 +66,17 @@ def scale_block(text):
 def check_args(parser, args):
     """Values and combinations argparse cannot check; adds args.compression."""
     for flag in ("epochs", "batch_size", "test_batch_size", "log_interval", "num_threads",
-                 "max_steps", "split_test", "steps_per_epoch"):
-        value = getattr(args, flag)
+                 "max_steps", "split_test", "steps_per_epoch", "holdout", "eval_every"):
+        value = getattr(args, flag, None)
         if value is not None and value < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    for flag in ("eval_every", "target_accuracy"):
+        if getattr(args, flag, None) is not None and not getattr(args, "holdout", None):
+            parser.error(f"--{flag.replace('_', '-')} needs --holdout K: the evaluations score "
+                         f"images held out of the training set, never the test set")
+    target = getattr(args, "target_accuracy", None)
+    if target is not None and not 0 < target <= 1:
+        parser.error(f"--target-accuracy must be a fraction in (0, 1], got {target}")
     if not (args.lr > 0 and math.isfinite(args.lr)):
         parser.error(f"--lr must be a positive number, got {args.lr}")
     if not (0 <= args.momentum < 1):

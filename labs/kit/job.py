@@ -5,12 +5,14 @@ with predictions from a calibration of that network, then the report and its fig
     python -m labs.kit.job --no-network           # the loopback table only
     python -m labs.kit.job --dry-run              # the plan, nothing run
     python -m labs.kit.job --auto                 # + np2-auto, np4-auto in both tables
+    python -m labs.kit.job --prefix /work/bin/cpu-quiet   # each run alone (a lock's wrapper)
 
 Stages, each one resumable (a finished run is skipped, an interrupted one resumed, a finished
 calibration kept): run the same command again after an interruption.
 
  1. The table (labs/kit/matrix.py): serial, then 2 and 4 processes x none / fp16 / bit16 / bit8
-    over loopback, every run with the same epochs, seed and data.
+    over loopback, every run with the same epochs, seed and data, each scoring a held-out split
+    of the training set as it trains (--holdout): the steps it took to each target accuracy.
  2. The network, as root where network namespaces work (`python -m labs.netem check`; the
     report says why it is missing otherwise): two short calibrations of one emulated link,
     with the cores kept busy and on idle cores (labs.netem.bench: allreduce of float32 and of
@@ -24,19 +26,22 @@ calibration kept): run the same command again after an interruption.
     np2-auto and np4-auto (--auto-allreduce): the report sets each one's plan beside its
     predicted and measured step.
  3. The report (runs/report.md by default) and the PNGs next to it (labs/kit/report.py,
-    labs/kit/plots.py). The committed run's are in results/lab/.
+    labs/kit/plots.py): with both tables, each scheme's time to each target on the emulated
+    link (its steps from the table, its step from the network table, labs/kit/tta.py). The
+    committed run's are in results/lab/.
 
 After each run a line says how far the whole job is: "[lab 40% | 13.2 min | ~19 min left]".
 """
 import argparse
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from . import matrix
+from . import matrix, tta
 from .network import idle_fit_path
 from .table import course_runs
 
@@ -94,6 +99,10 @@ def parse_args(argv=None):
     parser.add_argument("--split-test", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs of the table's runs (default: the trainer's, 2)")
+    parser.add_argument("--holdout", type=int, default=tta.HOLDOUT, metavar="K",
+                        help=f"the table's runs hold the training set's last K images out and "
+                             f"score them every {tta.EVAL_IMAGES} training images: the report's "
+                             f"time to accuracy (default {tta.HOLDOUT}; 0: none)")
     parser.add_argument("--controller", choices=["gloo", "mpi"], default="gloo")
     parser.add_argument("--out", default="runs/matrix", help="the table's folder")
     parser.add_argument("--report", default=DEFAULT_REPORT,
@@ -112,8 +121,11 @@ def parse_args(argv=None):
 
 
 def table_args(args, extra):
-    """The loopback table's settings (labs/kit/matrix.py flags)."""
+    """The loopback table's settings (labs/kit/matrix.py flags): its runs hold images out and
+    score them as they train, so that the report can say when each reached its target."""
     argv = ["--dataset", args.dataset, "--controller", args.controller, "--out", args.out]
+    if args.holdout:
+        argv += ["--holdout", str(args.holdout)]
     if args.epochs is not None:
         argv += ["--epochs", str(args.epochs)]
     return matrix.parse_args(argv + matrix.data_flags(args) + extra)
@@ -129,6 +141,8 @@ def network_args(args, table):
             "--lr", str(table.lr), "--momentum", str(table.momentum), "--model", table.model,
             "--seed", str(table.seed), "--batch-size", str(table.batch_size),
             "--timeout", f"{table.timeout:g}"] + (["--quiet"] if table.quiet else [])
+    if table.prefix:
+        argv += ["--prefix", shlex.join(table.prefix)]
     return matrix.parse_args(argv + matrix.data_flags(table))
 
 
@@ -159,7 +173,7 @@ def busy_cores(n):
             spinner.wait()
 
 
-def calibrate(network, csv, fit_json, dry_run):
+def calibrate(network, csv, fit_json, dry_run, prefix=()):
     """labs.netem.bench over the network table's link twice: with every core busy, as backward
     keeps them while the first of a step's exchange runs (csv -> fit_json), and on idle cores,
     as after backward (link_idle.csv -> network.idle_fit_path); each kept once its fit is
@@ -179,14 +193,29 @@ def calibrate(network, csv, fit_json, dry_run):
         out.parent.mkdir(parents=True, exist_ok=True)
         print(f"calibration of the {network.netem_rate} link, {busy} core(s) kept busy: "
               f"{' '.join(cmd[1:])}", flush=True)
-        with busy_cores(busy):
-            done = subprocess.run(cmd, env=matrix.child_env(), timeout=1800)
+        if prefix:                   # the spinners go inside the wrapper, with the calibration
+            spin = [sys.executable, "-m", "labs.kit.job", "--busy", str(busy), "--"]
+            done = subprocess.run(list(prefix) + spin + cmd, env=matrix.child_env(), timeout=3600)
+        else:
+            with busy_cores(busy):
+                done = subprocess.run(cmd, env=matrix.child_env(), timeout=1800)
         if done.returncode != 0 or not fit.is_file():
             return False
     return True
 
 
+def busy_main(argv):
+    """python -m labs.kit.job --busy N -- COMMAND...: COMMAND with N cores kept busy (the
+    calibration on busy cores, when it runs inside a wrapper such as --prefix's lock)."""
+    count, command = int(argv[1]), argv[3:]
+    with busy_cores(count):
+        return subprocess.run(command, env=matrix.child_env()).returncode
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--busy"]:
+        return busy_main(argv)
     args, extra = parse_args(argv)
     table = table_args(args, extra)
     main_runs = matrix.select(course_runs(table.extras, table.methods, table.auto), table.only)
@@ -208,7 +237,8 @@ def main(argv=None):
     for number, (spec, weight) in enumerate(zip(main_runs, weights), 1):
         header = f"[table {number}/{len(main_runs)}] {spec.name}"
         if args.dry_run:
-            print(header + ": " + " ".join(matrix.launch_command(spec, table, out / spec.name, False)))
+            print(header + ": " + " ".join(table.prefix + matrix.launch_command(
+                spec, table, out / spec.name, False)))
             continue
         out.mkdir(parents=True, exist_ok=True)
         before = time.monotonic()
@@ -221,7 +251,7 @@ def main(argv=None):
 
     # 2. the same rows over an emulated network, and the link's calibration
     if problem is None:
-        if not calibrate(network, csv, fit_json, args.dry_run):
+        if not calibrate(network, csv, fit_json, args.dry_run, table.prefix):
             print("error: the calibration failed (its output is above); run again to retry",
                   file=sys.stderr)
             return 1
@@ -229,8 +259,8 @@ def main(argv=None):
         for number, spec in enumerate(net_runs, 1):
             header = f"[network {number}/{len(net_runs)}] {spec.name}"
             if args.dry_run:
-                print(header + ": " + " ".join(
-                    matrix.launch_command(spec, network, net_out / spec.name, False)))
+                print(header + ": " + " ".join(network.prefix + matrix.launch_command(
+                    spec, network, net_out / spec.name, False)))
                 continue
             net_out.mkdir(parents=True, exist_ok=True)
             before = time.monotonic()

@@ -118,7 +118,9 @@ def start(run_dir, args, config, world_size, optimizer, data, first_epoch, dropp
         "cpu_model": env["cpu_model"], "hostname": env["hostname"],
         "git_commit": env["git_commit"], "environment": env,
         "data": data.describe(), "run_dir": str(Path(run_dir).resolve()),
-        "start_time": runlog.now_iso(), "start_unix": time.time(), "end_time": None,
+        "start_time": runlog.now_iso(), "start_unix": time.time(),
+        # this attempt's rank 0 process: its time to accuracy counts start-up from there
+        "process_start_unix": runlog.process_start_unix(), "end_time": None,
         "end_unix": None, "epochs_completed": first_epoch - 1,
         "resumes": resumes,
         # --auto-allreduce: what the plan is (rewritten after every epoch and at the end)

@@ -41,7 +41,7 @@ from hvd_compress.auto.records import PlanReport
 from hvd_compress.costmodel import methods
 from labs import netem
 
-from . import runlog
+from . import runlog, tta
 from .flags import DEFAULTS
 from .launch import horovodrun_command, launch_env
 from .table import course_runs
@@ -50,7 +50,7 @@ TRAINER = Path(__file__).resolve().parents[1] / "mnist.py"
 NETEM = [sys.executable, "-m", "labs.netem"]       # the emulator's command line
 # Settings that must agree between a finished run and the matrix that wants to reuse it.
 SHARED_SETTINGS = ("epochs", "dataset", "split_test", "seed", "batch_size", "lr", "momentum",
-                   "model", "steps_per_epoch")
+                   "model", "steps_per_epoch", "holdout")
 
 
 def select(runs, only):
@@ -85,11 +85,21 @@ def data_flags(args):
             + (["--split-test", str(args.split_test)] if args.split_test is not None else []))
 
 
+def eval_flags(args, ranks):
+    """--holdout K --eval-every N (the steps in which `ranks` processes see --eval-images
+    images), where the matrix holds images out: its runs then count their steps to a target
+    accuracy (labs/kit/tta.py)."""
+    if not args.holdout:
+        return []
+    return ["--holdout", str(args.holdout),
+            "--eval-every", str(tta.eval_every(ranks, args.batch_size, args.eval_images))]
+
+
 def launch_command(spec, args, run_dir, resume):
     """horovodrun -np N --gloo|--mpi python labs/mnist.py ..., or with --netem-rate
     python -m labs.netem run -n N --rate RATE -- python labs/mnist.py ...; a serial run
     needs neither."""
-    train = [sys.executable] + trainer_args(args, run_dir) + spec.flags
+    train = [sys.executable] + trainer_args(args, run_dir) + eval_flags(args, spec.ranks) + spec.flags
     if resume:
         train.append("--resume")
     if spec.ranks == 1:
@@ -177,6 +187,9 @@ def settings_mismatch(manifest, args):
     done = manifest.get("args", {})
     wanted = {k: getattr(args, k) for k in SHARED_SETTINGS}
     mismatch = [k for k in SHARED_SETTINGS if done.get(k) != wanted[k]]
+    every = tta.eval_every(manifest.get("world_size", 1), args.batch_size, args.eval_images)
+    if done.get("eval_every") != (every if args.holdout else None):
+        mismatch.append("eval_every")
     if manifest.get("world_size", 1) > 1:
         if network_rate(manifest) != netem_rate_bps(args):
             mismatch.append("netem rate")
@@ -386,6 +399,13 @@ def parse_args(argv=None):
     parser.add_argument("--momentum", type=float, default=DEFAULTS["momentum"])
     parser.add_argument("--model", choices=["basic", "horovod"], default=DEFAULTS["model"],
                         help="the trainer's network (default: basic, pytorch/examples')")
+    parser.add_argument("--holdout", type=int, default=None, metavar="K",
+                        help="hold the training set's last K images out and score them every "
+                             "--eval-images images (the trainer's --holdout, --eval-every): the "
+                             "report's time to accuracy counts steps on them")
+    parser.add_argument("--eval-images", type=int, default=tta.EVAL_IMAGES, metavar="M",
+                        help="with --holdout: training images between two evaluations, all "
+                             f"processes together (default {tta.EVAL_IMAGES})")
     parser.add_argument("--steps-per-epoch", type=int, default=None, metavar="N",
                         help="a timing table: every run trains N steps a rank in each epoch "
                              "(its accuracy then says little); the network table of "
@@ -416,6 +436,9 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds allowed per run before it is stopped (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the runs' output")
+    parser.add_argument("--prefix", default="", metavar="COMMAND",
+                        help="a command each run is started under (a lock that gives a timing "
+                             "run the machine alone: each run waits for it, alone)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--summary-only", action="store_true",
                         help="rebuild summary.csv from the existing run folders")
@@ -424,10 +447,13 @@ def parse_args(argv=None):
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         parser.error(f"--steps-per-epoch must be at least 1, got {args.steps_per_epoch}")
+    if args.holdout is not None and args.holdout < 1 or args.eval_images < 1:
+        parser.error("--holdout and --eval-images must be at least 1")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
     if args.netem_delay and not args.netem_rate:
         parser.error("--netem-delay needs --netem-rate (e.g. --netem-rate 1gbit)")
+    args.prefix = shlex.split(args.prefix)
     if args.netem_rate:
         try:
             netem_rate_bps(args)
@@ -467,7 +493,8 @@ def main(argv=None):
     for number, spec in enumerate(runs, 1):
         header = f"[{number}/{len(runs)}] {spec.name}"
         if args.dry_run:
-            print(header + ": " + shlex.join(launch_command(spec, args, out / spec.name, False)))
+            print(header + ": " + shlex.join(args.prefix + launch_command(spec, args,
+                                                                          out / spec.name, False)))
             continue
         if not execute(spec, args, out, header,
                        f"matrix time so far {(time.monotonic() - started) / 60:.1f} min"):
@@ -484,7 +511,7 @@ def execute(spec, args, out, header, note=""):
     if action == "skip":
         print(f"{header}: already complete, skipped", flush=True)
         return True
-    cmd = launch_command(spec, args, run_dir, resume=action == "resume")
+    cmd = args.prefix + launch_command(spec, args, run_dir, resume=action == "resume")
     print(f"{header}: {'resuming' if action == 'resume' else 'starting'} "
           f"({spec.ranks} process{'es' if spec.ranks > 1 else ''}; "
           f"{note + '; ' if note else ''}log {out / 'logs' / spec.name}.log)", flush=True)

@@ -14,6 +14,8 @@ methods.png    accuracy against bytes per step of every parallel run (with --met
 network.png    the network table (--network-summary, --calibration): each parallel row's step
                time on the emulated link and over loopback, and its exchange measured beside
                the prediction (labs/kit/network.py)
+tta.png        with the network table and a table that held images out (--holdout): each
+               parallel row's held-out accuracy against its time on the link (labs/kit/tta.py)
 """
 import argparse
 import sys
@@ -25,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from . import network, tta  # noqa: E402
 from .matrix import read_summary  # noqa: E402
 
 PARTS = [("forward_backward_ms", "forward+backward"), ("compress_ms", "compress"),
@@ -149,7 +152,7 @@ def plot_methods(summary, path):
 def plot_network(net_summary_path, calibration, loop_summary, path):
     """Step time per parallel row on the link and over loopback; measured and predicted
     exchange per row."""
-    from . import network, runlog
+    from . import runlog
     net_summary_path = Path(net_summary_path)
     net = read_summary(net_summary_path)
     net = net[net["ranks"] > 1]
@@ -190,6 +193,46 @@ def plot_network(net_summary_path, calibration, loop_summary, path):
     return path
 
 
+def plot_tta(summary_path, summary, network_summary, path):
+    """Each parallel row's held-out accuracy against the time it reaches it at on the network
+    table's link (labs/kit/tta.py: its steps over loopback x its step on the link, with its
+    start-up, evaluations and epoch ends), a panel per number of processes, float32's targets
+    dashed. False (nothing drawn) where the table's runs held no images out."""
+    base = Path(summary_path).parent
+    net = read_summary(network_summary)
+    step_s = {row.run: row.step_ms / 1e3 for row in net.itertuples() if row.ranks > 1}
+    rows = [row for row in summary.itertuples() if row.ranks > 1 and row.run in step_s]
+    if not rows or not all((base / r.run_dir / "evals.csv").is_file() for r in rows):
+        return False
+    counts = sorted({int(r.ranks) for r in rows})
+    fig, axes = plt.subplots(1, len(counts), figsize=(max(7.5, 6 * len(counts)), 4.4),
+                             squeeze=False)
+    for ax, n in zip(axes[0], counts):
+        fp32 = next((r for r in rows if r.ranks == n and r.compression == "none"), None)
+        for row in (r for r in rows if r.ranks == n):
+            folder = base / row.run_dir
+            curve = tta.accuracy_curve(tta.read_evals(folder), step_s[row.run],
+                                       tta.run_times(folder))
+            ax.plot(curve.seconds, 100 * curve.holdout_accuracy, label=row.run, **style(row.run))
+        if fp32 is not None:
+            for target in tta.targets_of(base / fp32.run_dir).values():
+                ax.axhline(100 * target, color="grey", lw=0.8, ls="--")
+            top = 100 * tta.targets_of(base / fp32.run_dir)["float32"]
+            ax.set_ylim(top - 8, top + 2)
+        ax.set_xlabel("seconds on the link (steps over loopback x the link's step, + start-up "
+                      "and evaluations)", fontsize=8)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.set_title(f"{n} processes, {network.rate_text(net['netem_rate_bps'].iloc[0])} link")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Time to accuracy (dashed: float32's accuracy after the table's epochs, and "
+                 "that minus 0.5 points)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,6 +257,8 @@ def main(argv=None):
     if args.network_summary:
         plot_network(args.network_summary, args.calibration, summary, out / "network.png")
         names.append("network.png")
+        if plot_tta(args.summary, summary, args.network_summary, out / "tta.png"):
+            names.append("tta.png")
     for name in names:
         print(f"wrote {out / name}")
     return 0

@@ -55,10 +55,14 @@ def load_data(args, device, engine=None):
     missing or corrupt file, or fewer samples than ranks, is every rank's error.  Without
     --dataset, MNIST is found or downloaded (one rank at a time: a lock in the data folder, so
     the first downloads and the others find its files), else Fashion-MNIST: rank 0 says so in
-    one line, and args.dataset becomes the data set every rank loaded."""
+    one line, and args.dataset becomes the data set every rank loaded. With --holdout K the
+    training set's last K images are set aside (lab_data.hold_out)."""
     data, error, engine = None, None, _engine(engine)
     try:
         data = lab_data.load_dataset(args.dataset, args.data_dir, args.split_test)
+        if getattr(args, "holdout", None):
+            data = lab_data.hold_out(data, args.holdout)
+            lab_data.check_world(len(data.holdout_y), engine.size(), "the held-out split")
         lab_data.check_world(len(data.train_y), engine.size(), "the training set")
         lab_data.check_world(len(data.test_y), engine.size(), "the test set")
     except lab_data.DataError as err:
@@ -72,6 +76,7 @@ def load_data(args, device, engine=None):
     if data.note and engine.rank() == 0:
         print(data.note, flush=True)
     args.dataset = data.name
-    for name in ("train_x", "train_y", "test_x", "test_y"):   # the whole set fits on a GPU
-        setattr(data, name, getattr(data, name).to(device))
+    for name in ("train_x", "train_y", "test_x", "test_y", "holdout_x", "holdout_y"):
+        if getattr(data, name) is not None:                  # the whole set fits on a GPU
+            setattr(data, name, getattr(data, name).to(device))
     return data

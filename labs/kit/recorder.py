@@ -5,13 +5,14 @@ labs/mnist.py trains; the recorder keeps the books, in a few calls:
     run = RunRecorder(args, config_name(args, hvd.size()))  # the run folder (rank 0 decides)
     first_epoch = run.resume(model, optimizer)              # 1, or after --resume's checkpoint
     with run.recording(optimizer, data):                    # manifest, CSV files, watchdog
-        for step in run.steps(epoch, batches): ...          # one timed row per training step
+        for step in run.steps(epoch, batches, validate): ...  # one timed row per training step
         run.end_epoch(epoch, test_metrics, model, optimizer)  # epochs.csv, checkpoint
 
 A run writes only into its folder (--out, default runs/<config>-<dataset>-<time>):
     steps_rank<r>.csv  one row per training step of rank r (written while training)
     steps.csv          all ranks' rows, merged by rank 0 at the end
     epochs.csv         one row per epoch: test loss/accuracy, epoch time, samples/s
+    evals.csv          one row per evaluation on the held-out split (--holdout, --eval-every)
     manifest.json      arguments, world size, versions, machine, status (labs/kit/manifest.py)
     checkpoint.pt      model + optimizer + RNG state after the last finished epoch
     pids/rank<r>.pid   how tests and users find every process of a run
@@ -63,6 +64,10 @@ class StepLimit(Interrupted):
     """--max-steps reached: every rank stops at the same step, as asked (exit code 0)."""
 
 
+class TargetReached(Exception):
+    """--target-accuracy reached on the held-out split: the run is complete (exit code 0)."""
+
+
 class Step:
     """One training step as the loop sees it: its batch, a timer for its phases, its loss."""
 
@@ -82,9 +87,12 @@ class RunRecorder:
         runlog.atomic_write_text(self.run_dir / "pids" / f"rank{self.rank}.pid",
                                  f"{os.getpid()}\n")
         self.step = 0                   # training steps so far, over all epochs
+        self.samples = 0                # training images this rank has stepped on so far
         self.first_epoch, self.dropped = 1, 0
-        self.optimizer = self.steps_log = self.epochs_log = self.watchdog = None
+        self.optimizer = self.steps_log = self.epochs_log = self.evals_log = None
+        self.watchdog = None
         self._fixed_stats, self._train = dict(NO_STATS), None
+        self._validation_s = 0.0        # this epoch's evaluations of the held-out split
         self.plans = False              # set by recording(): the optimizer plans per bucket
         self._wire = wire_counter()     # bytes on this rank's emulated link, read per epoch
 
@@ -146,6 +154,7 @@ class RunRecorder:
                                                lambda row: False)
             if self.rank == 0:
                 runlog.truncate_csv(self.run_dir / "epochs.csv", lambda row: False)
+                runlog.truncate_csv(self.run_dir / "evals.csv", lambda row: False)
             return self.first_epoch
         # Every rank loads the state, so broadcast_optimizer_state() later finds it everywhere
         # (a rank with an empty state would run an initialising step alone and hang).
@@ -156,11 +165,14 @@ class RunRecorder:
             optimizer.load_compression_state_dict(compression_state)
         self.step = position["step"]
         finished = position["epoch"]
-        self.dropped = runlog.truncate_csv(self.run_dir / f"steps_rank{self.rank}.csv",
-                                           lambda row: int(row["epoch"]) <= finished)
+        steps_csv = self.run_dir / f"steps_rank{self.rank}.csv"
+        self.dropped = runlog.truncate_csv(steps_csv, lambda row: int(row["epoch"]) <= finished)
+        if steps_csv.is_file():
+            self.samples = sum(int(row["samples"]) for row in runlog.read_csv_rows(steps_csv)[1])
         if self.rank == 0:
-            runlog.truncate_csv(self.run_dir / "epochs.csv",
-                                lambda row: int(row["epoch"]) <= finished)
+            for name in ("epochs.csv", "evals.csv"):
+                runlog.truncate_csv(self.run_dir / name,
+                                    lambda row: int(row["epoch"]) <= finished)
         self.first_epoch = finished + 1
         return self.first_epoch
 
@@ -191,6 +203,8 @@ class RunRecorder:
                                        + (runlog.PLAN_COLUMNS if self.plans else []))
         if self.rank == 0:
             self.epochs_log = runlog.CsvLog(self.run_dir / "epochs.csv", runlog.EPOCH_COLUMNS)
+            if getattr(self.args, "holdout", None):
+                self.evals_log = runlog.CsvLog(self.run_dir / "evals.csv", runlog.EVAL_COLUMNS)
         signal.signal(signal.SIGTERM, _interrupt)
         status, reason, asked = "failed", None, False
         self.watchdog = self._watchdog()
@@ -199,6 +213,9 @@ class RunRecorder:
                 yield self
                 self.engine.barrier()   # every rank has flushed its last row
             status = "complete"
+        except TargetReached as done:   # every rank read the same accuracy, at the same step
+            status, reason = "complete", str(done)
+            self.engine.barrier()       # every rank has flushed its last row
         except StepLimit as stop:       # every rank stops at the same step
             status, reason, asked = "interrupted", str(stop), True
             self.engine.barrier()       # every rank has flushed its last row
@@ -240,6 +257,8 @@ class RunRecorder:
         finally:
             try:
                 self.steps_log.close()
+                if self.evals_log is not None:
+                    self.evals_log.close()
                 if self.rank == 0:
                     manifest.finish(self.run_dir, status, reason, self._plan_report())
             except OSError as err:      # a full disk may refuse the manifest too: say so
@@ -291,10 +310,13 @@ class RunRecorder:
 
     # ---- one epoch ---------------------------------------------------------------------------
 
-    def steps(self, epoch, batches):
+    def steps(self, epoch, batches, validate=None):
         """A Step per batch of this rank's shard.  Each is timed, written as a row of
         steps_rank<r>.csv with the optimizer's timings and bytes, and shown as progress;
-        --max-steps interrupts here.  After the last, the epoch's totals over all ranks."""
+        --max-steps interrupts here.  After the last, the epoch's totals over all ranks.
+        With --holdout, `validate()` (the trainer's score of the held-out split) runs after
+        the epoch's last step and, with --eval-every N, every N steps of the run, between two
+        steps, outside their time; its row goes to evals.csv."""
         args = self.args
         progress = Progress(args.progress and self.rank == 0, len(batches),
                             f"epoch {epoch}/{args.epochs}")
@@ -302,16 +324,19 @@ class RunRecorder:
         loss_sum, samples, bytes_sent = 0.0, 0, 0.0
         self._pop_stats()               # drop anything counted before this epoch
         wire_start = self._wire()       # this rank's NIC counter (netem; NaN on loopback)
-        start = time.perf_counter()
+        start, self._validation_s = time.perf_counter(), 0.0
         for batch, index in enumerate(batches):
             step = Step(index, timer)
             with timer("step"):
                 yield step
             self.step += 1
+            self.samples += len(index)
             times, stats = timer.pop(), self._pop_stats()
             self.steps_log.write(self._step_row(epoch, batch, len(index), step.loss, times,
                                                 stats))
             self.watchdog.beat()        # progress: the job is alive
+            if validate is not None and self._validation_due(batch + 1 == len(batches)):
+                self._validate(epoch, validate)
             loss_sum += step.loss * len(index)
             samples += len(index)
             bytes_sent += stats["bytes_sent"]
@@ -323,7 +348,7 @@ class RunRecorder:
                 raise StepLimit(f"--max-steps {args.max_steps} reached in epoch {epoch}")
         progress.close()
         self.watchdog.begin("evaluation")   # the epoch's totals and test pass come next
-        epoch_s = time.perf_counter() - start
+        epoch_s = time.perf_counter() - start - self._validation_s    # training alone
         wire = self._wire() - wire_start
         totals = self.engine.allreduce(torch.tensor([loss_sum, samples, bytes_sent, wire],
                                                     dtype=torch.float64),
@@ -332,6 +357,34 @@ class RunRecorder:
                        "train_loss": float(totals[0] / totals[1]), "epoch_s": epoch_s,
                        "train_samples_per_s": float(totals[1]) / epoch_s,
                        "bytes_sent": float(totals[2]), "wire_tx_bytes": float(totals[3])}
+
+    def _validation_due(self, last_of_epoch):
+        every = getattr(self.args, "eval_every", None)
+        return last_of_epoch or bool(every) and self.step % every == 0
+
+    def _validate(self, epoch, validate):
+        """One evaluation on the held-out split, between two steps; rank 0 writes its row."""
+        start = time.perf_counter()
+        with self.watchdog.phase("validation"):
+            metrics = validate()
+        self._validation_s += time.perf_counter() - start
+        if self.rank == 0:
+            self.evals_log.write({"epoch": epoch, "step": self.step,
+                                  "samples": self.samples * self.size, **metrics,
+                                  "wall_time": time.time()})
+        target = getattr(self.args, "target_accuracy", None)
+        if target is not None and metrics["holdout_accuracy"] >= target:
+            if self.rank == 0:
+                print(f"target reached: held-out accuracy "
+                      f"{100 * metrics['holdout_accuracy']:.2f}% >= {100 * target:.2f}% after "
+                      f"{self.step} steps", flush=True)
+            raise TargetReached(f"--target-accuracy {target:g} reached after {self.step} steps "
+                                f"(epoch {epoch})")
+        # as after an epoch's test: Compression.auto would read the evaluation into the next
+        # step's time
+        pause = getattr(self.optimizer, "pause_step_clock", None)
+        if pause is not None:
+            pause()
 
     def end_epoch(self, epoch, test_metrics, model, optimizer):
         """After an epoch's test: its row of epochs.csv and its line on rank 0, the checkpoint,

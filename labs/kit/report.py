@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hvd_compress.registry import other_schemes, run_name
 
-from . import network, runlog
+from . import network, runlog, tta
 from .matrix import read_summary
 from .table import ROW_ORDER
 
@@ -508,6 +508,119 @@ def where_it_pays(net, loop, preds, rate):
     return "\n".join(lines)
 
 
+def _seconds(value):
+    return "—" if math.isinf(value) else f"{value:.0f}"
+
+
+def _never(composed, epochs):
+    return f"not within {epochs} epochs" if not composed.reach.reached else str(composed.reach.step)
+
+
+def tta_section(summary_path, loop_frame, net_path, skipped=None):
+    """Each parallel row's time to two targets on the network table's link: its steps to the
+    target over loopback (the table's held-out evaluations), its step on the link (the network
+    table), and what the run spent besides its steps (labs/kit/tta.py); over loopback beside
+    it, the run's own time to the target, measured. Then whether compression pays, computed."""
+    base = Path(summary_path).parent
+    loop = {row.run: (base / row.run_dir, int(row.ranks), str(row.compression))
+            for row in loop_frame.itertuples() if row.ranks > 1}
+    missing = [run for run, (folder, _, _) in loop.items() if not (folder / "evals.csv").is_file()]
+    if missing or not loop:
+        return ("Not measured in this table: its runs held no images out of the training set "
+                "(`python -m labs.kit.job` runs the table with `--holdout 2000`: each run scores "
+                "them as it trains, and the report says here when each scheme reached its "
+                "target on the network table's link).")
+    if skipped or net_path is None:
+        return (f"Not computed: no network table ({skipped or 'none given'}). The steps to "
+                "each target are counted (the table's `evals.csv`); the time on a slow link "
+                "needs that link's step.")
+    net = load_summary(net_path)
+    rates = sorted({r for r in net["netem_rate_bps"] if r == r})
+    rate = rates[0]
+    steps_on_link = {row.run: row.step_ms / 1e3 for row in net.itertuples() if row.ranks > 1}
+    try:
+        rows = tta.compose_runs(loop, steps_on_link, lambda n: run_name(n, "none"))
+    except tta.RunError as err:
+        raise ReportError(str(err)) from None
+    if not rows:
+        raise ReportError(f"{net_path}: no parallel row of the table has a step on the link")
+    epochs = int(loop_frame["epochs"].max())
+    by = {(c.run, c.target_name): c for c in rows}
+    first = runlog.read_manifest(next(iter(loop.values()))[0])
+    held, every = first["data"]["holdout_samples"], first["args"]["eval_every"]
+    every_images = every * first["args"]["batch_size"] * first["world_size"]
+    lines = [f"Does compression pay? Not if its step is shorter, but if it reaches the accuracy "
+             f"you need sooner. Each row's steps to two targets counted over loopback (the "
+             f"table above: {held:,} images held out of the training set, scored every "
+             f"{every_images:,} training images; in synchronous training the steps do not "
+             f"depend on the link), its step on the emulated {network.rate_text(rate)} link "
+             f"(the network table), so time = start-up + steps x step + evaluations + epoch "
+             f"ends (the last three as the run measured them; `labs/kit/tta.py`). Targets, per "
+             f"number of processes: float32's held-out accuracy after the table's {epochs} "
+             f"epoch(s) minus 0.5 points (**lab**), and float32's own (**float32**). One seed: "
+             f"`results/tta/` measures the spread over seeds and every other method.", "",
+             "| 训练算法 / Algorithm | 设备数 / Devices | 每步 / Step on the link (ms) | "
+             "step / fp32 | 目标 lab / steps | time on the link (s) | vs fp32 | "
+             "目标 float32 / steps | time on the link (s) | vs fp32 | over loopback, measured "
+             "(s, lab / float32) | 运行 / Run |", "|" + "---|" * 12]
+    for c in sorted((c for c in rows if c.target_name == "lab"), key=lambda c: (
+            c.ranks, ROW_ORDER.index(c.run) if c.run in ROW_ORDER else len(ROW_ORDER), c.run)):
+        strict = by[(c.run, "float32")]
+        fp32 = run_name(c.ranks, "none")
+        lab32, strict32 = by[(fp32, "lab")], by[(fp32, "float32")]
+        row = loop_frame[loop_frame["run"] == c.run].iloc[0]
+        lines.append(
+            f"| {algorithm(row)} | {c.ranks} | {1e3 * c.step_s:.0f} | "
+            f"{c.step_s / lab32.step_s:.2f} | {_never(c, epochs)} | {_seconds(c.seconds)} | "
+            f"{_ratio_text(c.seconds, lab32.seconds)} | {_never(strict, epochs)} | "
+            f"{_seconds(strict.seconds)} | {_ratio_text(strict.seconds, strict32.seconds)} | "
+            f"{_seconds(c.loopback_s)} / {_seconds(strict.loopback_s)} | `{c.run}` |")
+    targets = sorted({(c.ranks, c.target_name, c.target) for c in rows})
+    lines += ["", "Targets (held-out accuracy): " + "; ".join(
+        f"{n} processes {name} {100 * t:.2f}%" for n, name, t in targets) + ".", "",
+        "### 压缩划算吗 / Does compression pay? (computed from the table above)", ""]
+    lines += pays_in_time(rows, rate)
+    return "\n".join(lines) + ("\n\n![精度与时间 / Held-out accuracy against time on the link]"
+                               "(tta.png)")
+
+
+def _ratio_text(value, base):
+    if math.isinf(value):
+        return "—"
+    return f"x{value / base:.2f}" if math.isfinite(base) else "—"
+
+
+def _scheme(composed):
+    """A run's scheme as the sentences name it: float32, bit8, bit8 alltoall, ..."""
+    name = "float32" if composed.compression == "none" else composed.compression
+    rest = composed.run.split("-")[2:]
+    return " ".join([name] + rest)
+
+
+def pays_in_time(rows, rate):
+    """A line per number of processes and target: each compressed scheme's time on the link
+    against float32's (pays or not), the first to get there, and the same runs' own times over
+    loopback, measured."""
+    lines = []
+    for n in sorted({c.ranks for c in rows}):
+        for name in ("lab", "float32"):
+            cells = [c for c in rows if c.ranks == n and c.target_name == name]
+            fp32 = next(c for c in cells if c.compression == "none")
+            first = min(cells, key=lambda c: c.seconds)
+            verdicts = "; ".join(
+                f"{_scheme(c)} {_seconds(c.seconds)} s " + (
+                    f"(x{c.seconds / fp32.seconds:.2f}: "
+                    f"{'pays' if c.seconds < fp32.seconds else 'does not pay'})"
+                    if math.isfinite(c.seconds) else "(never reached it: does not pay)")
+                for c in cells if c.compression != "none")
+            loopback = ", ".join(f"{_scheme(c)} {_seconds(c.loopback_s)} s" for c in cells)
+            lines.append(f"- {n} processes, target {name} ({100 * fp32.target:.2f}%), on the "
+                         f"{network.rate_text(rate)} link: float32 {_seconds(fp32.seconds)} s; "
+                         f"{verdicts}. First there: {_scheme(first)}. Over loopback, "
+                         f"measured: {loopback}.")
+    return lines
+
+
 def findings(frame, cpus):
     """Sentences computed from the table: what compression bought at each device count."""
     by_run = {row.run: row for row in frame.itertuples()}
@@ -615,6 +728,7 @@ def build_report(summary_path, template_path, network_summary=None, calibration=
             network_summary, calibration, frame,
             network_skipped or (None if network_summary else
                                 "no network table was given (--network-summary)")),
+        tta_section=tta_section(summary_path, frame, network_summary, network_skipped),
     )
     return fill(Path(template_path).read_text(encoding="utf-8"), values)
 

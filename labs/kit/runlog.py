@@ -62,6 +62,15 @@ EPOCH_COLUMNS = [
     "wire_tx_bytes",        # all ranks' NIC tx counters over the epoch (netem only, else NaN)
     "wall_time",
 ]
+# One row per evaluation on the held-out split (--holdout K --eval-every N), written by rank 0
+# between two training steps: the steps to a target accuracy are read from these.
+EVAL_COLUMNS = [
+    "epoch", "step",        # the training steps done so far (over all epochs), and in which epoch
+    "samples",              # training images seen so far, all ranks together
+    "holdout_samples", "holdout_loss", "holdout_accuracy",
+    "eval_s",               # the evaluation's wall time (the ranks' sums added included)
+    "wall_time",            # unix time at the end of the evaluation
+]
 STATUSES = ("running", "complete", "interrupted", "failed")
 
 
@@ -223,6 +232,18 @@ def merge_csvs(paths: Iterable[Path], out: Path) -> int:
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------
+
+def process_start_unix(pid: str = "self") -> float:
+    """When this process was started (unix time), from the kernel's record of it: a run's
+    time to accuracy counts its start-up (imports, the launcher's rendezvous, loading the
+    data) from there. Linux's /proc; elsewhere, now."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: after boot
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, IndexError, ValueError, AttributeError):
+        return time.time()
+
 
 class StepTimer:
     """Wall time per phase, one line in the loop: ``with timer("forward_backward"): ...``.

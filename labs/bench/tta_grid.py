@@ -1,0 +1,648 @@
+"""The time-to-accuracy grid: every method's steps to two targets, and its time on four links.
+
+    python -m labs.bench.tta_grid --dry-run                 # the runs it would start, and their cost
+    python -m labs.bench.tta_grid --prefix /work/bin/cpu-shared   # run (resumable), then summarise
+    python -m labs.bench.tta_grid --summary-only --out runs/tta    # the CSVs and the plot again
+
+Steps (labs/kit/tta.py): each method trains over loopback (labs/mnist.py on Horovod,
+labs/ddp_mnist.py for DDP's own hooks) with --holdout HOLDOUT and an evaluation every
+EVAL_IMAGES training images (--eval-every 40 at 2 ranks, 20 at 4), at the lab's settings (lr
+0.02 x ranks, momentum 0.9, batch 64 a rank), both lab networks, 2 and 4 ranks. float32 first,
+for SEEDS seeds and CAP epochs: its held-out accuracy after the lab's epochs (2), averaged over
+its seeds, sets the cell's targets, that minus 0.5 points ('lab') and itself ('float32'); every
+other method then trains until it passes the stricter one or CAP epochs (--target-accuracy),
+for the seeds METHOD_SEEDS gives it. A method that never reaches a target within CAP epochs
+says so. Steps do not depend on load: run them beside other work (--prefix cpu-shared).
+
+Time: steps x the method's step time on each link (a step benchmark's cells, --step-times:
+bench_step and bench_ddp steps.csv files, each with the CPU it was measured on) + start-up,
+evaluations and epoch ends as the run measured them. Where two methods compute the same steps,
+one measurement serves both (STEPS_OF: DDP's own allreduce is float32's, bit for bit at 2
+ranks; our hook's schemes on DDP are the same codecs as on Horovod, only the buckets' layout,
+hence the scale blocks' boundaries, differ).
+
+Writes OUT/runs/<run>/ (the run folders), OUT/logs/, and OUT/targets.csv, OUT/steps.csv (each
+run's reach of each target), OUT/step_times.csv, OUT/tta.csv (each front, network, link, ranks,
+method and target: the time, the steps, how many seeds reached it) and OUT/tta.png.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from labs.kit import runlog, tta
+from labs.kit.flags import DEFAULTS
+from labs.kit.launch import horovodrun_command
+from labs.kit.matrix import move_aside, run_one
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("basic", "horovod")                # labs/mnist.py --model
+BENCH_MODEL = {"basic": "basic", "horovod": "lab"}   # the step benchmarks' names of them
+RANKS = (2, 4)
+LINKS = ("loopback", "1gbit", "100mbit", "10mbit")
+HOLDOUT, EVAL_IMAGES = tta.HOLDOUT, tta.EVAL_IMAGES    # the lab job's: the same runs
+LAB_EPOCHS = DEFAULTS["epochs"]              # float32's accuracy after these sets the targets
+CAP = {"basic": 3, "horovod": 4}             # epochs a method may take to reach them
+LOOSE_POINTS = tta.LOOSE_POINTS              # the 'lab' target: float32's - 0.5 points
+SEEDS = (42, 1, 2)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of exchanging gradients: its key (the grid's name), the trainer that runs it
+    and its flags, and its row in the step benchmark (bench_step for Horovod, bench_ddp for
+    DDP)."""
+    key: str
+    trainer: str            # "horovod" (labs/mnist.py) or "ddp" (labs/ddp_mnist.py)
+    flags: tuple
+    bench_row: str
+
+    @property
+    def front(self):
+        return self.trainer
+
+
+def _ours(key, flags, row):
+    return Method(key, "horovod", tuple(flags), row)
+
+
+# Every method the plugin has (registry order), at a few parameters, and Compression.auto.
+OURS = [_ours("none", [], "ours:none"), _ours("fp16", ["--fp16-allreduce"], "ours:fp16"),
+        _ours("bit16", ["--bit16-allreduce"], "ours:bit16:alltoall"),
+        _ours("bf16", ["--bf16-allreduce"], "ours:bf16"),
+        _ours("bit8", ["--bit8-allreduce"], "ours:bit8:allgather"),
+        _ours("bit8:alltoall", ["--bit8-allreduce", "--route", "alltoall"], "ours:bit8:alltoall"),
+        _ours("int8", ["--int8-allreduce"], "ours:int8"),
+        _ours("onebit", ["--onebit-allreduce"], "ours:onebit")]
+OURS += [_ours(f"topk{r:g}", ["--topk-allreduce", f"{r:g}"], f"ours:topk{r:g}")
+         for r in (0.1, 0.01, 0.001)]
+OURS += [_ours(f"powersgd{k}", ["--powersgd-allreduce", str(k)], f"ours:powersgd{k}")
+         for k in (1, 2, 4)]
+OURS += [_ours("auto", ["--auto-allreduce"], "ours:auto")]
+# DDP's own hooks (labs/ddp_mnist.py): its fp16_compress_hook and powerSGD_hook at rank 1.
+DDP_OWN = [Method("ddp:fp16", "ddp", ("--ddp-fp16",), "stock:fp16"),
+           Method("ddp:powersgd1", "ddp", ("--ddp-powersgd", "1"), "stock:powersgd1")]
+TRAINED = {m.key: m for m in OURS + DDP_OWN}
+# The fronts' rows of the time table: (front, method) -> the method whose steps it takes.
+# Horovod: ours, each its own. DDP: its own allreduce is float32's (the same sum and mean;
+# at 2 ranks a + b in either order, bit for bit: tests/test_tta_runs.py), our hook's schemes are
+# ours (the same codec and route on DDP's buckets), its own hooks their own runs.
+STEPS_OF = {("horovod", m.key): m.key for m in OURS}
+STEPS_OF.update({("ddp", m.key): m.key for m in OURS})
+STEPS_OF.update({("ddp", "ddp:none"): "none", ("ddp", "ddp:fp16"): "ddp:fp16",
+                 ("ddp", "ddp:powersgd1"): "ddp:powersgd1"})
+DDP_ROW = {"ddp:none": "stock:none", "ddp:fp16": "stock:fp16", "ddp:powersgd1": "stock:powersgd1"}
+
+
+def seeds_of(key, model, ranks, seeds=SEEDS):
+    """float32 sets the targets: every seed. bit8 at the basic net, 2 ranks: every seed (the
+    composition's check). The rest: the first seed; the spread of float32's and bit8's
+    seeds says how far one seed can be read."""
+    if key == "none" or (key == "bit8" and model == "basic" and ranks == 2):
+        return tuple(seeds)
+    return tuple(seeds[:1])
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str
+    ranks: int
+    method: Method
+    seed: int
+
+    @property
+    def name(self):
+        return f"{self.model}-np{self.ranks}-{self.method.key.replace(':', '-')}-s{self.seed}"
+
+    @property
+    def eval_every(self):
+        return tta.eval_every(self.ranks)
+
+
+def grid(models=MODELS, ranks=RANKS, methods=None, seeds=SEEDS):
+    """Every run, float32's first in each (model, ranks): its runs set the others' targets."""
+    keys = methods or list(TRAINED)
+    runs = []
+    for model in models:
+        for n in ranks:
+            for key in ["none"] + [k for k in keys if k != "none"]:
+                runs += [Run(model, n, TRAINED[key], s) for s in seeds_of(key, model, n, seeds)]
+    return runs
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_command(run, run_dir, target, resume, dataset, data_dir=None, cap=None):
+    """The trainer's command line: the lab's settings, the held-out split, CAP epochs (or
+    `cap`), and the early stop at `target` (None: float32's runs, which set it)."""
+    trainer = "mnist.py" if run.method.trainer == "horovod" else "ddp_mnist.py"
+    argv = [str(ROOT / "labs" / trainer), "--dataset", dataset, "--model", run.model,
+            "--epochs", str(cap or CAP[run.model]), "--seed", str(run.seed),
+            "--holdout", str(HOLDOUT), "--eval-every", str(run.eval_every),
+            "--out", str(run_dir), "--no-progress", *run.method.flags]
+    argv += ["--data-dir", data_dir] if data_dir else []
+    argv += ["--target-accuracy", f"{target:.6f}"] if target is not None else []
+    argv += ["--resume"] if resume else []
+    if run.method.trainer == "horovod":
+        return horovodrun_command(run.ranks, [sys.executable] + argv, "gloo")
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(run.ranks),
+            "--master-port", str(free_port())] + argv
+
+
+# ---- targets ----------------------------------------------------------------------------------
+
+def lab_accuracy(run_dir):
+    """A run's held-out accuracy after the lab's epochs (tta.accuracy_after: the mean of its
+    last evaluations up to that epoch's end)."""
+    try:
+        return tta.accuracy_after(tta.read_evals(run_dir), LAB_EPOCHS)
+    except tta.RunError as err:
+        raise tta.RunError(f"{run_dir}: {err}") from None
+
+
+def targets(out, model, ranks, seeds=SEEDS):
+    """{'lab': float32's mean - 0.5 points, 'float32': float32's mean}, None until every
+    float32 seed of the cell is complete."""
+    accuracies = []
+    for seed in seeds:
+        run_dir = Path(out) / "runs" / Run(model, ranks, TRAINED["none"], seed).name
+        manifest = runlog.read_manifest(run_dir) or {}
+        if manifest.get("status") != "complete":
+            return None
+        accuracies.append(lab_accuracy(run_dir))
+    mean = sum(accuracies) / len(accuracies)
+    return {"lab": mean - LOOSE_POINTS, "float32": mean}
+
+
+# ---- running -------------------------------------------------------------------------------------
+
+def plan_run(run_dir, target):
+    """'skip', 'resume' or 'fresh' for a run folder. A complete run serves any target at or
+    below the one it stopped at (it passed them on the way), and any target if it ran to its
+    cap without stopping; one that stopped below the stricter target now asked, or was made
+    for float32's place (no target) and is asked for one, or the other way, is run again."""
+    manifest = runlog.read_manifest(run_dir)
+    if manifest is None:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            move_aside(run_dir)
+        return "fresh"
+    asked = (manifest.get("args") or {}).get("target_accuracy")
+    stopped = "reached after" in str(manifest.get("reason") or "")
+    if (asked is None) != (target is None):
+        serves = False
+    else:
+        serves = asked is None or asked >= target - 5e-7 or (
+            manifest.get("status") == "complete" and not stopped)
+    if not serves:
+        move_aside(run_dir)
+        return "fresh"
+    if manifest.get("status") == "complete":
+        return "skip"
+    if (run_dir / "checkpoint.pt").is_file():
+        return "resume"
+    move_aside(run_dir)
+    return "fresh"
+
+
+# Relative cost of a run for the progress line: epochs x seconds an epoch (2-core EPYC, lab
+# settings, evaluations included) by network; a run that stops at its target takes fewer.
+EPOCH_S = {"basic": 115, "horovod": 25}
+
+
+def run_grid(args):
+    out = Path(args.out)
+    runs = grid(args.models, args.ranks, args.methods, args.seeds)
+    weights = [(args.cap or CAP[r.model]) * EPOCH_S[r.model] for r in runs]
+    total, done, ran_weight, started = sum(weights), 0.0, 0.0, time.monotonic()
+    failures = []
+    for number, (run, weight) in enumerate(zip(runs, weights), 1):
+        header = f"[tta {number}/{len(runs)}] {run.name}"
+        run_dir = out / "runs" / run.name
+        target = None
+        if run.method.key != "none":
+            cell = targets(out, run.model, run.ranks, args.seeds)
+            if cell is None and not args.dry_run:
+                print(f"{header}: waits for float32's runs of its cell (failed or not run)",
+                      flush=True)
+                failures.append(run.name)
+                continue
+            target = round(cell["float32"], 6) if cell else 1.0   # dry run: a placeholder
+        if args.dry_run:
+            print(header + ": " + shlex.join(args.prefix + train_command(
+                run, run_dir, target, False, args.dataset, args.data_dir, args.cap)))
+            continue
+        held = time.monotonic()
+        while args.pause_file and Path(args.pause_file).exists():
+            time.sleep(10)          # another measurement wants the machine alone
+        started += time.monotonic() - held     # the estimate counts the grid's own time
+        action = plan_run(run_dir, target)
+        done += weight
+        if action == "skip":
+            print(f"{header}: complete, kept", flush=True)
+            continue
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        cmd = args.prefix + train_command(run, run_dir, target, action == "resume",
+                                          args.dataset, args.data_dir, args.cap)
+        code, seconds = run_one(cmd, out / "logs" / f"{run.name}.log", args.timeout, echo=False)
+        ran_weight += weight
+        manifest = runlog.read_manifest(run_dir) or {}
+        ok = code == 0 and manifest.get("status") == "complete"
+        if not ok:
+            failures.append(run.name)
+        elapsed = time.monotonic() - started
+        left = (total - done) * elapsed / max(ran_weight, 1.0)
+        print(f"{header}: {'done' if ok else 'FAILED'} in {seconds:.0f} s "
+              f"({manifest.get('reason') or manifest.get('status')}) "
+              f"[{100 * done / total:.0f}% | {elapsed / 3600:.2f} h | ~{left / 3600:.2f} h left]",
+              flush=True)
+    if args.dry_run:
+        print(f"{len(runs)} runs, at most {total / 3600:.1f} h of machine time "
+              f"(each to its cap; a run stops at its target)")
+    return failures
+
+
+# ---- summaries ----------------------------------------------------------------------------------
+
+def steps_table(out, seeds=SEEDS):
+    """One row per run and target: the steps to it (and what else came before it), the run's
+    accuracy after the lab's epochs, and its own times besides the link."""
+    rows, out = [], Path(out)
+    for model in MODELS:
+        for n in RANKS:
+            cell = targets(out, model, n, seeds)
+            if cell is None:
+                continue
+            for run in grid([model], [n], seeds=seeds):
+                run_dir = out / "runs" / run.name
+                if (runlog.read_manifest(run_dir) or {}).get("status") != "complete":
+                    continue
+                evals, times = tta.read_evals(run_dir), tta.run_times(run_dir)
+                try:
+                    at_lab = lab_accuracy(run_dir)
+                except tta.RunError:            # stopped at its target before the lab's end
+                    at_lab = math.nan
+                for name, target in cell.items():
+                    hit = tta.reach(evals, target)
+                    rows.append(dict(model=model, ranks=n, method=run.method.key,
+                                     seed=run.seed, target_name=name, target=target,
+                                     reached=hit.reached, step=hit.step, samples=hit.samples,
+                                     evals=hit.evals, epoch_ends=hit.epoch_ends,
+                                     accuracy=hit.accuracy, last_step=hit.last_step,
+                                     accuracy_after_lab_epochs=at_lab,
+                                     startup_s=times.startup_s, eval_s=times.eval_s,
+                                     epoch_end_s=times.epoch_end_s,
+                                     loopback_step_s=times.step_s, run=run.name))
+    return pd.DataFrame(rows)
+
+
+def named_parameter(row):
+    """A benchmark row of a method at its default parameter, named with it: ours:topk ->
+    ours:topk0.01, ours:powersgd -> ours:powersgd2 (the registry's defaults), as the grid
+    names its methods; every other row as it is."""
+    from hvd_compress import registry
+    who, _, rest = row.partition(":")
+    name, _, route = rest.partition(":")
+    entry = registry.SCHEMES.get(name)
+    if who != "ours" or entry is None or entry.parameter is None:
+        return row
+    return f"ours:{name}{entry.parameter:g}" + (f":{route}" if route else "")
+
+
+def bench_cells(steps_csv, front, source, cpu):
+    """Step times from a step benchmark's steps.csv (bench_step or bench_ddp: rank 0's timed
+    steps, in rounds): per (model, link, ranks, row) the median over rounds of each round's
+    mean step. A sum of steps is what a run's time is, so a mean; a round's, so that one slow
+    round cannot carry it."""
+    steps = pd.read_csv(steps_csv)
+    steps["row"] = steps["row"].map(named_parameter)
+    means = steps.groupby(["model", "link", "ranks", "row", "round"]).step_ms.mean()
+    cells = means.groupby(level=[0, 1, 2, 3]).median().rename("step_ms").reset_index()
+    rounds = means.groupby(level=[0, 1, 2, 3]).size().rename("rounds").reset_index()
+    cells = cells.merge(rounds, on=["model", "link", "ranks", "row"])
+    return cells.assign(front=front, source=str(source), cpu=cpu)
+
+
+def read_step_times(specs):
+    """--step-times FRONT:CPU:PATH ...: every cell of every file; a later file's cell replaces
+    an earlier one's (the newer measurement of the same row)."""
+    frames = []
+    for spec in specs:
+        front, cpu, path = spec.split(":", 2)
+        frames.append(bench_cells(path, front, path, cpu))
+    if not frames:
+        return pd.DataFrame(columns=["front", "model", "link", "ranks", "row", "step_ms",
+                                     "rounds", "source", "cpu"])
+    cells = pd.concat(frames, ignore_index=True)
+    return cells.drop_duplicates(["front", "model", "link", "ranks", "row"], keep="last")
+
+
+def front_methods(front):
+    """The time table's methods of a front, with their benchmark rows."""
+    if front == "horovod":
+        return {m.key: m.bench_row for m in OURS}
+    rows = {m.key: m.bench_row for m in OURS}
+    rows.update(DDP_ROW)
+    return rows
+
+
+def tta_table(steps, cells):
+    """The time to each target of every (front, network, link, ranks, method) that has both its
+    steps and its step time: the mean over its seeds' runs (each composed with its own
+    start-up, evaluations and epoch ends), the fastest and slowest seed, how many reached it."""
+    rows = []
+    for front in ("horovod", "ddp"):
+        for method, bench_row in front_methods(front).items():
+            trained = steps[steps["method"] == STEPS_OF[(front, method)]]
+            for (model, n, name), runs in trained.groupby(["model", "ranks", "target_name"]):
+                for link in LINKS:
+                    cell = cells[(cells.front == front) & (cells.model == BENCH_MODEL[model])
+                                 & (cells.link == link) & (cells.ranks == n)
+                                 & (cells.row == bench_row)]
+                    if cell.empty:
+                        continue
+                    step_s = float(cell.step_ms.iloc[0]) / 1e3
+                    seconds = [tta.compose(_reach(r), step_s, _times(r))
+                               for r in runs.itertuples()]
+                    reached = [s for s in seconds if math.isfinite(s)]
+                    rows.append(dict(
+                        front=front, model=model, link=link, ranks=n, method=method,
+                        target_name=name, target=runs["target"].iloc[0],
+                        seeds=len(runs), reached=len(reached),
+                        steps=runs["step"].mean() if len(reached) == len(runs) else math.nan,
+                        step_ms=1e3 * step_s,
+                        tta_s=sum(reached) / len(reached) if len(reached) == len(runs)
+                        else math.inf,
+                        tta_min_s=min(reached) if reached else math.inf,
+                        tta_max_s=max(seconds), steps_from=STEPS_OF[(front, method)],
+                        step_source=cell.source.iloc[0], cpu=cell.cpu.iloc[0]))
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    keys = ["front", "model", "link", "ranks", "target_name"]
+    best = table.groupby(keys).tta_s.transform("min")
+    none = table[table.method.isin(["none", "ddp:none"])].groupby(keys).tta_s.min()
+    table["vs_best"] = table.tta_s / best
+    table["vs_float32"] = [t / none.get(tuple(k), math.nan)
+                           for t, k in zip(table.tta_s, table[keys].values)]
+    return table
+
+
+def _reach(row):
+    return tta.Reach(row.target, None if not row.reached else int(row.step),
+                     None if not row.reached else int(row.samples), int(row.evals),
+                     int(row.epoch_ends), row.accuracy, int(row.last_step))
+
+
+def _times(row):
+    return tta.RunTimes(row.startup_s, row.eval_s, row.epoch_end_s, row.loopback_step_s)
+
+
+def plot(out, steps, cells, path):
+    """Held-out accuracy against time on each link, one line per method (its first seed's
+    run), a panel per (network, ranks) and link, the two targets as dashed lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cells_here = [(m, n) for m in MODELS for n in RANKS
+                  if not steps[(steps.model == m) & (steps.ranks == n)].empty]
+    if not cells_here:
+        return
+    fig, axes = plt.subplots(len(cells_here), len(LINKS), figsize=(4.2 * len(LINKS),
+                             3.4 * len(cells_here)), squeeze=False)
+    colours = plt.get_cmap("tab20")
+    methods = list(front_methods("horovod")) + list(DDP_ROW)
+    for i, (model, n) in enumerate(cells_here):
+        cell_targets = steps[(steps.model == model) & (steps.ranks == n)].groupby(
+            "target_name").target.first()
+        for j, link in enumerate(LINKS):
+            ax = axes[i][j]
+            for k, method in enumerate(methods):
+                front = "ddp" if method.startswith("ddp:") else "horovod"
+                runs = steps[(steps.model == model) & (steps.ranks == n)
+                             & (steps.method == STEPS_OF[(front, method)])
+                             & (steps.target_name == "lab")]
+                cell = cells[(cells.front == front) & (cells.model == BENCH_MODEL[model])
+                             & (cells.link == link) & (cells.ranks == n)
+                             & (cells.row == front_methods(front)[method])]
+                if runs.empty or cell.empty:
+                    continue
+                first = runs.sort_values("seed").iloc[0]
+                curve = tta.accuracy_curve(tta.read_evals(Path(out) / "runs" / first.run),
+                                           float(cell.step_ms.iloc[0]) / 1e3, _times(first))
+                ax.plot(curve.seconds, 100 * curve.holdout_accuracy, lw=1,
+                        color=colours(k % 20), label=method)
+            for name, target in cell_targets.items():
+                ax.axhline(100 * target, ls="--", lw=0.7, color="k")
+            low = 100 * cell_targets.min() - 6
+            ax.set_ylim(low, 100 * cell_targets.max() + 2)
+            ax.set_xscale("log")
+            ax.set_title(f"{model} net, {n} ranks, {link}", fontsize=9)
+            ax.set_xlabel("seconds (composed)", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("held-out accuracy, %")
+    axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    fig.suptitle("Held-out accuracy against time to it on each link (steps over loopback x "
+                 "the link's step time, + start-up and evaluations); dashed: the targets",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# The cost model's name of each method of ours: (scheme, parameter, route) (registry names).
+SCHEME_OF = {"none": ("none", None, None), "fp16": ("fp16", None, None),
+             "bit16": ("bit16", None, None), "bf16": ("bf16", None, None),
+             "bit8": ("bit8", None, None), "bit8:alltoall": ("bit8", None, "alltoall"),
+             "int8": ("int8", None, None), "onebit": ("onebit", None, None),
+             **{f"topk{r:g}": ("topk", r, None) for r in (0.1, 0.01, 0.001)},
+             **{f"powersgd{k}": ("powersgd", k, None) for k in (1, 2, 4)}}
+
+
+def scaling_table(out, steps, cells, seeds=SEEDS):
+    """The cost model's input for time to accuracy at n ranks (python -m hvd_compress.costmodel
+    --tta): per network and method of ours, the steps to one target at 2 and at 4 ranks (the
+    lower of the two cells' 'lab' targets, which the runs of both reached on the way to their
+    own; the mean over the seeds run), its compute per step (its step over loopback at 2 ranks,
+    a core a rank: the exchange there is nearly free) and its start-up and evaluations."""
+    rows, out = [], Path(out)
+    for model in MODELS:
+        cell_targets = [targets(out, model, n, seeds) for n in RANKS]
+        if None in cell_targets:
+            continue
+        target = min(t["lab"] for t in cell_targets)
+        for key, (scheme, parameter, route) in SCHEME_OF.items():
+            measured = []
+            for n in RANKS:
+                reached = []
+                for seed in seeds_of(key, model, n, seeds):
+                    run_dir = out / "runs" / Run(model, n, TRAINED[key], seed).name
+                    if (runlog.read_manifest(run_dir) or {}).get("status") == "complete":
+                        reached.append(tta.reach(tta.read_evals(run_dir), target))
+                ok = reached and all(r.reached for r in reached)
+                measured.append(sum(r.step for r in reached) / len(reached) if ok else None)
+            cell = cells[(cells.front == "horovod") & (cells.model == BENCH_MODEL[model])
+                         & (cells.link == "loopback") & (cells.ranks == 2)
+                         & (cells.row == TRAINED[key].bench_row)]
+            own = steps[(steps.model == model) & (steps.ranks == 2) & (steps.method == key)
+                        & (steps.target_name == "lab")]
+            rows.append(dict(model=model, method=key, scheme=scheme, parameter=parameter,
+                             route=route, target=target, batch_per_rank=64,
+                             ranks1=RANKS[0], steps1=measured[0], ranks2=RANKS[1],
+                             steps2=measured[1],
+                             compute_s=float(cell.step_ms.iloc[0]) / 1e3 if len(cell) else None,
+                             overhead_s=float((own.startup_s + own.evals * own.eval_s).median())
+                             if len(own) else None))
+    return pd.DataFrame(rows)
+
+
+def _fmt_steps(rows):
+    """'720' or '560, 720, 840' (its seeds': 42, 1, 2), 'never' where one did not reach it."""
+    return ", ".join("never" if not r.reached else f"{int(r.step)}"
+                     for r in rows.sort_values("seed", key=lambda s: s.map(SEEDS.index))
+                     .itertuples())
+
+
+def _fmt_s(value):
+    return "never" if not math.isfinite(value) else f"{value:,.0f}"
+
+
+def tables(steps, table):
+    """The README's tables, from the summaries: each method's steps to each target per network
+    and ranks (every seed run), the targets; then per front, network and ranks, each method's
+    time to the two targets on each link (x float32's; the fastest of the column in bold)."""
+    lines = ["### Steps to each target over loopback (lab / float32; seeds 42, 1, 2 where run)",
+             ""]
+    cells = [(m, n) for m in MODELS for n in RANKS
+             if not steps[(steps.model == m) & (steps.ranks == n)].empty]
+    lines += ["| method | " + " | ".join(f"{m} net, {n} ranks" for m, n in cells) + " |",
+              "|---" * (len(cells) + 1) + "|"]
+    for key in TRAINED:
+        cols = []
+        for m, n in cells:
+            here = steps[(steps.model == m) & (steps.ranks == n) & (steps.method == key)]
+            cols.append("—" if here.empty else
+                        f"{_fmt_steps(here[here.target_name == 'lab'])} / "
+                        f"{_fmt_steps(here[here.target_name == 'float32'])}")
+        lines.append(f"| {key} | " + " | ".join(cols) + " |")
+    lines += ["", "Targets (held-out accuracy): " + "; ".join(
+        f"{m} net, {n} ranks: lab {100 * g[g.target_name == 'lab'].target.iloc[0]:.2f}%, "
+        f"float32 {100 * g[g.target_name == 'float32'].target.iloc[0]:.2f}%"
+        for (m, n), g in steps.groupby(["model", "ranks"], sort=False)) + "."]
+    if table.empty:
+        return "\n".join(lines)
+    for front in ("horovod", "ddp"):
+        for (model, n), rows in table[table.front == front].groupby(["model", "ranks"],
+                                                                    sort=False):
+            links = [link for link in LINKS if link in set(rows.link)]
+            lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the lab / float32 "
+                          f"target (x float32's)", "",
+                      "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
+            for method in (m for m in front_methods(front) if m in set(rows.method)):
+                cols = []
+                for link in links:
+                    parts = []
+                    for name in ("lab", "float32"):
+                        cell = rows[(rows.link == link) & (rows.target_name == name)]
+                        mine = cell[cell.method == method]
+                        if mine.empty:
+                            parts.append("—")
+                            continue
+                        r = mine.iloc[0]
+                        text = _fmt_s(r.tta_s) + ("" if not math.isfinite(r.tta_s)
+                                                  else f" (x{r.vs_float32:.2f})")
+                        parts.append(f"**{text}**" if r.tta_s == cell.tta_s.min() else text)
+                    cols.append(" / ".join(parts))
+                lines.append(f"| {method} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+def summarise(out, step_time_specs, seeds=SEEDS):
+    out = Path(out)
+    steps = steps_table(out, seeds)
+    targets_rows = [dict(model=m, ranks=n, **t) for m in MODELS for n in RANKS
+                    if (t := targets(out, m, n, seeds)) is not None]
+    runlog.atomic_write_text(out / "targets.csv", pd.DataFrame(targets_rows).to_csv(index=False))
+    runlog.atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
+    cells = read_step_times(step_time_specs)
+    runlog.atomic_write_text(out / "step_times.csv", cells.to_csv(index=False))
+    table = tta_table(steps, cells) if not steps.empty else pd.DataFrame()
+    runlog.atomic_write_text(out / "tta.csv", table.to_csv(index=False, float_format="%.6g"))
+    if not steps.empty:
+        runlog.atomic_write_text(out / "tables.md", tables(steps, table) + "\n")
+    if not steps.empty and not cells.empty:
+        plot(out, steps, cells, out / "tta.png")
+        runlog.atomic_write_text(out / "scaling.csv", scaling_table(out, steps, cells, seeds)
+                                 .to_csv(index=False, float_format="%.6g"))
+    return steps, table
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/tta")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--ranks", default=",".join(map(str, RANKS)))
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated, of {', '.join(TRAINED)} (default: all)")
+    parser.add_argument("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist"])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--prefix", default="",
+                        help="a command each training runs under (e.g. a CPU lock's wrapper)")
+    parser.add_argument("--step-times", nargs="*", default=[], metavar="FRONT:CPU:STEPS_CSV",
+                        help="step benchmark steps.csv files (front horovod or ddp, the CPU "
+                             "they were measured on); later ones replace earlier cells")
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                        help="float32's seeds (the others take the first)")
+    parser.add_argument("--cap", type=int, default=None, metavar="EPOCHS",
+                        help=f"epochs a run may take (default by network: {CAP})")
+    parser.add_argument("--pause-file", default=None, metavar="PATH",
+                        help="while PATH exists, wait before starting the next run (a timing "
+                             "measurement that needs the machine alone holds it)")
+    parser.add_argument("--timeout", type=float, default=3 * 3600)
+    parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    args.models = args.models.split(",")
+    args.ranks = [int(n) for n in args.ranks.split(",")]
+    args.methods = args.methods.split(",") if args.methods else None
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    if args.cap is not None and args.cap < LAB_EPOCHS:
+        parser.error(f"--cap must be at least the lab's {LAB_EPOCHS} epochs: float32's accuracy "
+                     f"after them sets the targets")
+    bad = [m for m in args.models if m not in MODELS] + [
+        m for m in (args.methods or []) if m not in TRAINED]
+    if bad:
+        parser.error(f"unknown: {', '.join(bad)}")
+    args.prefix = shlex.split(args.prefix)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    failures = [] if args.summary_only else run_grid(args)
+    if args.dry_run:
+        return 0
+    steps, table = summarise(args.out, args.step_times, args.seeds)
+    print(f"summary: {Path(args.out) / 'tta.csv'} ({len(table)} rows), "
+          f"{Path(args.out) / 'steps.csv'} ({len(steps)} rows)")
+    if failures:
+        print(f"{len(failures)} run(s) failed or waited: {', '.join(failures)}; run the same "
+              f"command again to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
