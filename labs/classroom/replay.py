@@ -11,6 +11,7 @@ so the same checks judge the kit with their own reasons. No code of the kit runs
 """
 import functools
 import hashlib
+from pathlib import Path
 
 import numpy as np
 
@@ -149,7 +150,7 @@ def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200)
     from . import sandbox, schema
     from .codec_checks import STEP, _hex
     from .checks import fail, ok
-    from .kit_runs import run_kit, student_side
+    from .kit_runs import release, run_kit, student_side
     functions = {"encode_e4m3": functools.partial(fp8_numpy.encode, fmt=E4M3),
                  "encode_fp16": fp16_numpy.encode}
     limits = sandbox.Limits(seconds=timeout)
@@ -162,6 +163,8 @@ def exhaustive(kit, work, inputs=range(0, 1 << 32), chunk=1 << 24, timeout=7200)
             return schema.exhaustive_results(*schema.collect(run, "results", limits.read_bytes)) if run else None
         except (FileNotFoundError, Garbage):
             return None
+        finally:
+            release(Path(work) / "exhaustive")      # its folders, once read: the next ask remakes them
 
     results = ask(inputs.start, inputs.stop, False)
     if results is None or "import_error" in results:
