@@ -37,8 +37,8 @@ def resume(self, model, optimizer):
     return first
 
 
-def steps(self, epoch, batches):
-    for step in _steps(self, epoch, batches):
+def steps(self, epoch, batches, *args, **kwargs):
+    for step in _steps(self, epoch, batches, *args, **kwargs):
         if ATTEMPT == 0 and self.rank == DIE_RANK and self.step == DIE_AT:
             note(died_at=self.step)
             os._exit(17)
