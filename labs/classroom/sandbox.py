@@ -96,12 +96,6 @@ def available():
     return None
 
 
-def cache_root():
-    """Where the classroom's machine-level caches live (pristine.py's Horovod): the folder
-    HVD_CLASSROOM_CACHE names, else /var/tmp; tests point it at an empty folder."""
-    return Path(os.environ.get("HVD_CLASSROOM_CACHE") or "/var/tmp")
-
-
 # --- the sandbox's writable folders: one tmpfs, its size and inodes the disk limit ----------
 
 _MOUNTED = set()
