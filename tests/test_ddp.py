@@ -221,32 +221,6 @@ def test_bench_ddp_arguments():
     assert bench_ddp.make_row("local", model) == (model, None)
 
 
-HOROVOD_MISSING = r"""
-import sys
-sys.modules["horovod"] = None                    # as on a machine without Horovod
-import torch
-import hvd_compress as hc
-model = torch.nn.Linear(3, 2)
-try:
-    hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                            model.named_parameters(), compression=hc.Compression.bit8)
-except ModuleNotFoundError as err:
-    print(f"refused: {err}")
-"""
-
-
-@pytest.mark.unit
-def test_the_optimizer_without_horovod_says_how_to_get_it():
-    """hc.DistributedOptimizer on a Python without Horovod: a ModuleNotFoundError that names
-    how to get Horovod (scripts/setup.sh, docs/setup.md) and the front that needs none."""
-    done = subprocess.run([sys.executable, "-c", HOROVOD_MISSING], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    said = done.stdout
-    assert said.startswith("refused: hvd_compress.DistributedOptimizer runs on Horovod"), said
-    assert "scripts/setup.sh" in said and "docs/setup.md" in said and "hvd_compress.ddp" in said
-
-
 NO_HOROVOD = r"""
 import sys
 sys.modules["horovod"] = None                    # as on a machine without Horovod

@@ -29,7 +29,7 @@ import os
 import time
 
 __all__ = ["Engine", "AVERAGE", "SUM", "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S",
-           "longest_sleep", "usable_cores"]
+           "longest_sleep", "usable_cores", "HorovodMissing"]
 
 AVERAGE = "average"
 SUM = "sum"
@@ -39,6 +39,22 @@ SUM = "sum"
 # core of its own (see longest_sleep for why and for the figures).
 POLL_SLEEP_S = (50e-6, 1e-3)
 UNCROWDED_LONGEST_SLEEP_S = 200e-6
+
+
+class HorovodMissing(ModuleNotFoundError):
+    """Horovod cannot be imported, and what was asked runs on it (engine/horovod.py raises it).
+    A ModuleNotFoundError, so code that already catches a missing module still does; it lives
+    here, not beside the engine, so that it can be caught by name without Horovod."""
+
+    MESSAGE = ("hvd_compress.DistributedOptimizer (and every communicator made without engine=) "
+               "runs on Horovod, which this Python cannot import. Build and install it with the "
+               "repository's `bash scripts/setup.sh` (Horovod 0.28.1 with the project's C++17 "
+               "build patch, for PyTorch, MPI and Gloo; docs/setup.md says how and what it "
+               "needs), or train on torch.distributed with the DDP hook, which needs only "
+               "torch: hvd_compress.ddp (docs/ddp.md)")
+
+    def __init__(self, message=MESSAGE):
+        super().__init__(message, name="horovod")
 
 
 def longest_sleep(local_ranks, cores):
