@@ -63,7 +63,7 @@ def longest_sleep(local_ranks, cores):
     A finished exchange is noticed up to one sleep late, and a rank's lateness delays the next
     step of all. Where each rank has a core, short sleeps cost no CPU another rank needs and
     keep that lateness small; where ranks share cores, each poll takes CPU from the cores the
-    other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1] (scripts/bench_wait.py
+    other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1] (labs/bench/wait.py
     measures both)."""
     if local_ranks > cores:
         return POLL_SLEEP_S[1]
