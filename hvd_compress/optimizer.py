@@ -35,22 +35,10 @@ from .exchange.fusion import Filling
 from .front.core import FrontAPI, FrontCore, named_params
 from .overlap import Pending, group_settings, overlap_gate
 
-try:
-    import horovod.torch as hvd
-except ModuleNotFoundError as missing:       # hvd_compress.ddp needs no Horovod; this does
-    if not (missing.name or "").startswith("horovod"):
-        raise
-    hvd = None
-
-__all__ = ["DistributedOptimizer", "NO_HOROVOD"]
+__all__ = ["DistributedOptimizer"]
 
 # The optimizer's own counters beside the communicator's (pop_stats says what they measure).
 OWN_STATS = ("step_interval_s", "forward_wait_s", "update_s")
-NO_HOROVOD = ("hvd_compress.DistributedOptimizer runs on Horovod, which this Python cannot "
-              "import. Build and install it with the repository's `bash scripts/setup.sh` "
-              "(Horovod 0.28.1 with PyTorch, MPI and Gloo; docs/setup.md says how and what it "
-              "needs), or train on torch.distributed with the DDP hook, which needs no "
-              "Horovod: hvd_compress.ddp (docs/ddp.md)")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer, FrontAPI):
@@ -328,8 +316,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     prioritise: under "overlap", send what the next forward needs first (a large late bucket
         in chunks behind the front buckets, exchange/sender.py); False: every bucket whole.
     """
-    if hvd is None:
-        raise ModuleNotFoundError(NO_HOROVOD, name="horovod")
+    from .engine.horovod import hvd     # here, not above: `import hvd_compress` needs no Horovod
     op = hvd.Average if op is None else op
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError("hvd_compress.DistributedOptimizer supports op=hvd.Average or hvd.Sum; "

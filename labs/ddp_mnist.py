@@ -17,12 +17,12 @@ compression flag DDP runs without a hook (its own allreduce); any flag registers
 hvd_compress.ddp's hook. Runs are named as the Horovod ones with '-ddp' (np2-bit8-ddp).
 
 DDP's own flags: --bucket-cap-mb (DDP's bucket_cap_mb), --ddp-fp16 (DDP's fp16_compress_hook)
-and --ddp-powersgd RANK, DDP's powerSGD_hook (start_powerSGD_iter 2, as scripts/bench_ddp.py) in place of ours, to compare
+and --ddp-powersgd RANK, DDP's powerSGD_hook (start_powerSGD_iter 2, as labs/bench/ddp.py) in place of ours, to compare
 with --powersgd-allreduce RANK (with --powersgd-like-ddp ours runs the hook's variant: the
 first 2 steps uncompressed, its min_compression_rate 2 and its first Q's; or set each with
 --powersgd-start-iter, --powersgd-min-compression-rate, --powersgd-init); it runs with every parameter in one bucket unless
 --bucket-cap-mb says otherwise (with two buckets it launches collectives from Gloo's threads in
-an order the ranks do not share, and Gloo aborts: scripts/bench_ddp.py).
+an order the ranks do not share, and Gloo aborts: labs/bench/ddp.py).
 """
 import argparse
 import os

@@ -39,13 +39,13 @@ def _argv(args):
 
 
 def _netem_subcommand(argv):
-    """The labs.netem subcommand `argv` runs (`python -m labs.netem X`, scripts/netem.py X),
+    """The labs.netem subcommand `argv` runs (`python -m labs.netem X`, labs/netem/cli.py X),
     or None when it runs no labs.netem."""
     for i, word in enumerate(argv):
         if word == "-m" and i + 1 < len(argv) and argv[i + 1] in ("labs.netem", "labs.netem.cli"):
             rest = argv[i + 2:]
             return rest[0] if rest else ""
-        if word.endswith(("scripts/netem.py", "labs/netem/__main__.py", "labs/netem/cli.py")):
+        if word.endswith(("labs/netem/__main__.py", "labs/netem/cli.py")):
             rest = argv[i + 1:]
             return rest[0] if rest else ""
     return None

@@ -1,5 +1,5 @@
-"""Tests of the collectives benchmark (labs/netem/bench.py; scripts/bench_collectives.py wraps
-it): argument parsing and the analysis on synthetic numbers (pure), then a tiny real run with
+"""Tests of the collectives benchmark (labs/netem/bench.py, `python -m labs.netem.bench`):
+argument parsing and the analysis on synthetic numbers (pure), then a tiny real run with
 horovodrun (2 ranks, 2 sizes, few repetitions) whose CSVs pandas reads and the cost model fits,
 and, as root, the same under netem with the NIC byte counters; the timing loop's repetitions on
 real ranks (tests/workers/bench_checks.py, in the 2-rank jobs of tests/hvdrun.py). No timing
@@ -20,7 +20,6 @@ from hvdrun import across_ranks, passed_checks
 from labs.netem import bench
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_PY = REPO / "scripts" / "bench_collectives.py"
 KiB, MiB = 2**10, 2**20
 
 
@@ -155,7 +154,7 @@ def _check_outputs(out, n_values):
 def test_tiny_loopback_run_then_costmodel_fit(tmp_path, monkeypatch, capfd):
     # The driver, the cost model's command line and --analyze run in this process (each one's
     # main(argv), what its script calls): only horovodrun and the ranks are processes of their
-    # own. scripts/bench_collectives.py itself runs in test_worker_refuses_to_run_without_a_launcher.
+    # own. `python -m labs.netem.bench` itself runs in test_worker_refuses_to_run_without_a_launcher.
     from hvd_compress.costmodel.__main__ import main as costmodel_main
     out = tmp_path / "bench.csv"
     monkeypatch.chdir(tmp_path)
@@ -178,7 +177,7 @@ def test_tiny_loopback_run_then_costmodel_fit(tmp_path, monkeypatch, capfd):
 @pytest.mark.unit
 def test_worker_refuses_to_run_without_a_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
-    r = subprocess.run([sys.executable, str(BENCH_PY), "--out", str(tmp_path / "x.csv")],
+    r = subprocess.run([sys.executable, "-m", "labs.netem.bench", "--out", str(tmp_path / "x.csv")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "launcher" in r.stderr
 
@@ -187,7 +186,7 @@ def test_worker_refuses_to_run_without_a_launcher(tmp_path):
 @pytest.mark.usefixtures("emulated_network")      # probed when this test runs, not at import
 def test_tiny_netem_run_counts_wire_bytes(tmp_path):
     out = tmp_path / "net.csv"
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "netem.py"), "bench", "-n", "2",
+    r = subprocess.run([sys.executable, "-m", "labs.netem", "bench", "-n", "2",
                         "--rate", "1gbit", "--timeout", "240", "--"] + _tiny_args(out),
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,6 +1,6 @@
-"""The step benchmark's own arithmetic (scripts/bench_step.py: its grid, steps per cell, the
+"""The step benchmark's own arithmetic (labs/bench/step.py: its grid, steps per cell, the
 round-to-round spread, the summary's ratios and plan columns) and the wins-and-losses count
-(scripts/wins_losses.py), on hand-made frames whose answers are known by construction. Nothing
+(labs/bench/wins_losses.py), on hand-made frames whose answers are known by construction. Nothing
 here starts Horovod."""
 import math
 
@@ -11,8 +11,7 @@ from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.unit
 
-bench = load_script(ROOT / "scripts" / "bench_step.py", "bench_step")
-wins = load_script(ROOT / "scripts" / "wins_losses.py", "wins_losses")
+from labs.bench import step as bench, wins_losses as wins
 
 FIXED = [r for r in bench.ROWS if r != bench.AUTO_ROW]
 
@@ -422,7 +421,7 @@ def test_a_summary_without_auto_counts_the_fixed_schemes_alone(tmp_path):
 def test_wins_losses_refuses_what_it_cannot_count(tmp_path, capsys):
     pd.DataFrame({"model": ["lab"], "row": ["stock:none"]}).to_csv(tmp_path / "a.csv", index=False)
     assert wins.main([str(tmp_path / "a.csv")]) == 1
-    assert "not a bench_step summary (no link, ranks, step_ms)" in capsys.readouterr().err
+    assert "not a labs.bench.step summary (no link, ranks, step_ms)" in capsys.readouterr().err
     frame = hand_made_summary()
     frame.loc[2, "step_ms"] = math.nan
     frame.to_csv(tmp_path / "b.csv", index=False)
@@ -461,11 +460,11 @@ def test_the_paired_interval_says_slower_tie_or_faster(tmp_path):
 
 
 def test_collective_trace_splits_each_step_into_wire_and_loop():
-    """scripts/trace_collectives.py: per step, wire runs from the later rank's first chunk to
+    """results/step-bound/trace_collectives.py (the probe beside its data): per step, wire runs from the later rank's first chunk to
     the last chunk complete on every rank, loop from there to the later rank's next first
     chunk; a step whose next launch is missing is not counted; on the two-phase route the
     last chunk's allgather (.gather) ends the wire, not its alltoall."""
-    trace = load_script(ROOT / "scripts" / "trace_collectives.py", "trace_collectives")
+    trace = load_script(ROOT / "results" / "step-bound" / "trace_collectives.py", "trace_collectives")
     name = "hvdc.bit8/allgather.fc1.weight.c{}of2"
 
     def event(rank, t, what, k):

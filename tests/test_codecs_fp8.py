@@ -394,7 +394,7 @@ def test_exhaustive_checker_passes_on_boundary_chunks_and_fails_on_a_bug(tmp_pat
 
 
 def test_bench_script_writes_csv_and_headline(tmp_path, capsys):
-    bench = load_script(ROOT / "scripts" / "bench_codec.py", "bench_codec")
+    from labs.bench import codec as bench
     out = tmp_path / "codec.csv"
     bench.main(["--n", "5000", "--reps", "1", "--out", str(out)])
     rows = list(csv.DictReader(out.open()))

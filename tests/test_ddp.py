@@ -203,8 +203,7 @@ def test_check_cuda_says_when_there_is_no_gpu():
 
 @pytest.mark.unit
 def test_bench_ddp_arguments():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_ddp
+    from labs.bench import ddp as bench_ddp
     args = bench_ddp.parse_args(["--models", "basic", "--links", "100mbit", "--ranks", "2"])
     assert args.rows == bench_ddp.ROWS and args.ranks == [2]
     assert {"stock:none", "stock:fp16", "stock:powersgd1"} <= set(args.rows)
@@ -219,32 +218,6 @@ def test_bench_ddp_arguments():
     assert bench_ddp.parse_args(["--rows", "stock:none,local"]).rows == ["stock:none", "local"]
     model = torch.nn.Linear(3, 2)
     assert bench_ddp.make_row("local", model) == (model, None)
-
-
-HOROVOD_MISSING = r"""
-import sys
-sys.modules["horovod"] = None                    # as on a machine without Horovod
-import torch
-import hvd_compress as hc
-model = torch.nn.Linear(3, 2)
-try:
-    hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                            model.named_parameters(), compression=hc.Compression.bit8)
-except ModuleNotFoundError as err:
-    print(f"refused: {err}")
-"""
-
-
-@pytest.mark.unit
-def test_the_optimizer_without_horovod_says_how_to_get_it():
-    """hc.DistributedOptimizer on a Python without Horovod: a ModuleNotFoundError that names
-    how to get Horovod (scripts/setup.sh, docs/setup.md) and the front that needs none."""
-    done = subprocess.run([sys.executable, "-c", HOROVOD_MISSING], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    said = done.stdout
-    assert said.startswith("refused: hvd_compress.DistributedOptimizer runs on Horovod"), said
-    assert "scripts/setup.sh" in said and "docs/setup.md" in said and "hvd_compress.ddp" in said
 
 
 NO_HOROVOD = r"""
@@ -275,11 +248,10 @@ def test_the_hook_needs_no_horovod():
 
 @pytest.mark.unit
 def test_ddp_targets_reads_the_grid():
-    """scripts/ddp_targets.py: each target against the fastest of its rows and bases, round by
+    """labs.bench.ddp_targets: each target against the fastest of its rows and bases, round by
     round, and its verdict."""
     import pandas as pd
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import ddp_targets
+    from labs.bench import ddp_targets
     ms = {"stock:none": 500, "stock:fp16": 260, "ours:none": 505, "ours:bit8:allgather": 190,
           "ours:bit8:alltoall": 220, "ours:auto": 210, "ours:fp16": 258,
           "ours:powersgd1": 90, "stock:powersgd1": 100}
@@ -327,13 +299,13 @@ def test_ddp_trainers_own_flags():
 
 @pytest.mark.multiprocess
 def test_bench_ddp_runs_a_cell_end_to_end(tmp_path):
-    """scripts/bench_ddp.py as a user runs it, one tiny loopback cell (the lab net, 2 ranks,
+    """`python -m labs.bench.ddp` as a user runs it, one tiny loopback cell (the lab net, 2 ranks,
     one round): DDP's own row, auto (its warm-up, calibration line and plan report) and the
     local row (the floor every row's bound is taken from) all reach steps.csv and summary.csv.
     The grid itself is too long for the suite; this catches what breaks the script."""
     out = tmp_path / "cell"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_ddp.py"), "--models", "lab",
+        [sys.executable, "-m", "labs.bench.ddp", "--models", "lab",
          "--links", "loopback", "--ranks", "2", "--rows", "stock:none,ours:auto,local",
          "--steps", "2", "--rounds", "1", "--max-rounds", "1", "--warmup", "2",
          "--timeout", "300", "--out", str(out)],

@@ -94,7 +94,7 @@ LAYERS = [
     ("compressors",),                  # one file per scheme, on the codecs
     ("engine",),                       # the collectives: Horovod's or torch.distributed's
     ("exchange",),                     # buckets, routes, error feedback
-    ("costmodel",),                    # alpha-beta model; reads exchange.bucketing only
+    ("costmodel",),                    # alpha-beta model; reads codecs.formats, exchange.bucketing
     ("methods",),                      # top-k, PowerSGD: communicators of their own
     ("auto",),                         # Compression.auto: measure, plan, exchange by the plan
     ("compression",),                  # the Compression namespace a user names

@@ -186,10 +186,10 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     (["ip", "-n", "hvdc-1", "link", "set", "lo", "up"], "netns"),
     (["tc", "-n", "hvdc-1", "qdisc", "show"], "netns"),
     ([sys.executable, "-m", "labs.netem", "run", "-n", "2", "--", "true"], "netns"),
-    ([sys.executable, "/repo/scripts/netem.py", "bench", "-n", "2"], "netns"),
+    ([sys.executable, "/repo/labs/netem/cli.py", "bench", "-n", "2"], "netns"),
     ([sys.executable, "-m", "labs.netem", "check"], "netns"),
     ([sys.executable, "-m", "labs.netem", "commands", "-n", "2"], "netns"),  # probes: a namespace
-    ([sys.executable, "/repo/scripts/netem.py", "--help"], None),
+    ([sys.executable, "/repo/labs/netem/cli.py", "--help"], None),
     ([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"], None),
     ([sys.executable, "labs/mnist.py", "--epochs", "0"], None),
     (["ip", "-o", "link"], None),

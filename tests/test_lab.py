@@ -641,7 +641,7 @@ def table_rows(report):
 def test_report_holds_the_numbers_of_the_runs(matrix, tmp_path):
     out, _, _ = matrix
     report_path = tmp_path / "report.md"
-    done = run([PYTHON, str(ROOT / "scripts" / "fill_report.py"), "--summary",
+    done = run([PYTHON, "-m", "labs.kit.report", "--summary",
                 str(out / "summary.csv"), "--out", str(report_path)])
     assert done.returncode == 0, done.stderr
     report = report_path.read_text()
@@ -693,7 +693,7 @@ def test_report_refuses_unfinished_runs_and_missing_numbers(matrix, tmp_path):
 @pytest.mark.multiprocess
 def test_plots_are_written(matrix, tmp_path):
     out, _, _ = matrix
-    done = run([PYTHON, str(ROOT / "scripts" / "plot_runs.py"), "--summary",
+    done = run([PYTHON, "-m", "labs.kit.plots", "--summary",
                 str(out / "summary.csv"), "--out-dir", str(tmp_path)])
     assert done.returncode == 0, done.stderr
     for name in ("accuracy.png", "loss.png", "step_time.png"):

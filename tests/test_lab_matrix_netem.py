@@ -13,7 +13,7 @@ from conftest import ROOT
 from labs.kit import matrix as run_matrix
 from labs.kit.launch import launch_env
 
-MATRIX = str(ROOT / "scripts" / "run_matrix.py")
+MATRIX = ["-m", "labs.kit.matrix"]          # the run matrix, as a user starts it
 
 
 @pytest.mark.netns
@@ -23,7 +23,7 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_di
     out = tmp_path / "matrix"
     # 5 steps a rank (640 images), then the evaluation of the 640 images left: --split-test 640
     # left 9,360 to evaluate, nine tenths of the run's compute
-    cmd = [sys.executable, MATRIX, "--dataset", "mnist", "--data-dir", str(mnist_dir),
+    cmd = [sys.executable, *MATRIX, "--dataset", "mnist", "--data-dir", str(mnist_dir),
            "--split-test", "9360", "--steps-per-epoch", "5", "--epochs", "1", "--lr", "0.1",
            "--model", "horovod",
            "--momentum", "0.5", "--only", "np2-bit8",
@@ -63,10 +63,10 @@ def test_matrix_row_over_an_emulated_1gbit_network_with_delay(tmp_path, mnist_di
     spec = run_matrix.select(run_matrix.course_runs(), "np2-bit8")[0]
     for dropped, why in ((("--netem-delay", "1ms"), "netem delay"),
                          (("--netem-rate", "1gbit", "--netem-delay", "1ms"), "netem rate")):
-        args = run_matrix.parse_args([a for a in cmd[2:] if a not in dropped])
+        args = run_matrix.parse_args([a for a in cmd[3:] if a not in dropped])
         with pytest.raises(SystemExit, match=why):
             run_matrix.plan(spec, args, out / "np2-bit8")
-    assert run_matrix.plan(spec, run_matrix.parse_args(cmd[2:]), out / "np2-bit8") == "skip"
+    assert run_matrix.plan(spec, run_matrix.parse_args(cmd[3:]), out / "np2-bit8") == "skip"
 
 
 @pytest.mark.unit
@@ -86,7 +86,7 @@ def test_default_folder_is_kept_apart():
 @pytest.mark.unit
 def test_dry_run_prints_the_netem_command_and_writes_nothing(tmp_path):
     out = tmp_path / "m"
-    done = subprocess.run([sys.executable, MATRIX, "--dry-run", "--only", "np2-bit8",
+    done = subprocess.run([sys.executable, *MATRIX, "--dry-run", "--only", "np2-bit8",
                            "--netem-rate", "100mbit", "--netem-delay", "0.5ms", "--out", str(out)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr

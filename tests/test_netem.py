@@ -1,4 +1,4 @@
-"""Tests of labs/netem (scripts/netem.py is its wrapper): the commands it builds (pure), and,
+"""Tests of labs/netem (`python -m labs.netem`): the commands it builds (pure), and,
 as root, real namespaces, a real shaped link, real Horovod ranks across namespaces, and tear-down on every way out.
 Also labs/netem/bridge.py, the userspace switch that adds the delay where the kernel has no
 netem: its forwarding logic (pure) and, as root, the delay and rate it really gives.
@@ -28,7 +28,7 @@ from labs.netem import bridge as delay_bridge
 from labs.netem import cluster as netem_cluster
 
 REPO = Path(__file__).resolve().parents[1]
-NETEM_PY = REPO / "scripts" / "netem.py"
+NETEM = ["-m", "labs.netem"]            # the emulator's command line, as a user runs it
 
 MiB = 2**20
 
@@ -472,11 +472,11 @@ def test_teardown_when_the_command_fails_or_times_out():
 @needs_netns
 def test_cli_cleans_up_after_failure_and_sigterm():
     # exit code of the failing rank comes back; no namespace of that process is left
-    r = subprocess.run([sys.executable, str(NETEM_PY), "run", "-n", "2", "--timeout", "30",
+    r = subprocess.run([sys.executable, *NETEM, "run", "-n", "2", "--timeout", "30",
                         "--", "sh", "-c", "exit 7"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 7, r.stderr
     # SIGTERM in the middle of a run: exit 128+15, namespaces and ranks removed
-    p = subprocess.Popen([sys.executable, str(NETEM_PY), "run", "-n", "2", "--timeout", "60",
+    p = subprocess.Popen([sys.executable, *NETEM, "run", "-n", "2", "--timeout", "60",
                           "--", "sleep", "55"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.monotonic() + 20
@@ -708,7 +708,7 @@ def test_cluster_is_removed_when_the_delay_bridge_does_not_start(tmp_path, monke
 @pytest.mark.netns                  # `labs.netem commands` probes with a namespace
 def test_cli_commands_with_the_delay_bridge():
     def commands(*via):
-        r = subprocess.run([sys.executable, str(NETEM_PY), "commands", "-n", "2", "--rate",
+        r = subprocess.run([sys.executable, *NETEM, "commands", "-n", "2", "--rate",
                             "1gbit", "--delay", "1ms", *via],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -719,20 +719,21 @@ def test_cli_commands_with_the_delay_bridge():
     assert bridge.count(" tbf ") == 4
     netem_out = commands("--delay-via", "netem")
     assert netem_out.count(" netem delay 1000us") == 2 and netem_out.count("master br0") == 2
-    r = subprocess.run([sys.executable, str(NETEM_PY), "commands", "--delay", "1ms",
+    r = subprocess.run([sys.executable, *NETEM, "commands", "--delay", "1ms",
                         "--delay-via", "tc"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "invalid choice" in r.stderr
 
 
 @pytest.mark.netns                  # `labs.netem commands` probes with a namespace
-def test_the_script_and_the_package_are_one_command_line():
-    """scripts/netem.py wraps `python -m labs.netem`; the delay bridge starts as a module, so
-    it needs no path into the checkout (the namespace's working directory does not matter)."""
+def test_the_command_line_needs_no_path_into_the_checkout():
+    """`python -m labs.netem` gives the same commands from the checkout and from /: the delay
+    bridge starts as a module, so it needs no path into the checkout (the namespace's working
+    directory does not matter)."""
     args = ["commands", "-n", "2", "--rate", "1gbit", "--delay", "1ms", "--delay-via", "bridge"]
-    by_path = subprocess.run([sys.executable, str(NETEM_PY), *args], capture_output=True,
-                             text=True, timeout=60)
-    by_module = subprocess.run([sys.executable, "-m", "labs.netem", *args], capture_output=True,
+    here = subprocess.run([sys.executable, *NETEM, *args], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    elsewhere = subprocess.run([sys.executable, *NETEM, *args], capture_output=True,
                                text=True, timeout=60, cwd="/")
-    assert by_path.returncode == 0, by_path.stderr
-    assert by_path.stdout == by_module.stdout
+    assert here.returncode == 0, here.stderr
+    assert here.stdout == elsewhere.stdout
     assert netem_cluster.DELAY_BRIDGE[1:] == ["-m", "labs.netem.bridge"]

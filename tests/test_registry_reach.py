@@ -98,9 +98,7 @@ def test_the_lab_and_the_step_benchmark_list_every_registered_scheme(plugin_env)
         empty = pd.DataFrame({"compression": ["none"], "ranks": [1], "run": ["serial"]})
         note = report.methods_section(empty)
         assert "bf16" in note and "throwaway" in note, note
-        spec = importlib.util.spec_from_file_location("bench_step", "scripts/bench_step.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+        from labs.bench import step as bench
         rows = bench.known_rows()
         assert {"ours:throwaway", "ours:throwaway:alltoall", "ours:bf16:allgather"} <= set(rows)
         assert bench.parse_args(["--rows", "ours:throwaway:alltoall"]).rows == ["ours:throwaway:alltoall"]

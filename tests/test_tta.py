@@ -222,8 +222,8 @@ def test_a_runs_accuracy_after_its_epochs_is_the_mean_of_its_last_evaluations():
                                           ("bit8", ("bit8", None)), ("topk", ("topk", None)),
                                           ("topkx", None), ("powersgd0", None), ("nope", None)])
 def test_bench_rows_name_a_method_at_a_parameter(text, parsed):
-    from scripts import bench_step
-    assert bench_step.method_parameter(text) == parsed
+    from labs.bench import step
+    assert step.method_parameter(text) == parsed
 
 
 def lab_table(base, runs, link_ms=None, holdout=True):

@@ -138,7 +138,7 @@ SCALE_BLOCK = 256
 # each op is then a parallel region whose start/end costs grow sharply when the cores are
 # shared (other jobs, several ranks per machine), so torch gets fewer, larger blocks (L3-sized):
 # on the 2-core dev machine 2**20 beat 2**18 both idle and under load
-# (scripts/bench_codec.py --block-sizes measures).
+# (labs/bench/codec.py --block-sizes measures).
 BLOCK = 1 << 16          # NumPy codecs: 256 KiB per int32 scratch buffer
 TORCH_BLOCK = 1 << 20    # torch codecs: 4 MiB per int32 scratch buffer
 

@@ -29,7 +29,7 @@ import os
 import time
 
 __all__ = ["Engine", "AVERAGE", "SUM", "POLL_SLEEP_S", "UNCROWDED_LONGEST_SLEEP_S",
-           "longest_sleep", "usable_cores"]
+           "longest_sleep", "usable_cores", "HorovodMissing"]
 
 AVERAGE = "average"
 SUM = "sum"
@@ -41,13 +41,29 @@ POLL_SLEEP_S = (50e-6, 1e-3)
 UNCROWDED_LONGEST_SLEEP_S = 200e-6
 
 
+class HorovodMissing(ModuleNotFoundError):
+    """Horovod cannot be imported, and what was asked runs on it (engine/horovod.py raises it).
+    A ModuleNotFoundError, so code that already catches a missing module still does; it lives
+    here, not beside the engine, so that it can be caught by name without Horovod."""
+
+    MESSAGE = ("hvd_compress.DistributedOptimizer (and every communicator made without engine=) "
+               "runs on Horovod, which this Python cannot import. Build and install it with the "
+               "repository's `bash scripts/setup.sh` (Horovod 0.28.1 with the project's C++17 "
+               "build patch, for PyTorch, MPI and Gloo; docs/setup.md says how and what it "
+               "needs), or train on torch.distributed with the DDP hook, which needs only "
+               "torch: hvd_compress.ddp (docs/ddp.md)")
+
+    def __init__(self, message=MESSAGE):
+        super().__init__(message, name="horovod")
+
+
 def longest_sleep(local_ranks, cores):
     """The longest sleep between two polls, for `local_ranks` ranks on `cores` usable cores.
 
     A finished exchange is noticed up to one sleep late, and a rank's lateness delays the next
     step of all. Where each rank has a core, short sleeps cost no CPU another rank needs and
     keep that lateness small; where ranks share cores, each poll takes CPU from the cores the
-    other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1] (scripts/bench_wait.py
+    other ranks compute on, so crowded hosts keep POLL_SLEEP_S[1] (labs/bench/wait.py
     measures both)."""
     if local_ranks > cores:
         return POLL_SLEEP_S[1]

@@ -1,10 +1,20 @@
 """HorovodEngine: Horovod's collectives, called exactly as the communicators called them before
-the engine seam, so every result on Horovod is bit for bit what it was."""
-import horovod.torch as hvd
+the engine seam, so every result on Horovod is bit for bit what it was.
 
-from .base import AVERAGE, SUM, Engine
+This is the one module of hvd_compress that needs Horovod (hvd_compress.DistributedOptimizer
+and every communicator made without engine= import it from here): where Horovod is missing,
+importing it raises HorovodMissing, which says how to get Horovod or what runs without it.
+"""
+from .base import AVERAGE, SUM, Engine, HorovodMissing
 
-__all__ = ["HorovodEngine", "horovod_engine"]
+try:
+    import horovod.torch as hvd
+except ModuleNotFoundError as missing:
+    if not (missing.name or "").startswith("horovod"):   # Horovod is there but broken: as is
+        raise
+    raise HorovodMissing() from missing
+
+__all__ = ["HorovodEngine", "horovod_engine", "hvd"]
 
 _OPS = {AVERAGE: hvd.Average, SUM: hvd.Sum}
 

@@ -157,7 +157,7 @@ def busy_cores(n):
 
     Why: in a training step the first of the exchange runs while backward keeps every core
     busy (2 or 4 ranks on this machine's 2 cores), and the emulated link's delay is a userspace
-    process (scripts/netem.py's bridge) on those same cores; the rest runs on idle cores. One
+    process (labs.netem's bridge) on those same cores; the rest runs on idle cores. One
     calibration for both was wrong either way at 4 processes: on idle cores 22-42% low, on busy
     cores 6-33% (once 89%) high, as the busy fit's alpha moved from 2 to 31 ms between
     calibrations.  So the link is calibrated both ways and each collective timed by the one

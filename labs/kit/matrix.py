@@ -9,7 +9,7 @@
     python -m labs.kit.matrix --netem-rate 1gbit             # over an emulated 1 Gbit/s net
     python -m labs.kit.matrix --netem-rate 1gbit --netem-delay 1ms   # ... with 1 ms latency
 
-(scripts/run_matrix.py is the same command.)  The table (labs/kit/table.py): serial (one
+The table (labs/kit/table.py): serial (one
 process), then 2 and 4 processes x {none, fp16, bit16, bit8}, every run with the same epochs,
 seed and data.  Each run is labs/mnist.py in its own folder (<out>/<name>), launched with
 horovodrun; its console output goes to <out>/logs/<name>.log.

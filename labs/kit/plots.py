@@ -3,7 +3,6 @@
     python -m labs.kit.plots                                   # runs/matrix -> runs/*.png
     python -m labs.kit.plots --summary runs/x/summary.csv --out-dir runs/x
 
-(scripts/plot_runs.py is the same command.)
 
 accuracy.png   test accuracy after each epoch, one line per configuration
 loss.png       training loss per step (rank 0, moving average), x axis in epochs so that

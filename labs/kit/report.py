@@ -3,7 +3,7 @@
     python -m labs.kit.report                                   # runs/matrix -> runs/report.md
     python -m labs.kit.report --summary runs/x/summary.csv --out runs/x/report.md
 
-(scripts/fill_report.py is the same command.)  Paths are relative to the current folder: run
+Paths are relative to the current folder: run
 it from the checkout's top folder, where report_template.md is.
 
 Two tables, laid out like the course's lab report (headings in Chinese and English):

@@ -27,7 +27,6 @@ Run (as a driver: n = 2 and 4, then one merged fit and plot):
   python -m labs.netem.bench --launch netem --rate 1gbit -n 2 4 --out results/bench/1g.csv
 Again from existing CSVs:
   python -m labs.netem.bench --analyze results/bench/1g.csv
-(`python scripts/bench_collectives.py ...` is the same command.)
 
 Timing: at each size every case is first checked (its result compared with the exact one),
 then warmed up, then timed in interleaved rounds (case a, b, c, a, b, c, ...) so that load
@@ -722,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", type=Path, metavar="OUT",
                    help="only summarize, fit and plot existing CSVs")
     p.add_argument("--launch", choices=["loopback", "netem"],
-                   help="driver: start the ranks for each -n (horovodrun or netem.py)")
+                   help="driver: start the ranks for each -n (horovodrun or labs.netem)")
     p.add_argument("-n", type=int, nargs="+", default=[2, 4], help="driver: rank counts")
     p.add_argument("--controller", choices=["gloo", "mpi"], default="gloo",
                    help="driver: Horovod controller / launcher")
@@ -750,7 +749,7 @@ def main(argv=None) -> int:
     if args.launch:
         return run_driver(args)
     if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        print("bench: not started by a launcher; use horovodrun, scripts/netem.py bench, "
+        print("bench: not started by a launcher; use horovodrun, python -m labs.netem bench, "
               "or --launch loopback|netem", file=sys.stderr)
         return 2
     return run_worker(args)

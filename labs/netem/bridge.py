@@ -28,7 +28,7 @@ of up to 45 packets, as when a switch drops a burst.
 
 Usage (inside the switch namespace, as root)::
 
-    python -m labs.netem.bridge --delay 0.5ms p0 p1 p2 host   (or scripts/delay_bridge.py)
+    python -m labs.netem.bridge --delay 0.5ms p0 p1 p2 host
 
 It prints ``ready`` on stdout once every port is open, and on SIGTERM/SIGINT a JSON line of
 counters on stdout, then exits 0.

@@ -1,6 +1,6 @@
 """Emulate a small cluster on one machine: one network namespace per Horovod rank.
 
-Command line (run as root; `python scripts/netem.py ...` is the same)::
+Command line (run as root)::
 
     python -m labs.netem check
     python -m labs.netem run -n 2 --rate 1gbit --delay 0.5ms -- python labs/mnist.py ...
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-               "  netem.py run -n 2 --rate 1gbit -- python labs/mnist.py --bit8-allreduce\n"
-               "  netem.py bench -n 4 --rate 1gbit -- --out results/bench/1g_n4.csv\n"
+               "  python -m labs.netem run -n 2 --rate 1gbit -- python labs/mnist.py --bit8-allreduce\n"
+               "  python -m labs.netem bench -n 4 --rate 1gbit -- --out results/bench/1g_n4.csv\n"
                "details: docs/netem.md")
     sub = parser.add_subparsers(dest="cmd", required=True,
                                 metavar="{run,bench,check,cleanup,commands,fault}")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                             "with an ip-netns-exec agent instead of ssh")
         p.add_argument("-v", "--verbose", action="store_true", help="print every ip/tc command")
 
-    p_run = sub.add_parser("run", help="run COMMAND as n Horovod ranks: netem.py run [...] -- CMD")
+    p_run = sub.add_parser("run", help="run COMMAND (after --) as n Horovod ranks")
     add_link_args(p_run)
     p_bench = sub.add_parser("bench", help="run the collectives benchmark (labs.netem.bench) as the ranks; "
                                            "arguments after -- go to it")

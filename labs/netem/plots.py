@@ -7,7 +7,6 @@ includes compression and decompression, so the gap between a scheme's markers an
 the codec's cost plus the model's error). Markers are medians, bars p10..p90.
 
     python -m labs.netem.plots results/bench/1g_summary.csv    # -> results/bench/1g.png
-    (scripts/plot_bench.py is the same)
 """
 from __future__ import annotations
 

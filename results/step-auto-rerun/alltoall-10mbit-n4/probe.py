@@ -1,7 +1,7 @@
 """Time alltoall and allgather at the basic net's bucket sizes on this link, each rank's own
 time and its network namespace's TCP retransmissions per call (README.md beside it):
 
-    python scripts/netem.py run -n 4 --rate 10mbit --launcher gloo -- python probe.py OUT.csv
+    python -m labs.netem run -n 4 --rate 10mbit --launcher gloo -- python probe.py OUT.csv
 """
 import csv
 import sys

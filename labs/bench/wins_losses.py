@@ -5,10 +5,10 @@ setups): in how many cells each fixed scheme, stock or ours, is the fastest row,
 many it beats stock float32; then the per-bucket plan (ours:auto) against the fastest fixed
 row and against stock float32 in every cell.
 
-    python scripts/wins_losses.py                               # results/step/summary.csv
-    python scripts/wins_losses.py runs/step/summary.csv --tie-pct 1
+    python -m labs.bench.wins_losses                            # results/step/summary.csv
+    python -m labs.bench.wins_losses runs/step/summary.csv --tie-pct 1
 
-A cell is one (model, link, ranks) of scripts/bench_step.py's summary.csv; a row's step is
+A cell is one (model, link, ranks) of labs.bench.step's summary.csv; a row's step is
 its median step (step_ms). Writes, beside the summary (or in --out-dir):
   wins_losses.csv        one line per row of the benchmark: cells where it is the fastest
                          fixed row (ties within --tie-pct count for each tied row), cells where
@@ -44,7 +44,7 @@ def read_summary(path):
     frame = pd.read_csv(path)
     missing = [c for c in CELL + ["row", "step_ms"] if c not in frame]
     if missing:
-        raise ValueError(f"{path}: not a bench_step summary (no {', '.join(missing)})")
+        raise ValueError(f"{path}: not a labs.bench.step summary (no {', '.join(missing)})")
     if frame.empty:
         raise ValueError(f"{path}: no rows")
     bad = frame[~(frame.step_ms > 0)]
@@ -90,7 +90,7 @@ PAIRED = ["vs_fastest_paired", "vs_fastest_paired_lo", "vs_fastest_paired_hi"]
 
 
 def paired(auto):
-    """Auto against the fastest fixed row round by round (bench_step.paired_ratio): the median
+    """Auto against the fastest fixed row round by round (rounds.paired_ratio): the median
     ratio, its 95% interval, and what the interval says: "slower" (all of it above 1),
     "faster" (all below), "tie" (it holds 1); NaN and "" for a summary from before it."""
     lo, hi = _number(auto, PAIRED[1]), _number(auto, PAIRED[2])

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Each scheme's relative error on each bucket's real gradients, for the planner's accuracy guard.
 
-    python scripts/bucket_errors.py --out results/planner/bucket_errors.csv
+    python results/planner/bucket_errors.py --out results/planner/bucket_errors.csv
 
 Trains each of the lab's networks (labs/mnist.py: horovod, basic) on MNIST's 10,000 test images
 (the set the tests read) for a few steps
@@ -24,7 +24,7 @@ from hvd_compress.costmodel.methods import FUSION_BYTES, groups_by_size
 from labs.kit.data import read_idx                             # noqa: E402
 from labs.mnist import MODELS                                  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"   # as the tests
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mnist"   # as the tests
 
 
 def roundtrip(scheme, flat):

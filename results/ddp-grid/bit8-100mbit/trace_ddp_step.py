@@ -4,8 +4,8 @@ whole and in pieces (HookState gather_pieces; engine/distributed.py GATHER_PIECE
 its step, when each bucket's hook runs and returns, when its collective completes, and when
 backward and the step end (issue 47; results/ddp-grid/bit8-100mbit/).
 
-    python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- \
-        .venv/bin/python scripts/trace_ddp_step.py OUT.csv [allgather|alltoall]
+    python -m labs.netem run -n 2 --rate 100mbit --launcher gloo -- \
+        .venv/bin/python results/ddp-grid/bit8-100mbit/trace_ddp_step.py OUT.csv [allgather|alltoall]
 
 The basic net, 14 steps a setting, the last 10 kept. Every rank writes OUT.csv's rows for
 itself (OUT.csv.rank<r>, then rank 0 joins them): `at_ms`, milliseconds on the machine's
@@ -22,8 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import hvd_compress.ddp as hcd
-from scripts.bench_ddp import init_from_environment
-from scripts.bench_step import make_model
+from labs.bench.ddp import init_from_environment
+from labs.bench.step import make_model
 
 COLUMNS = ["rank", "pieces", "step", "event", "bucket", "at_ms"]
 

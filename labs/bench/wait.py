@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where a step of ours loses to stock Horovod: the lab net, stock vs ours, with the wait swapped.
 
-    python scripts/bench_wait.py --ranks 2            # stock:none,ours:none,stock:fp16,ours:fp16
-    python scripts/bench_wait.py --ranks 4 --rows stock:none,ours:none,ours:none@cap200,ours:none@sync
+    python -m labs.bench.wait --ranks 2               # stock:none,ours:none,stock:fp16,ours:fp16
+    python -m labs.bench.wait --ranks 4 --rows stock:none,ours:none,ours:none@cap200,ours:none@sync
 
 One Horovod job (Gloo, loopback); every row trains its own copy of the lab net on the same
 batches, in interleaved rounds (row order reversed every other round), so rows are compared
@@ -13,7 +13,7 @@ spin, what stock waits with), `yield` (poll + sched_yield in Python), `capUS` (t
 sleeps, capped at US microseconds), `spinUS` (poll with sched_yield for US microseconds, then
 the shipped sleeps).
 
-Why the split: a wall-clock step on a shared 2-core machine swings by 50-150% from round to
+Why the split: a wall-clock step on a shared machine swings widely from round to
 round; the main thread's CPU time (time.thread_time) does not, so it tells whether our hooks and
 synchronize() cost more Python than stock's (fwd_bwd_cpu, sync_cpu), apart from waiting.
 `late` estimates how late the sleeping wait noticed a finished exchange: per wait that slept,
@@ -25,11 +25,12 @@ spread and each row's ratio to stock:none (median over rounds of the per-round r
 """
 import argparse
 import os
-import statistics as st
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from labs.bench.rounds import median, paired_ratio, round_spread_pct
 
 COLUMNS = ["ranks", "row", "round", "step", "step_ms", "fwd_bwd_ms", "sync_ms", "update_ms",
            "fwd_bwd_cpu_ms", "sync_cpu_ms", "communicate_ms", "in_backward_ms", "late_ms"]
@@ -150,22 +151,25 @@ def worker(args):
 
 
 def summary(records, rounds):
-    """Medians per row, round-to-round spread, median over rounds of the ratio to stock:none."""
+    """Medians per row, its round-to-round spread (rounds.round_spread_pct) and its ratio to
+    stock:none taken round by round (rounds.paired_ratio)."""
     rows = list(dict.fromkeys(r[1] for r in records))
 
-    def med(row, col, rnd=None):
+    def med(row, col):
         k = COLUMNS.index(col)
-        return st.median(r[k] for r in records if r[1] == row and (rnd is None or r[2] == rnd))
+        return median(r[k] for r in records if r[1] == row)
+
+    def steps(row):                            # (step_ms, round) of each of the row's steps
+        mine = [r for r in records if r[1] == row]
+        return [r[COLUMNS.index("step_ms")] for r in mine], [r[2] for r in mine]
     base = "stock:none" if "stock:none" in rows else rows[0]
     cols = ["step_ms", "fwd_bwd_ms", "sync_ms", "fwd_bwd_cpu_ms", "sync_cpu_ms", "late_ms"]
     lines = [f"{records[0][0]} ranks, {rounds} rounds, load {os.getloadavg()[0]:.1f}",
              f"{'row':22s}" + "".join(f"{c[:-3]:>13s}" for c in cols)
              + f"{'spread%':>9s}{'vs ' + base:>16s}"]
     for row in rows:
-        per_round = [med(row, "step_ms", k) for k in range(1, rounds + 1)]
-        base_round = [med(base, "step_ms", k) for k in range(1, rounds + 1)]
-        spread = 100 * (max(per_round) - min(per_round)) / st.median(per_round)
-        ratio = st.median(a / b for a, b in zip(per_round, base_round))
+        spread = round_spread_pct(*steps(row))
+        ratio = paired_ratio(*steps(row), *steps(base))[0]
         lines.append(f"{row:22s}" + "".join(f"{med(row, c):13.2f}" for c in cols)
                      + f"{spread:9.0f}{ratio:16.3f}")
     return "\n".join(lines)
@@ -187,13 +191,13 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     from labs.kit.launch import horovodrun_command, launch_env
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv = (out / "steps.csv").resolve()
     if not csv.exists():
         csv.write_text(",".join(COLUMNS) + "\n")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rows", args.rows,
+    cmd = [sys.executable, "-m", "labs.bench.wait", "--worker", "--rows", args.rows,
            "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--csv", str(csv)]
     env = launch_env()

@@ -21,21 +21,21 @@ measured again with the two interleaved run by run (best-of ratio, and the media
 per-run ratios, which a load spike on a shared machine hardly moves).  Target: <= 1.0.
 Results also go to --out as CSV; --csv prints that CSV on stdout instead of the table.
 
-    python scripts/bench_codec.py                    # 2**24 values, 7 reps, E4M3
-    python scripts/bench_codec.py --csv > codec.csv  # the same, as CSV (progress on stderr)
-    python scripts/bench_codec.py --threads 1 --block-sizes 16384 65536 262144
+    python -m labs.bench.codec                    # 2**24 values, 7 reps, E4M3
+    python -m labs.bench.codec --csv > codec.csv  # the same, as CSV (progress on stderr)
+    python -m labs.bench.codec --threads 1 --block-sizes 16384 65536 262144
 """
 import argparse
 import csv
 import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 from hvd_compress.codecs import (E4M3, E5M2, FP16, SCALE_BLOCK, blocks, formats, fp8_numpy, fp8_torch,
                                  fp16_numpy, fp16_torch, native, scaling)
+from labs.bench.rounds import time_it, time_pair
 
 FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 
@@ -53,32 +53,6 @@ def gradient_like(n: int, seed: int = 0) -> torch.Tensor:
     scale = torch.pow(10.0, torch.empty(rows, 1).uniform_(-7, -3, generator=gen))
     x = torch.randn(rows, 4096, generator=gen) * scale
     return x.reshape(-1)[:n].contiguous()
-
-
-def time_it(fn, reps: int):
-    fn()                                                   # warm-up (caches, probes, pages)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[0], times[len(times) // 2]
-
-
-def time_pair(fn_a, fn_b, reps: int):
-    """Run a and b alternately; return per-run times of each.  On a shared machine a load
-    spike then hits both sides of a ratio alike."""
-    fn_a(), fn_b()
-    ta, tb = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn_a()
-        t1 = time.perf_counter()
-        fn_b()
-        ta.append(t1 - t0)
-        tb.append(time.perf_counter() - t1)
-    return ta, tb
 
 
 def main(argv=None):

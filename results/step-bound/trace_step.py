@@ -3,8 +3,8 @@
 each bucket, when a wait for one begins and when it is reduced, forward's and backward's ends
 and step()'s return (issue 46; results/step-bound/timeline.csv, docs/performance.md).
 
-    python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- \
-        .venv/bin/python scripts/trace_step.py OUT.csv [allgather|alltoall]
+    python -m labs.netem run -n 2 --rate 100mbit --launcher gloo -- \
+        .venv/bin/python results/step-bound/trace_step.py OUT.csv [allgather|alltoall]
 
 The basic net, 14 steps a schedule, the last 4 kept; the route's communicator's start and
 finish are wrapped to log (a measurement tool, not the plugin's code path)."""

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Where an overlapped step's time goes, collective by collective, on every rank (issue 46).
 
-    python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- .venv/bin/python \
-        scripts/trace_collectives.py OUT.csv --link 100mbit [--route allgather] [--job K] [--steps N]
-    python scripts/trace_collectives.py OUT.csv --summary        # OUT-summary.csv and .png again
+    python -m labs.netem run -n 2 --rate 100mbit --launcher gloo -- .venv/bin/python \
+        results/step-bound/trace_collectives.py OUT.csv --link 100mbit [--route allgather] [--job K] [--steps N]
+    python results/step-bound/trace_collectives.py OUT.csv --summary        # OUT-summary.csv and .png again
 
 The basic net, bit8, schedule="overlap", WARMUP steps and then --steps timed ones. Every rank
 logs when each collective is launched and when it is first seen complete (a poll of the

@@ -5,10 +5,10 @@ the main thread's CPU (forward, backward, update, the codec, the hooks, the poll
 sender's, and the rest of the process's (Horovod's background thread, Gloo's: `native`), in
 ms of CPU per step, on every rank.
 
-    python scripts/netem.py run -n 2 --rate 100mbit --launcher gloo -- \
-        .venv/bin/python scripts/step_probe.py OUT.csv --link 100mbit [--job K] [--steps N] \
+    python -m labs.netem run -n 2 --rate 100mbit --launcher gloo -- \
+        .venv/bin/python results/step-bound/step_probe.py OUT.csv --link 100mbit [--job K] [--steps N] \
         [--chunks 1,2,4,16]
-    python scripts/step_probe.py OUT.csv --plot          # OUT.png beside it
+    python results/step-bound/step_probe.py OUT.csv --plot          # OUT.png beside it
 
 The basic net, bit8 allgather; `local` (plain SGD, no exchange), `wait`, `overlap` (the
 chunks the layout gives: exchange/sender.py) and `overlap` at each --chunks count, one after

@@ -9,7 +9,7 @@ float32 values (the basic net's fc1.weight: 1,179,648) -- float32 and Horovod's 
 bit8's allgather, alltoall and two-phase chunk allgather -- and reads the process's CPU time
 (`time.process_time`: every thread) around each, waiting as the plugin does (`wait_for`).
 
-    horovodrun -np 4 --gloo python scripts/bench_collective_cpu.py --out results/collective-cpu
+    horovodrun -np 4 --gloo python results/collective-cpu/collective_cpu.py --out results/collective-cpu
 """
 import argparse
 import csv

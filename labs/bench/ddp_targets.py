@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Issue 47's step-time targets, read from a bench_ddp.py run (OUT/steps.csv): every cell's
+"""Issue 47's step-time targets, read from a labs.bench.ddp run (OUT/steps.csv): every cell's
 ratios, each as the median of the round-by-round ratios with its 95% interval
-(bench_step.paired_ratio: rows take turns within a round, so a machine that slows for a while
+(rounds.paired_ratio: rows take turns within a round, so a machine that slows for a while
 slows both sides of a round's ratio).
 
-    python scripts/ddp_targets.py results/ddp-grid
+    python -m labs.bench.ddp_targets results/ddp-grid
 
 Targets (ratio <= target; 'met' when the median ratio is, and the interval says whether the
 data can tell):
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scripts.bench_step import paired_ratio
+from labs.bench.rounds import paired_ratio
 
 CELL = ["model", "link", "ranks"]
 VALUE_ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",

@@ -4,8 +4,8 @@ with 3 repetitions a size (LINK_REPS) and with more, in turn, each fitted as the
 (`calibration.fastest_repetitions`, `planner.fit_links`).
 
 Run as the ranks, e.g. 4 over the emulated 1 Gbit/s link:
-    python scripts/netem.py run -n 4 --rate 1gbit --launcher gloo -- \\
-        python scripts/calibration_spread.py --out results/calibration-spread
+    python -m labs.netem run -n 4 --rate 1gbit --launcher gloo -- \\
+        python results/calibration-spread/calibration_spread.py --out results/calibration-spread
 Writes (rank 0) fits.csv: one row per calibration and collective (alpha_ms, beta_s_per_byte,
 calibration_s), and fits.png: each collective's alpha by repetitions.
 """

@@ -1,17 +1,18 @@
 #!/usr/bin/env python
 """Training-step benchmark on PyTorch DDP: DDP's own hooks against hvd_compress's, side by side.
 
-    python scripts/bench_ddp.py                          # the whole grid (a quiet machine)
-    python scripts/bench_ddp.py --models basic --links 100mbit --ranks 2 --out results/ddp
+    python -m labs.bench.ddp                          # the whole grid (a quiet machine)
+    python -m labs.bench.ddp --models basic --links 100mbit --ranks 2 --out results/ddp
 
-The DDP twin of scripts/bench_step.py, with its rounds, spreads, summary and plot (imported from
-it, not copied). For every (model, link, ranks) cell one torch.distributed job (Gloo) is
-started, on loopback or over an emulated link (scripts/netem.py: root, network namespaces);
+The DDP twin of labs/bench/step.py, with its rounds, spreads, summary and plot (imported from
+it and from labs/bench/rounds.py, not copied). For every (model, link, ranks) cell one
+torch.distributed job (Gloo) is started, on loopback or over an emulated link (labs.netem:
+root, network namespaces);
 inside it every row trains its own DDP copy of the model on the same synthetic MNIST-shaped
 batches, in interleaved rounds, so every ratio is measured in the same run on the same machine.
 
-Rows ("stock" is the engine's own, here DDP's, so bench_step's summary, plot and
-scripts/wins_losses.py read them unchanged):
+Rows ("stock" is the engine's own, here DDP's, so labs.bench.step's summary, plot and
+labs.bench.wins_losses read them unchanged):
     stock:none        DDP with no hook: its own float32 allreduce (allreduce_hook)
     stock:fp16        DDP's fp16_compress_hook
     stock:powersgd1   DDP's powerSGD_hook, rank 1 (start_powerSGD_iter 2, warm start, error
@@ -21,8 +22,9 @@ scripts/wins_losses.py read them unchanged):
                       launches a bucket's second and third allreduces from the callback of its
                       first, on Gloo's thread, while the main thread launches the next
                       bucket's first; with two buckets the ranks issue them in different
-                      orders and Gloo, which pairs collectives by order, aborts ("140 vs 96
-                      bytes"). With one bucket the callbacks are the only launches in flight.
+                      orders and Gloo, which pairs collectives by order, aborts (its message
+                      names two different byte counts). With one bucket the callbacks are the
+                      only launches in flight.
     ours:<scheme>[:route]   hvd_compress.ddp's hook (none, fp16, bit16, bf16, bit8 allgather and
                       two-phase, powersgd1, topk at 0.01) and ours:auto (the planner in the job);
                       with the suffix @last, one-phase buckets are decoded at the last bucket
@@ -50,8 +52,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from scripts import bench_step
-from scripts.bench_step import AUTO_ROW, LINKS, LOCAL_ROW, cell_steps, plan_fields
+from labs.bench import step as bench_step
+from labs.bench.rounds import add_grid_arguments, another_round, check_grid, netem_command, \
+    worker_command
+from labs.bench.step import AUTO_ROW, LINKS, LOCAL_ROW, cell_steps, plan_fields
 
 DEFERRED = "@last"          # a row's suffix: one-phase buckets decoded at the last bucket
 ROWS = ["stock:none", "stock:fp16", "stock:powersgd1", "ours:none", "ours:fp16",
@@ -198,7 +202,7 @@ def worker(args):
         if rank == 0:
             print(f"[bench_ddp] {args.model} {args.link} n={n}: round {rnd}", flush=True)
             out.flush()
-        more = bench_step.another_round(times, rnd, args) if rank == 0 else 0.0
+        more = another_round(times, rnd, args) if rank == 0 else 0.0
         if not engine.broadcast_object(more, root_rank=0, name=f"more.{rnd}"):
             break
         rnd += 1
@@ -255,17 +259,10 @@ def launch(args, model, link, n, csv_path):
 
 def _launch(args, model, link, n, csv_path):
     per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
-           "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
-           "--max-rounds", str(most), "--target-spread", str(args.target_spread),
-           "--warmup", str(args.warmup), "--auto-warmup-max", str(args.auto_warmup_max),
-           "--auto-trial-steps", str(args.auto_trial_steps),
-           "--batch-size", str(args.batch_size), "--csv", str(csv_path)]
+    cmd = worker_command("labs.bench.ddp", args, model, link, per_round, first, most, csv_path)
     if LINKS[link]:
-        netem = Path(__file__).with_name("netem.py")
-        subprocess.run([sys.executable, str(netem), "run", "-n", str(n), "--rate", LINKS[link],
-                        "--launcher", "gloo", "--timeout", str(args.timeout), "--"] + cmd,
-                       check=True, timeout=args.timeout + 60)
+        subprocess.run(netem_command(n, LINKS[link], args.timeout, cmd), check=True,
+                       timeout=args.timeout + 60)
         return
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
@@ -294,45 +291,15 @@ def known_row(row):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="lab,basic")
-    p.add_argument("--links", default="loopback,100mbit,1gbit,10mbit", help=f"of {list(LINKS)}")
-    p.add_argument("--ranks", default="2,4")
-    p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--max-rounds", type=int, default=None)
-    p.add_argument("--target-spread", type=float, default=bench_step.TARGET_SPREAD_PCT)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--auto-warmup-max", type=int, default=200)
-    p.add_argument("--auto-trial-steps", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--timeout", type=int, default=2400, help="seconds per job (default 2400)")
-    p.add_argument("--out", default="results/ddp")
+    add_grid_arguments(p, ROWS, "results/ddp", LINKS)
     p.add_argument("--lock", default=None, help="hold this file's flock during each cell "
                    "(/tmp/hvd-bench.lock: one benchmark at a time on a shared machine)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--link", help=argparse.SUPPRESS)
-    p.add_argument("--per-round", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--csv", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return args
-    args.rows = args.rows.split(",")
-    args.models, args.links = args.models.split(","), args.links.split(",")
-    bad = [r for r in args.rows if not known_row(r.removesuffix(DEFERRED))]
-    if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {ROWS + EXTRA_ROWS + [LOCAL_ROW]}, ours:<scheme>[:route] of "
-                f"any registered scheme, a method at a parameter (ours:topk0.1, "
-                f"ours:powersgd4, stock:powersgd2); links among {list(LINKS)}")
-    if any(m not in ("lab", "basic") for m in args.models):
-        p.error("models must be among ['lab', 'basic']")
-    try:
-        args.ranks = [int(n) for n in args.ranks.split(",")]
-    except ValueError:
-        p.error(f"--ranks: comma-separated numbers of ranks, got {args.ranks!r}")
-    if min(args.ranks) < 2:
-        p.error("--ranks: at least 2 ranks (there is nothing to exchange on one)")
+    check_grid(p, args, LINKS, lambda r: known_row(r.removesuffix(DEFERRED)),
+               f"{ROWS + EXTRA_ROWS + [LOCAL_ROW]}, ours:<scheme>[:route] of any registered "
+               f"scheme, a method at a parameter (ours:topk0.1, ours:powersgd4, stock:powersgd2)")
     if args.warmup < 2 and "stock:powersgd1" in args.rows:
         p.error("--warmup: at least 2 (DDP's PowerSGD hook allreduces uncompressed until "
                 "its step 2)")
@@ -344,7 +311,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     (Path(args.out) / "cells.csv").unlink(missing_ok=True)
-    out = bench_step.run_cells(args, launch, tag="bench_ddp")
+    out = bench_step.run_cells(args, launch, tag="labs.bench.ddp")
     summary = bench_step.replot(out, title="Training step on DDP (Gloo): DDP's own hooks "
                                 "(grey) vs hvd_compress's hook (blue; auto: orange), median "
                                 "and p10-p90, same run")

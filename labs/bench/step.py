@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Training-step benchmark: stock `hvd.DistributedOptimizer` against ours, side by side.
 
-    python scripts/bench_step.py                     # the whole grid: 16 cells, see "Time" below
-    python scripts/bench_step.py --models lab --links loopback --ranks 2 --steps 5
+    python -m labs.bench.step                     # the whole grid: 16 cells (an hour or more)
+    python -m labs.bench.step --models lab --links loopback --ranks 2 --steps 5
 
 For every (model, link, ranks) -- a cell -- one Horovod job is started (over an emulated link
-from scripts/netem.py where a rate is given, which needs root, else loopback). Inside it every
+from labs.netem where a rate is given, which needs root, else loopback). Inside it every
 row -- stock none and fp16, ours none / fp16 / bit16 / bit8 (allgather and two-phase), and
 ours:auto, the per-bucket plan the optimizer measures and chooses itself (Compression.auto,
 docs/planner.md) -- trains its own copy of the model on the same synthetic MNIST-shaped batches,
@@ -50,21 +50,25 @@ fastest row and to stock float32 taken round by round, vs_fastest_paired and
 vs_stock_none_paired with their 95% intervals _lo and _hi: see paired_ratio; what the machine
 and the link allow, bound_ms, and each row's step over it: see bounds; an overlapped row's
 steady state, steady_ms: see summarise) and OUT/summary.png; then
-`python scripts/wins_losses.py OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
+`python -m labs.bench.wins_losses OUT/summary.csv` counts wins and losses. Models: `lab`, Horovod's
 example network of the lab (21,840 parameters); `basic`, pytorch/examples' mnist network (1.2 M).
 
-Time, the whole grid on a 2-core Intel Xeon (results/step-auto-rerun): the basic net 51 min at
-4 ranks and 19 at 2, the lab net 15 and 7.
+The statistics of rounds and the grid's arguments are labs/bench/rounds.py's, shared with
+labs/bench/ddp.py.
 """
 import argparse
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# the statistics are rounds.py's; named here too, as the summary's columns are (noqa: F401)
+from labs.bench.rounds import (TARGET_SPREAD_PCT, add_grid_arguments, another_round,  # noqa: F401
+                               check_grid, median, median_ci_pct, netem_command, paired_ratio,
+                               round_spread_pct, worker_command)
 
 # The default grid's rows; known_rows() lists every row --rows takes (the registry's schemes).
 ROWS = ["stock:none", "stock:fp16", "ours:none", "ours:fp16", "ours:bit16:alltoall",
@@ -83,7 +87,6 @@ CALIBRATION_COLUMNS = ["model", "link", "ranks", "row", "auto_warmup_steps", "au
                        "calibration_s", "auto_outcome", "plan"]
 # (steps a round, first rounds, most rounds) per (model, link); "*" for any other.
 STEPS = {("*", "*"): (5, 8, 30), ("lab", "*"): (10, 10, 40), ("basic", "10mbit"): (3, 6, 10)}
-TARGET_SPREAD_PCT = 3.0
 CELL = ["model", "link", "ranks"]
 
 
@@ -166,87 +169,6 @@ def cell_steps(model, link, steps=None, rounds=None, max_rounds=None):
     if max_rounds is not None:
         most = max_rounds
     return per_round, first, max(first, most)
-
-
-def another_round(times, rnd, args):
-    """1.0 if rank 0 should run round rnd + 1: fewer than --rounds done, or some row's median
-    still known to worse than --target-spread (up to --max-rounds); else 0.0.
-    times: {row: (step_ms list, round list)}."""
-    if rnd >= args.max_rounds:
-        return 0.0
-    spreads = [median_ci_pct(*t) for t in times.values() if t[0]]
-    worst = math.inf if any(map(math.isnan, spreads)) else max(spreads, default=0.0)
-    return float(rnd < args.rounds or worst > args.target_spread)
-
-
-def _round_medians(step_ms, rounds):
-    return sorted(_medians_by_round(step_ms, rounds).values())
-
-
-def round_spread_pct(step_ms, rounds):
-    """The spread of one round: (largest - smallest median of a row's rounds) / the median of
-    all its steps, in %. NaN with fewer than two rounds. More rounds never shrink it."""
-    per_round = _round_medians(step_ms, rounds)
-    if len(per_round) < 2:
-        return math.nan
-    return 100 * (per_round[-1] - per_round[0]) / _median(list(step_ms))
-
-
-def median_ci_pct(step_ms, rounds, level=0.95):
-    """How well a row's median step is known: the width of a distribution-free confidence
-    interval (at `level`) of the median of its round medians, in % of its median step.
-
-    The interval is [r_(j), r_(k+1-j)] of the k sorted round medians, j the largest rank with
-    P(Binomial(k, 1/2) < j) <= (1 - level) / 2: a round's median falls below the true median
-    with probability 1/2, whatever the distribution (rounds are interleaved, so a drift of
-    the machine falls on every row alike). NaN where k rounds are too few for the level (5 at
-    95%)."""
-    per_round = _round_medians(step_ms, rounds)
-    lo, hi = _median_interval(per_round, level)
-    return 100 * (hi - lo) / _median(list(step_ms))
-
-
-def _median_interval(values, level=0.95):
-    """The distribution-free interval of the median of `values` (median_ci_pct's order
-    statistics): (lo, hi), NaNs where they are too few for the level."""
-    ordered, k, tail, below, j = sorted(values), len(values), (1 - level) / 2, 0.0, 0
-    while True:
-        below += math.comb(k, j) / 2 ** k          # P(Binomial(k, 1/2) <= j)
-        if below > tail:
-            break
-        j += 1
-    if j == 0:
-        return math.nan, math.nan
-    return ordered[j - 1], ordered[k - j]
-
-
-def paired_ratio(step_ms, rounds, base_ms, base_rounds, level=0.95):
-    """A row against another, round by round: (median, lo, hi) of the ratios of its round
-    medians to the other's in the rounds both ran, with median_ci_pct's interval.
-
-    Rows take turns within a round, so a machine that slows for a while slows both sides of a
-    round's ratio, and drops out of it; noise faster than a round does not (in
-    results/step-auto-grid at 4bbbd06 auto's ratio to the fastest row was known to 2.7-16%,
-    the rows' own medians, median_ci_pct, to 1.3-58%). An interval above 1 says the row is
-    slower; one that holds 1 says the data cannot tell them apart."""
-    mine, theirs = _medians_by_round(step_ms, rounds), _medians_by_round(base_ms, base_rounds)
-    ratios = [mine[r] / theirs[r] for r in mine if r in theirs and theirs[r] > 0]
-    if not ratios:
-        return math.nan, math.nan, math.nan
-    return (_median(ratios), *_median_interval(ratios, level))
-
-
-def _medians_by_round(step_ms, rounds):
-    by_round = {}
-    for value, rnd in zip(step_ms, rounds):
-        by_round.setdefault(rnd, []).append(value)
-    return {rnd: _median(v) for rnd, v in by_round.items()}
-
-
-def _median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 # ---- inside one Horovod job -------------------------------------------------------------------
@@ -428,16 +350,9 @@ def launch(args, model, link, n, csv_path):
         print(f"[bench_step] {model} {link} n={n}: {per_round} step(s) a round, so an overlapped "
               f"row has no steady_ms (3 or more needed); --steps counts a row's steps over its "
               f"first {first} rounds", file=sys.stderr, flush=True)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--link", link,
-           "--rows", ",".join(args.rows), "--per-round", str(per_round), "--rounds", str(first),
-           "--max-rounds", str(most), "--target-spread", str(args.target_spread),
-           "--warmup", str(args.warmup), "--auto-warmup-max", str(args.auto_warmup_max),
-           "--auto-trial-steps", str(args.auto_trial_steps),
-           "--batch-size", str(args.batch_size), "--csv", str(csv_path)]
+    cmd = worker_command("labs.bench.step", args, model, link, per_round, first, most, csv_path)
     if LINKS[link]:
-        netem = Path(__file__).with_name("netem.py")
-        cmd = [sys.executable, str(netem), "run", "-n", str(n), "--rate", LINKS[link],
-               "--launcher", "gloo", "--timeout", str(args.timeout), "--"] + cmd
+        cmd = netem_command(n, LINKS[link], args.timeout, cmd)
     else:
         cmd = horovodrun_command(n, cmd, "gloo")
     subprocess.run(cmd, env=launch_env(), check=True, timeout=args.timeout + 60)
@@ -519,7 +434,7 @@ def steady_ms(row_steps):
         order = rnd.sort_values("step").step_ms.tolist()
         if len(order) >= 3:
             means.append(sum(order[1:-1]) / (len(order) - 2))
-    return _median(means) if means else math.nan
+    return median(means) if means else math.nan
 
 
 def bounds(summary):
@@ -619,63 +534,15 @@ def replot(out, title=None):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="lab,basic")
-    p.add_argument("--links", default="loopback,100mbit,1gbit,10mbit", help=f"of {list(LINKS)}")
-    p.add_argument("--ranks", default="2,4")
-    p.add_argument("--rows", default=",".join(ROWS),
-                   help="comma-separated rows (default: the grid's); any of stock:none, "
-                        "stock:fp16, ours:auto and ours:SCHEME[:ROUTE] for every registered "
-                        "scheme, plugins included; a method at another parameter than its "
-                        "default: ours:topk0.1, ours:powersgd4")
-    p.add_argument("--steps", type=int, default=None,
-                   help="timed steps per row in its first rounds, every cell (default: STEPS, "
-                        "the lab net 10 a round, the basic net 5, at 10mbit 3)")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="interleaved rounds, every cell (default: STEPS, 6-10)")
-    p.add_argument("--max-rounds", type=int, default=None,
-                   help="rounds allowed while a row's median_ci_pct is over --target-spread "
-                        "(default: STEPS, 10-40, with the default steps, else --rounds)")
-    p.add_argument("--target-spread", type=float, default=TARGET_SPREAD_PCT, metavar="PCT",
-                   help=f"width of each row's 95%% confidence interval of its median step to "
-                        f"reach, in %% of it (default {TARGET_SPREAD_PCT:g})")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--auto-warmup-max", type=int, default=200,
-                   help="ours:auto's most warm-up steps before it must have a plan (default 200)")
-    p.add_argument("--auto-trial-steps", type=int, default=0,
-                   help="ours:auto's trial: timed steps per contender (Compression.auto("
-                        "trial_steps=...); default 0, no trial; results/step-auto-trial: 5)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--timeout", type=int, default=2400, help="seconds per job (default 2400)")
-    p.add_argument("--out", default="results/step")
-    # worker mode (internal)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--link", help=argparse.SUPPRESS)
-    p.add_argument("--per-round", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--csv", help=argparse.SUPPRESS)
+    add_grid_arguments(p, ROWS, "results/step", LINKS, rows_help=(
+        "comma-separated rows (default: the grid's); any of stock:none, stock:fp16, ours:auto "
+        "and ours:SCHEME[:ROUTE] for every registered scheme, plugins included; a method at "
+        "another parameter than its default: ours:topk0.1, ours:powersgd4"))
     args = p.parse_args(argv)
     if args.worker:
         return args
-    args.rows = args.rows.split(",")
-    args.models, args.links = args.models.split(","), args.links.split(",")
     known = known_rows()
-    bad = [r for r in args.rows if r not in known and not parameter_row(r)]
-    if bad or any(link not in LINKS for link in args.links):
-        p.error(f"rows must be among {known}, links among {list(LINKS)}")
-    if any(m not in ("lab", "basic") for m in args.models):
-        p.error("models must be among ['lab', 'basic']")
-    try:
-        args.ranks = [int(n) for n in args.ranks.split(",")]
-    except ValueError:
-        p.error(f"--ranks: comma-separated numbers of ranks, got {args.ranks!r}")
-    for name in ("steps", "rounds", "max_rounds", "warmup", "auto_warmup_max", "timeout",
-                 "auto_trial_steps"):
-        value = getattr(args, name)
-        least = 0 if name in ("warmup", "auto_trial_steps") else 1
-        if value is not None and value < least:
-            p.error(f"--{name.replace('_', '-')} must be at least {least}")
-    if min(args.ranks) < 2:
-        p.error("--ranks: at least 2 ranks (there is nothing to exchange on one)")
+    check_grid(p, args, LINKS, lambda r: r in known or parameter_row(r), known)
     if any(is_auto(r) for r in args.rows):
         from labs.kit.flags import auto_compression
         try:
@@ -687,7 +554,7 @@ def parse_args(argv=None):
 
 def run_cells(args, launch_cell, tag="bench_step"):
     """Every (model, link, ranks) cell of args, one job each by launch_cell(args, model, link,
-    n, steps_csv), rank 0's steps appended to OUT/steps.csv (bench_ddp.py shares this)."""
+    n, steps_csv), rank 0's steps appended to OUT/steps.csv (labs/bench/ddp.py shares this)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "steps.csv"
