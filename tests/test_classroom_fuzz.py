@@ -24,7 +24,7 @@ from labs.classroom import grade as grading
 from labs.classroom import intree
 from labs.classroom import kit as classroom_kit
 from labs.classroom.grade import GradeError, Options, judge_kit, kit_tasks
-from labs.classroom.kit_runs import run_tasks
+from labs.classroom.kit_runs import release, run_tasks
 from labs.classroom.sandbox import SandboxError
 from labs.classroom.sheet import csv_text, markdown, write_sheets
 
@@ -48,12 +48,13 @@ def real():
     work = base / "work"
     work.mkdir(mode=0o711)
     runs = run_tasks(kit, work, kit_tasks(OPTIONS, test_set, prepared), limits=OPTIONS.limits,
-                     extra_ro=[prepared.site], data_files=test_set.files, warm_up=True,
-                     hide=grading.held_out_labels(work))
+                     data_files=test_set.files, warm_up=True, hide=grading.held_out_labels(work))
+    prepared = intree.built(prepared, runs["build"])
     alone = judge_kit(kit, OPTIONS, work, test_set, prepared, runs)
     assert [c.name for c in alone if not c.passed] == []
     yield {"base": base, "kit": kit, "runs": runs, "test_set": test_set, "prepared": prepared,
            "alone": alone, "work": work}
+    release(work)
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -152,7 +153,7 @@ def _judge_mutant(real, task, name, how, root):
         how(kit_copy / "runs" / "grader-np2" / name[4:])
     else:
         how(out / name)
-    runs[task] = dataclasses.replace(run, out=out, kit_copy=kit_copy)
+    runs[task] = dataclasses.replace(run, out=out, kit_copy=kit_copy, root=out)
     return kit, judge_kit(kit, _options(task), real["work"], real["test_set"], real["prepared"], runs)
 
 

@@ -659,9 +659,10 @@ def _grade_kit(kit, options, work, test_set, hide):
     return judge_kit(kit, options, work, test_set, prepared, runs, jobs)
 
 
-def kit_tasks(options, test_set, prepared, jobs):
+def kit_tasks(options, test_set, prepared, jobs=None):
     """The runs of one kit's sandbox, in order: the build of its Horovod, step 2's calls, the
-    2-rank job, the wire runs, the other jobs."""
+    2-rank job, the wire runs, the other jobs (jobs: job_sizes')."""
+    jobs = job_sizes(options, prepared) if jobs is None else jobs
     tasks = ([intree.build_task(prepared, options.build_timeout, options.limits.memory)]
              if prepared and prepared.ready else [])
     tasks += [codec_task(options)] if "codecs" in options.steps else []
@@ -672,10 +673,13 @@ def kit_tasks(options, test_set, prepared, jobs):
     return tasks
 
 
-def judge_kit(kit, options, work, test_set, prepared, runs, jobs):
+def judge_kit(kit, options, work, test_set, prepared, runs, jobs=None):
     """[Check] of one kit from its runs ({task: Run}, None: the kit was too large to copy),
     each step judged on its own (guarded), in the course's step order; `prepared` as built,
-    `jobs` as run."""
+    `jobs` as run (job_sizes' before the build)."""
+    if jobs is None:
+        jobs = (job_sizes(options, prepared) if {"trainer", "exchange"} & set(options.steps)
+                or (prepared and prepared.ready) else {})
     results = []
     if "codecs" in options.steps:
         results += guarded(kit, lambda: check_names("codecs", options),
