@@ -22,6 +22,7 @@ from hvd_compress.auto.records import (Decision, Host, MeasurementsRecord, Pace,
 from hvd_compress.auto.settings import Auto, WARMUP_STEPS
 from hvd_compress.auto.communicator import FLOAT32, AutoCommunicator, Phase, decide, judge
 from hvd_compress.exchange.routes import make_communicator
+from hvd_compress.costmodel import methods
 from hvd_compress.costmodel.model import Link
 from hvdrun import across_ranks, passed_checks
 
@@ -156,7 +157,7 @@ def link_rows(rate_bit_s, alpha=1e-3, n=2, slower=1.0):
     for c in calibration.LINK_COLLECTIVES:
         cost = {"allreduce_fp16": "allreduce"}.get(c, c)
         for size in (4096, 256 * 1024):
-            t = planner.methods.COLLECTIVE_COSTS[cost](n, size).seconds(link)
+            t = methods.COLLECTIVE_COSTS[cost](n, size).seconds(link)
             rows += [(c, n, size, t * slower)] * 3
     return rows
 

@@ -493,6 +493,40 @@ def test_bad_csv_is_an_error_naming_the_line(tmp_path, header, row, why):
         fit.read_measurements(tmp_path / "bad.csv")
 
 
+def test_fit_links_recovers_each_collectives_link_and_floors_a_free_byte():
+    alpha, beta = 2e-4, 8e-9
+    rows = [(c, n, b, fn(n, b).seconds(Link(alpha, beta)))
+            for c, fn in (("allreduce", model.ring_allreduce), ("allgather", model.allgather))
+            for n in (2, 4) for b in (4096, 262144, 4 << 20)]
+    fits = fit.fit_links(rows)
+    assert set(fits) == {"allreduce", "allgather"}
+    for f in fits.values():
+        assert (f.alpha, f.beta) == pytest.approx((alpha, beta), rel=1e-6) and not f.clamped
+    # the larger message no slower: bytes that cost nothing measurable are not free
+    flat = fit.fit_links([("allreduce", 2, 4096, 1e-3), ("allreduce", 2, 262144, 0.9e-3)])
+    assert flat["allreduce"].beta == fit.BETA_FLOOR and flat["allreduce"].clamped == "beta"
+    with pytest.raises(fit.FitError):
+        fit.fit_links([("allreduce", 1, 4096, 1e-3)])            # n = 1 moves nothing
+
+
+def test_fit_calls_and_bytes_solves_two_totals_and_holds_at_zero():
+    from hvd_compress.costmodel.affine import Affine, fit_calls_and_bytes
+    a, b = 1e-4, 2e-9
+    small, large = (8, 87360), (3, 4_800_000)          # (calls, bytes) of two nets' steps
+    total = lambda calls, nbytes: (calls, nbytes, calls * a + nbytes * b)
+    got = fit_calls_and_bytes(total(*small), total(*large))
+    assert (got.a, got.b) == pytest.approx((a, b), rel=1e-9)
+    # the large net's step cheaper per call than the small one's: the exact a is negative,
+    # so a is 0 and b alone fits both totals
+    neg = fit_calls_and_bytes((8, 87360, 1e-5), (3, 4_800_000, 1e-2))
+    assert neg.a == 0.0 and neg.b == pytest.approx((1e-5 * 87360 + 1e-2 * 4_800_000)
+                                                  / (87360 ** 2 + 4_800_000 ** 2))
+    # more bytes, less time: b would be negative, so b is 0 and a alone fits both
+    per_call = fit_calls_and_bytes((8, 87360, 8e-3), (3, 4_800_000, 1e-3))
+    assert per_call.b == 0.0 and per_call.a > 0
+    assert fit_calls_and_bytes((8, 87360, math.nan), total(*large)) == Affine()
+
+
 # ---------------------------------------------------------------- the command line
 
 def run_cli_process(*args):

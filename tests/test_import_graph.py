@@ -153,8 +153,13 @@ def test_the_cost_model_reads_only_the_pure_layers():
         assert not wrong, f"{name} imports {sorted(wrong)}"
 
 
-PURE_AUTO = ("hvd_compress.auto.planner", "hvd_compress.auto.inputs", "hvd_compress.auto.cli",
-             "hvd_compress.auto.records", "hvd_compress.auto.trial")
+# The planner (its entry and the modules of its jobs), its inputs and records, the trial's
+# decisions, the CLI.
+PURE_AUTO = ("hvd_compress.auto.planner", "hvd_compress.auto.measurements",
+             "hvd_compress.auto.candidates", "hvd_compress.auto.options",
+             "hvd_compress.auto.timeline", "hvd_compress.auto.search", "hvd_compress.auto.replan",
+             "hvd_compress.auto.inputs", "hvd_compress.auto.cli", "hvd_compress.auto.records",
+             "hvd_compress.auto.trial")
 
 
 def test_the_planner_and_its_cli_stand_on_nothing_of_the_runtime():
@@ -204,3 +209,16 @@ def test_tensorwise_builds_on_the_shared_exchange():
     assert issubclass(tensorwise.TensorwiseCommunicator, base.CommunicatorBase)
     source = (PACKAGE / "methods" / "tensorwise.py").read_text()
     assert "class Step" not in source and "def reduce(" not in source
+
+
+def test_every_fit_lives_in_the_cost_model():
+    """The planner fits nothing itself: its fits are the cost model's objects (costmodel/fit.py,
+    costmodel/affine.py), and no module of the auto package defines a fit_* function."""
+    from hvd_compress.auto import planner
+    from hvd_compress.costmodel import affine, fit
+    assert planner.fit_links is fit.fit_links and planner.BETA_FLOOR == fit.BETA_FLOOR
+    assert planner.fit_affine is affine.fit_affine and planner.Affine is affine.Affine
+    defined = [f"{path.name}: {node.name}" for path in sorted((PACKAGE / "auto").glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.FunctionDef) and node.name.lstrip("_").startswith("fit")]
+    assert not defined, defined

@@ -1,5 +1,6 @@
-"""The planner (hvd_compress/auto/planner.py): its timeline, its search against brute force, the
-accuracy guard, determinism, the re-plan rule, the codec-cost fit. Pure: no torch, no Horovod."""
+"""The planner (hvd_compress/auto/planner.py, the entry of timeline.py, search.py, candidates.py,
+replan.py...): its timeline, its search against brute force, the accuracy guard, determinism,
+the re-plan rule, the codec-cost fit (costmodel/affine.py). Pure: no torch, no Horovod."""
 import math
 import random
 
@@ -9,6 +10,7 @@ from hvd_compress.auto import planner as pl
 from hvd_compress.costmodel import methods
 from hvd_compress.costmodel.fit import Fit
 from hvd_compress.costmodel.model import Link
+from hvd_compress.registry import parse_label
 
 pytestmark = pytest.mark.unit
 
@@ -307,7 +309,7 @@ def test_the_dp_with_later_phases_finds_the_exhaustive_optimum_on_these_instance
     assert (dp.predicted_s, dp.loss) == pytest.approx((brute.predicted_s, brute.loss), rel=1e-12)
     allowed, _ = pl.candidates_for(m)
     assert dp.exact is not any(
-        len(pl.wire_units(*pl.parse_label(t), 1, m.n)) > 1 for a in allowed for t in a)
+        len(pl.wire_units(*parse_label(t), 1, m.n)) > 1 for a in allowed for t in a)
 
 
 def test_tens_of_buckets_like_a_real_backward_are_searched_exactly():

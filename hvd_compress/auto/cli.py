@@ -21,7 +21,8 @@ of committed measurements, defaults/README.md), each replaceable by a flag:
   the output positions that use each (conv layers: the map's size), a FLOP count, not a
   measurement;
 - codec costs: per scheme and route, a + b * bytes solved from the same file's compress_ms and
-  decompress_ms on the two nets (a per call, b per fp32 byte), median over links;
+  decompress_ms on the two nets (a per call, b per fp32 byte), median over links
+  (costmodel.affine.fit_calls_and_bytes);
 - errors: each scheme's relative error per bucket (--errors), the largest per bucket and
   scheme;
 - the link: --bandwidth and --latency for every collective, or per collective from a fit
@@ -43,7 +44,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ..costmodel import methods, units
+from ..costmodel import affine, methods, units
 from ..costmodel.model import Link
 from ..registry import parse_label
 from . import planner as pl
@@ -146,25 +147,10 @@ def pace_and_codecs(path, model, n):
             points[m] = (calls, nbytes, _median(_num(r["compress_ms"]) for r in sel) / 1e3,
                          _median(_num(r["decompress_ms"]) for r in sel) / 1e3)
         if len(points) == 2:
-            codecs[text] = pl.CodecCost(_solve(points, 2), _solve(points, 3))
+            (c1, x1, enc1, dec1), (c2, x2, enc2, dec2) = points["horovod"], points["basic"]
+            codecs[text] = pl.CodecCost(affine.fit_calls_and_bytes((c1, x1, enc1), (c2, x2, enc2)),
+                                        affine.fit_calls_and_bytes((c1, x1, dec1), (c2, x2, dec2)))
     return fwd_bwd, max(other, 0.0), codecs, ranks
-
-
-def _solve(points, k):
-    """a per call, b per byte from two nets' per-step totals: calls * a + bytes * b = seconds;
-    held >= 0 (a negative one is set to 0 and the other fitted alone)."""
-    (c1, x1, *t1), (c2, x2, *t2) = points["horovod"], points["basic"]
-    y1, y2 = t1[k - 2], t2[k - 2]
-    det = c1 * x2 - c2 * x1
-    a = (y1 * x2 - y2 * x1) / det
-    b = (c1 * y2 - c2 * y1) / det
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return pl.Affine()
-    if a < 0:
-        return pl.Affine(0.0, max((y1 * x1 + y2 * x2) / (x1 * x1 + x2 * x2), 0.0))
-    if b < 0:
-        return pl.Affine(max((y1 * c1 + y2 * c2) / (c1 * c1 + c2 * c2), 0.0), 0.0)
-    return pl.Affine(a, b)
 
 
 def bucket_errors(path, model):
@@ -206,8 +192,8 @@ def collective_cpu(path, n):
     out = {}
     for key, by_size in points.items():
         sizes = [(b, statistics.median(v)) for b, v in sorted(by_size.items())]
-        out[key] = (pl.fit_affine(sizes) if len(sizes) > 1
-                    else pl.Affine(0.0, sizes[0][1] / sizes[0][0]))
+        out[key] = (affine.fit_affine(sizes) if len(sizes) > 1
+                    else affine.Affine(0.0, sizes[0][1] / sizes[0][0]))
     return out, path
 
 

@@ -29,6 +29,11 @@ Rows sharing (collective, n, bytes) are reduced to their median before fitting, 
 slow repetition does not drag the fit. The default weighting is *relative* (minimise the
 sum of ((measured - predicted) / measured)^2): sizes span many decades, and absolute least
 squares would let the largest messages decide alone, leaving alpha to chance.
+
+A job's own timings (the auto package's calibration, rows rather than a CSV) are fitted by
+``fit_links``: one pooled fit per collective, each beta at least BETA_FLOOR, since a link whose
+bytes cost nothing measurable at the sizes timed is still not free. A codec's and a
+collective's CPU cost, a + b * bytes, are fitted in affine.py.
 """
 from __future__ import annotations
 
@@ -40,8 +45,8 @@ import numpy as np
 
 from . import model
 
-__all__ = ["COLLECTIVES", "Measurement", "Point", "Fit", "FitError",
-           "read_measurements", "measurements_from_rows", "fit", "fit_all"]
+__all__ = ["COLLECTIVES", "BETA_FLOOR", "Measurement", "Point", "Fit", "FitError",
+           "read_measurements", "measurements_from_rows", "fit", "fit_all", "fit_links"]
 
 COLLECTIVES = {
     "allreduce": model.ring_allreduce,
@@ -283,4 +288,26 @@ def fit_all(measurements, weighting: str = "relative", per_n: bool = False,
         fits += [fit(measurements, c, weighting, n, max_bandwidth) for c in names]
         if len(names) > 1:
             fits.append(fit(measurements, None, weighting, n, max_bandwidth))
+    return fits
+
+
+# s/byte: 100 GB/s, a memory copy's pace; the least a link fitted by fit_links takes as beta.
+BETA_FLOOR = 1e-11
+
+
+def fit_links(rows) -> dict:
+    """{collective: Fit} from timed collectives, rows of (collective, n, bytes, seconds), bytes
+    as this module defines them: what a job fits to the collectives it timed (the auto
+    package's calibration, through its planner). Each beta at least BETA_FLOOR. Raises FitError
+    (a ValueError) where the rows cannot determine a link."""
+    measurements = measurements_from_rows(
+        [{"collective": c, "n": n, "bytes": b, "seconds": s} for c, n, b, s in rows],
+        source="timed collectives")
+    fits = {c: fit(measurements, c) for c in sorted({m.collective for m in measurements})}
+    for f in fits.values():
+        if f.beta <= 0:
+            # The sizes timed could not resolve a cost per byte (the larger message no slower
+            # than the smaller, within noise): bytes that cost nothing measurable there are
+            # taken at memory-copy pace, never free (a link needs beta > 0).
+            f.beta, f.clamped = BETA_FLOOR, "beta"
     return fits
