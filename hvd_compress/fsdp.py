@@ -18,7 +18,7 @@ the checkpoint format. How one reduce-scatter goes, and why:
 - FSDP2 hands a flat input of n equal rows (row k: every parameter's k-th dim-0 chunk, padded)
   and an output of one row, and calls the collective synchronously (async_op=False) with
   ReduceOp.AVG (float32 and bfloat16 gradients) or SUM after its own pre-divide (float16).
-- `none` hands FSDP2's arguments to torch's reduce_scatter_tensor unchanged: FSDP2's default
+- `none` hands FSDP2's arguments to torch's reduce_scatter_single unchanged: FSDP2's default
   reduce-scatter, bit for bit. A cast (fp16) reduce-scatters the cast codes, divided first
   (as DDP's fp16_compress_hook), and casts back.
 - A packet scheme (bit8, bit16, bf16, int8) encodes each row as one message of its own block
@@ -203,14 +203,15 @@ class FSDPCompression(FrontAPI):
         (divided first, so that a sum of float16 codes does not overflow), cast back."""
         stats, n = self.core.communicator.stats, self.engine.size()
         if compressor_name(self.compression) == "none":
-            dist.reduce_scatter_tensor(output, input, op=op, group=group)
+            dist.reduce_scatter_single(output=output, input=input, group=group, op=op)
             stats.add("bytes_sent", (n - 1) * output.numel() * output.element_size())
             return
         codes, ctx = self.compression.compress(input)
         if divisor != 1:
             codes.div_(divisor)
         reduced = torch.empty(output.numel(), dtype=codes.dtype, device=codes.device)
-        dist.reduce_scatter_tensor(reduced, codes, op=dist.ReduceOp.SUM, group=group)
+        dist.reduce_scatter_single(output=reduced, input=codes, group=group,
+                                  op=dist.ReduceOp.SUM)
         output.copy_(self.compression.decompress(reduced, ctx))
         stats.add("bytes_sent", (n - 1) * reduced.numel() * reduced.element_size())
 
