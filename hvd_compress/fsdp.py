@@ -74,7 +74,6 @@ class CompressedReduceScatter(ReduceScatter):
     def __init__(self, front, bucket, names, numels):
         self.front, self.bucket = front, bucket
         self.names, self.numels = list(names), [int(k) for k in numels]
-        self.scratch = {}
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -91,12 +90,6 @@ class CompressedReduceScatter(ReduceScatter):
         done = torch.futures.Future()            # the work is done: a Work that says so
         done.set_result([output_tensor])
         return torch._C._distributed_c10d._create_work_from_future(done)
-
-    def buffer(self, key, numel, dtype, device):
-        buf = self.scratch.get(key)
-        if buf is None or buf.numel() != numel or buf.dtype != dtype:
-            buf = self.scratch[key] = torch.zeros(numel, dtype=dtype, device=device)
-        return buf
 
 
 class FSDPCompression(FrontAPI):
@@ -224,7 +217,9 @@ class FSDPCompression(FrontAPI):
         x = input if input.dtype == torch.float32 else input.to(torch.float32)
         size = comp.message_bytes(m, block)
         row = size + FLAG_BYTES
-        send = comm.buffer("send", n * row, torch.uint8, x.device).view(n, row)
+        # made for this call and freed after it, as FSDP2's own input is: buffers kept per
+        # module would add up to the whole model's gradient, what sharding saves
+        send = torch.zeros(n, row, dtype=torch.uint8, device=x.device)
         with stats.timing("compress_s"):
             if memory is not None:
                 if input.numel() != sum(comm.numels) * n:   # a parameter without gradient
@@ -237,7 +232,7 @@ class FSDPCompression(FrontAPI):
                 for k in range(n):
                     comp.encode_message(x[k * m:(k + 1) * m], send[k, :size], block)
             if memory is not None:
-                kept = comm.buffer("kept", n * m, torch.float32, x.device)
+                kept = torch.empty(n * m, dtype=torch.float32, device=x.device)
                 for k in range(n):
                     comp.decode_message(send[k, :size], m, kept[k * m:(k + 1) * m], block)
         with stats.timing("communicate_s"):
@@ -256,7 +251,7 @@ class FSDPCompression(FrontAPI):
             memory.remember(name, x, kept)
         with stats.timing("decompress_s"):
             out = output if output.dtype == torch.float32 else \
-                comm.buffer("out", m, torch.float32, x.device)
+                torch.empty(m, dtype=torch.float32, device=x.device)
             comp.decode_messages(rows[:, :size].contiguous(), m, out, block, divisor)
             if out is not output:
                 output.copy_(out)
