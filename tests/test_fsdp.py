@@ -41,6 +41,10 @@ def test_every_codec_reduces_near_fsdp2_and_keeps_ranks_alike(np, tmp_path_facto
                 "none's bytes" in names
             assert f"{tag}: 4 steps give the same bits run after run" in names
             assert f"{tag}: every rank holds the same full parameters" in names
+    for label in ("bfloat16", "float16"):
+        assert any(k.startswith(f"bit8 with reduce_dtype={label}: gradient shards within")
+                   for k in names)
+    assert "async_op=True: a completed Work, the output reduced" in names
 
 
 @pytest.mark.multiprocess
@@ -62,6 +66,9 @@ def test_bad_input_gets_a_clear_error(np, tmp_path_factory):
     assert f"a inf gradient on rank {np - 1} raises FloatingPointError on every rank" in names
     assert "after the non-finite gradient no rank is left in a collective" in names
     assert "on_nonfinite='pass': a NaN from rank 0 reaches every rank's shards" in names
+    assert ("set_gradient_divide_factor (PREMUL_SUM) is refused with a clear error on every "
+            "rank") in names
+    assert "ranks that register different schemes are refused on every rank" in names
     for label in ("an unknown scheme", "a model without fully_shard",
                   "top-k (a collective of its own)", "error feedback on none",
                   "a bad on_nonfinite"):

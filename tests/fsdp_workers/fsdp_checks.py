@@ -4,6 +4,7 @@ every codec's gradients near FSDP2's own and the same bits run after run, error 
 residuals by parameter and shard saved and resumed bit for bit, and clear errors for a NaN/Inf
 gradient (on every rank, in the same call), an unknown scheme, a model without fully_shard."""
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
@@ -88,7 +89,7 @@ def raised(fn):
     return None
 
 
-def run(dist):
+def run(_dist):
     rank, n = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
     data = batches(rank)
@@ -135,6 +136,29 @@ def run(dist):
                   torch.equal(runs[0], runs[1]) and bool(torch.isfinite(runs[0]).all()))
             check(f"{tag}: every rank holds the same full parameters",
                   same_on_every_rank(dist, full(net)))
+
+    # ---- FSDP2's low-precision reductions: bfloat16 (AVG) and float16 (SUM, its own divides) --
+    for label, dtype, bound in (("bfloat16", torch.bfloat16, 0.1), ("float16", torch.float16, 0.08)):
+        mp = MixedPrecisionPolicy(reduce_dtype=dtype)
+        net = build(mesh, mp)
+        hcf.register(net, "bit8")
+        F.cross_entropy(net(data[0][0]), data[0][1]).backward()
+        error = ((grads(net) - exact).norm() / exact.norm()).item()
+        check(f"bit8 with reduce_dtype={label}: gradient shards within {bound} of float32's",
+              0 < error < bound, f"relative error {error}")
+
+    # ---- the collective called as FSDP2's interface allows: async_op=True ---------------------
+    net = build(mesh)
+    state = hcf.register(net, "none")
+    comm = state.comms["fc3"]
+    g = torch.Generator().manual_seed(rank)
+    given = torch.randn(n * 24, generator=g)
+    out, want = torch.empty(24), torch.empty(24)
+    work = comm(out, given.clone(), state.engine.group, dist.ReduceOp.AVG, async_op=True)
+    dist.reduce_scatter_single(want, given.clone(), op=dist.ReduceOp.AVG)
+    check("async_op=True: a completed Work, the output reduced",
+          work.wait() and torch.equal(out, want) and comm(out, given, state.engine.group,
+                                                         dist.ReduceOp.AVG) is None)
 
     # ---- error feedback: residuals by parameter and shard, resumed bit for bit ----------------
     # (deterministic codecs: int8's rounding streams are not part of a checkpoint)
@@ -194,6 +218,18 @@ def run(dist):
     (loss * float("nan") if rank == 0 else loss).backward()
     check("on_nonfinite='pass': a NaN from rank 0 reaches every rank's shards",
           not bool(torch.isfinite(grads(net)).all()))
+
+    net = build(mesh)
+    hcf.register(net, "bit8")
+    for layer in (net.fc1, net.fc2, net.fc3):
+        layer.set_gradient_divide_factor(3.0)
+    err = raised(lambda: F.cross_entropy(net(data[0][0]), data[0][1]).backward())
+    check("set_gradient_divide_factor (PREMUL_SUM) is refused with a clear error on every rank",
+          isinstance(err, ValueError) and "set_gradient_divide_factor" in str(err), repr(err))
+
+    err = raised(lambda: hcf.register(build(mesh), "bit8" if rank == 0 else "bit16"))
+    check("ranks that register different schemes are refused on every rank",
+          isinstance(err, RuntimeError) and "ranks disagree" in str(err), repr(err))
 
     for label, make, words in (
             ("an unknown scheme", lambda: hcf.register(build(mesh), "bit7"),
