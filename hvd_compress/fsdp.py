@@ -67,6 +67,11 @@ def fsdp_modules(model):
     return [(name, m) for name, m in found if m._get_fsdp_state()._fsdp_param_groups]
 
 
+def _group(module):
+    """The module's one FSDP parameter group (set_custom_reduce_scatter refuses several)."""
+    return module._get_fsdp_state()._fsdp_param_groups[0]
+
+
 class CompressedReduceScatter(ReduceScatter):
     """The reduce-scatter of one FSDP module's gradients (FSDP2's ReduceScatter interface), by
     its front's codec; named `bucket` in error feedback and in errors."""
@@ -115,8 +120,8 @@ class FSDPCompression(FrontAPI):
                              f"bf16, bit8, int8), not {compressor_name(compression)}, which "
                              "needs a collective of its own")
         self.packet = isinstance(compression, type) and issubclass(compression, PacketCompressor)
-        groups = {id(g): g for _, m in modules
-                  for g in [m._get_fsdp_state()._fsdp_param_groups[0].mesh_info.shard_process_group]}
+        groups = {id(g): g for g in (_group(m).mesh_info.shard_process_group
+                                     for _, m in modules)}
         if len(groups) != 1:
             raise ValueError("hvd_compress.fsdp: the modules shard over different process "
                              "groups; one shard group for the whole model is supported")
@@ -130,7 +135,7 @@ class FSDPCompression(FrontAPI):
         self.comms, self._reduced = {}, set()
         n = self.engine.size()
         for name, module in modules:
-            params = module._get_fsdp_state()._fsdp_param_groups[0].fsdp_params
+            params = _group(module).fsdp_params
             comm = CompressedReduceScatter(
                 self, f"fsdp.{name or 'root'}",
                 [fqn.get(id(p.sharded_param), f"{name}.{i}") for i, p in enumerate(params)],
@@ -170,11 +175,14 @@ class FSDPCompression(FrontAPI):
         if comm.bucket in self._reduced:         # a module reduces again: the last step ended
             self._end_step()
         self.core.hooked()
-        divisor = self._divisor(op, n, comm)
-        if not self.packet:
-            self._cast(output, input, group, op, divisor)
+        if compressor_name(self.compression) == "none":     # FSDP2's own, whatever its op
+            dist.reduce_scatter_single(output=output, input=input, group=group, op=op)
+            self.core.communicator.stats.add("bytes_sent",
+                                             (n - 1) * output.numel() * output.element_size())
+        elif not self.packet:
+            self._cast(output, input, group, self._divisor(op, n, comm))
         else:
-            self._packet(comm, output, input, divisor)
+            self._packet(comm, output, input, self._divisor(op, n, comm))
         self._reduced.add(comm.bucket)
         if len(self._reduced) == len(self.comms):
             self._end_step()
@@ -191,14 +199,10 @@ class FSDPCompression(FrontAPI):
         raise ValueError(f"{comm.bucket}: FSDP asks for the reduction {op!r}; hvd_compress.fsdp "
                          "reduces by AVG or SUM (FSDP2's own, without set_gradient_divide_factor)")
 
-    def _cast(self, output, input, group, op, divisor):
-        """none: FSDP2's own collective on its own arguments. A cast: its codes reduce-scattered
-        (divided first, so that a sum of float16 codes does not overflow), cast back."""
+    def _cast(self, output, input, group, divisor):
+        """A cast (fp16): its codes reduce-scattered (divided first, so that a sum of float16
+        codes does not overflow), cast back."""
         stats, n = self.core.communicator.stats, self.engine.size()
-        if compressor_name(self.compression) == "none":
-            dist.reduce_scatter_single(output=output, input=input, group=group, op=op)
-            stats.add("bytes_sent", (n - 1) * output.numel() * output.element_size())
-            return
         codes, ctx = self.compression.compress(input)
         if divisor != 1:
             codes.div_(divisor)

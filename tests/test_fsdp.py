@@ -2,8 +2,10 @@
 fully_shard, trained by tests/fsdp_workers/fsdp_checks.py (launched as tests/ddprun.py launches
 the DDP workers); each test reads the checks its job's ranks passed."""
 import pytest
+import torch.nn as nn
 
 import ddprun
+import hvd_compress.fsdp as hcf
 
 MODULE = "fsdp_workers.fsdp_checks"
 CODECS = ("bit8", "bit16", "bf16", "fp16", "int8")
@@ -73,3 +75,19 @@ def test_bad_input_gets_a_clear_error(np, tmp_path_factory):
                   "top-k (a collective of its own)", "error feedback on none",
                   "a bad on_nonfinite"):
         assert f"{label} is refused with a clear error" in names
+
+
+@pytest.mark.unit
+def test_a_model_without_fully_shard_is_refused_before_any_collective():
+    with pytest.raises(ValueError, match="wrapped by torch.distributed.fsdp.fully_shard"):
+        hcf.register(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1)), "bit8")
+    with pytest.raises(ValueError, match="on_nonfinite must be one of"):
+        hcf.register(nn.Linear(2, 2), "bit8", on_nonfinite="warn")
+
+
+@pytest.mark.unit
+def test_residuals_are_named_as_fsdp2_lays_out_its_rows():
+    """Row k of FSDP2's input holds every parameter's k-th chunk, in the module's order."""
+    comm = hcf.CompressedReduceScatter(None, "fsdp.fc", ["fc.weight", "fc.bias"], [6, 2])
+    assert comm.members(2) == (["fc.weight#shard0of2", "fc.bias#shard0of2",
+                                "fc.weight#shard1of2", "fc.bias#shard1of2"], [6, 2, 6, 2])

@@ -138,7 +138,8 @@ def run(_dist):
                   same_on_every_rank(dist, full(net)))
 
     # ---- FSDP2's low-precision reductions: bfloat16 (AVG) and float16 (SUM, its own divides) --
-    for label, dtype, bound in (("bfloat16", torch.bfloat16, 0.1), ("float16", torch.float16, 0.08)):
+    for label, dtype, bound in (("bfloat16", torch.bfloat16, 0.1),
+                                ("float16", torch.float16, 0.08)):
         mp = MixedPrecisionPolicy(reduce_dtype=dtype)
         net = build(mesh, mp)
         hcf.register(net, "bit8")
