@@ -25,8 +25,8 @@ the checkpoint format. How one reduce-scatter goes, and why:
   scales, and an all-to-all hands row k of every rank to rank k, which decodes the n messages
   and sums them in float32 in rank order (the codecs' decode_messages): the first phase of the
   two-phase route (exchange/routes.py), cut on FSDP2's shard bounds instead of block bounds.
-  Every rank decodes the same codes for a shard in the same order, so a shard is the same
-  bits wherever it is computed, and ranks keep identical parameters.
+  Rank k alone computes shard k, from codes decoded in rank order: the same bits run after
+  run (int8's once its rounding seed is reset), whatever order the ranks' messages arrive in.
 - Every message carries a flag (4 bytes) more: whether the sender's input held a NaN or an Inf. So
   every rank learns of a non-finite gradient in the same call, with no extra collective, and
   every rank raises the same FloatingPointError (on_nonfinite="raise"), before error feedback
