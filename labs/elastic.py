@@ -229,7 +229,7 @@ def main(argv=None):
                     "bytes_sent": stats["bytes_sent"], "wall_time": time.time()})
                 if state.step % args.commit_every == 0:
                     commit(state)
-            run = argparse.Namespace(rank=hvd.rank(), size=hvd.size())
+            run = argparse.Namespace(rank=hvd.rank(), size=hvd.size(), step=state.step)
             metrics = test(state.epoch, model, data, args, run)
             if hvd.rank() == 0:
                 print(f"epoch {state.epoch}: test accuracy {100 * metrics['test_accuracy']:.2f}% "
