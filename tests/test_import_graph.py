@@ -100,7 +100,7 @@ LAYERS = [
     ("compression",),                  # the Compression namespace a user names
     ("front",),                        # the front core every front shares
     ("overlap",),                      # schedule="overlap": a bucket's update as it arrives
-    ("optimizer", "ddp"),              # the fronts: DistributedOptimizer, DDP's comm hook
+    ("optimizer", "ddp", "fsdp"),      # the fronts: DistributedOptimizer, DDP's comm hook, FSDP2's reduce-scatter
 ]
 
 
