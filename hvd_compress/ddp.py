@@ -115,17 +115,6 @@ class HookState(FrontAPI):
         self._changed = False              # a bucket's layout changed in this step
         self._last_index = None
 
-    @property
-    def memory(self):
-        return self.core.memory
-
-    @property
-    def steps(self):
-        return self.core.steps
-
-    def describe(self):
-        return self.core.describe()
-
     # ---- what the hook does -----------------------------------------------------------------
     def exchange(self, grad_bucket):
         """Start this bucket's exchange; a future DDP waits on (completed with the buffer)."""

@@ -149,17 +149,6 @@ class FSDPCompression(FrontAPI):
         for name, module in modules:
             module.set_custom_reduce_scatter(self.comms[name])
 
-    @property
-    def memory(self):
-        return self.core.memory
-
-    @property
-    def steps(self):
-        return self.core.steps
-
-    def describe(self):
-        return self.core.describe()
-
     def pop_stats(self):
         return self.core.pop_stats()
 

@@ -364,6 +364,17 @@ class FrontAPI:
     def communicator(self):
         return self.core.communicator
 
+    @property
+    def memory(self):
+        return self.core.memory
+
+    @property
+    def steps(self):
+        return self.core.steps
+
+    def describe(self):
+        return self.core.describe()
+
     def compression_state_dict(self):
         """This rank's compression state (FrontCore.state_dict: residuals by parameter name,
         PowerSGD's Q, top-k's residuals, auto's plan); it differs by rank: keep one per rank."""
