@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+# pytest caches each test module's assertion rewrite as bytecode beside it, unless bytecode
+# writing is off (PYTHONDONTWRITEBYTECODE, set on some machines): then every run rewrites and
+# compiles all the test modules again. The cache lives in the clone's ignored __pycache__
+# folders; only this process writes it, not the ranks and sandboxes the tests start.
+sys.dont_write_bytecode = False
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The real MNIST test set (t10k-*.gz, 1.6 MB), shipped with the tests: every clone runs the

@@ -8,7 +8,8 @@ or on the test itself where a module mixes kinds:
                   compiler, pip, venv or set-up script)
     build         builds what a user's first use builds: the kernel (a compiler), a wheel or a
                   virtualenv (pip, venv), a set-up script's work (a classroom kit's); no ranks
-    multiprocess  starts Horovod ranks (horovodrun / mpirun), or runs Horovod at all
+    multiprocess  starts ranks: Horovod (horovodrun / mpirun) or a torch.distributed process
+                  group (torchrun, or a process of its own), or runs Horovod at all
     netns         needs root and network namespaces (labs.netem)
 
 A test with none or more than one fails its module's collection, named, so `pytest -m unit` can

@@ -233,15 +233,44 @@ for name, route in (("fp16", None), ("bit8", "alltoall"), ("topk", None), ("auto
     out = hcd.HookState(name, route).exchange(hcd.FlatBucket(x.clone())).wait()
     assert out.shape == x.shape and bool(torch.isfinite(out).all()), name
 assert Compression.fp16.compress(x)[0].dtype == torch.float16
+dist.destroy_process_group()
 print("ok")
 """
 
 
-@pytest.mark.unit
+@pytest.mark.multiprocess      # a process of its own with a torch.distributed process group
 def test_the_hook_needs_no_horovod():
     """hvd_compress.ddp imports and exchanges with Horovod unimportable: torch is its one
     dependency (roles.py's stand-ins for Horovod's three compressor classes)."""
     done = subprocess.run([sys.executable, "-c", NO_HOROVOD % ddprun.free_port()],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+OLD_NAMES = r"""
+import warnings, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+import hvd_compress.ddp as hcd
+state = hcd.HookState("bit8", error_feedback=True)
+state.exchange(hcd.FlatBucket(torch.linspace(-1, 1, 300))).wait()
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    old = state.state_dict()
+    state.load_state_dict(old)
+    state.reset_state()
+assert [w.category for w in said] == [DeprecationWarning] * 3, said
+assert "compression_state_dict" in str(said[0].message)
+assert set(old) == {"format", "scheme", "steps", "residuals"} and old["steps"] == 1
+assert set(old["residuals"]) == {"ddp.0.0"}
+assert state.compression_state_dict()["residuals"] == {}
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+@pytest.mark.multiprocess      # a process of its own with a torch.distributed process group
+def test_the_hooks_old_checkpoint_names_work_and_say_they_are_deprecated():
+    done = subprocess.run([sys.executable, "-c", OLD_NAMES % ddprun.free_port()],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
 

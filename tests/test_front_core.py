@@ -11,8 +11,6 @@ once here (the fronts' own life cycles run on real ranks: tests/workers/, tests/
 - the DDP hook's old checkpoint names still work, and say they are deprecated."""
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -165,30 +163,3 @@ def test_a_plan_is_pinned_from_a_report_a_file_or_a_checkpoint(tmp_path):
                        (str(tmp_path / "missing.json"), "cannot read"), ([], "names no bucket")):
         with pytest.raises(ValueError, match=match):
             pinned_plan(bad)
-
-
-OLD_NAMES = r"""
-import warnings, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
-import hvd_compress.ddp as hcd
-state = hcd.HookState("bit8", error_feedback=True)
-state.exchange(hcd.FlatBucket(torch.linspace(-1, 1, 300))).wait()
-with warnings.catch_warnings(record=True) as said:
-    warnings.simplefilter("always")
-    old = state.state_dict()
-    state.load_state_dict(old)
-    state.reset_state()
-assert [w.category for w in said] == [DeprecationWarning] * 3, said
-assert "compression_state_dict" in str(said[0].message)
-assert set(old) == {"format", "scheme", "steps", "residuals"} and old["steps"] == 1
-assert set(old["residuals"]) == {"ddp.0.0"}
-assert state.compression_state_dict()["residuals"] == {}
-print("ok")
-"""
-
-
-def test_the_hooks_old_checkpoint_names_work_and_say_they_are_deprecated():
-    import ddprun
-    done = subprocess.run([sys.executable, "-c", OLD_NAMES % ddprun.free_port()],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
