@@ -20,7 +20,8 @@ import hvd_compress.fsdp as hcf
 from hvd_compress.codecs import SCALE_BLOCK
 from hvd_compress.front.core import resolve_compression
 from checks import check
-from fsdp_checks import Net, batches, build, full, grads, local, raised, same_on_every_rank, train
+from fsdp_workers.fsdp_checks import (Net, batches, build, full, grads, local, raised,
+                                      same_on_every_rank, train)
 
 # ||gathered - exact|| / ||exact|| of the weights: what each format's rounding allows on
 # weights of one scale per block (E4M3: 3 mantissa bits; int8: 1/127 of a block's largest;
