@@ -148,9 +148,11 @@ def run(_dist):
         check(f"weights={scheme}: the backward's gradient is the one on the decoded weights",
               torch.allclose(ours_full, on_decoded, rtol=1e-5, atol=1e-7),
               f"max difference {(ours_full - on_decoded).abs().max().item()}")
-        check(f"weights={scheme}: sends at most {0.27 if '8' in scheme else 0.51} of none's "
-              "bytes a forward and backward",
-              0 < sent <= (0.27 if "8" in scheme else 0.51) * none_bytes / 4, f"{sent}")
+        # the codes' bytes over float32's, and what the block scales, the flag and the
+        # padding to 4 bytes add on the small modules' rows (fc3's: 72 values on 4 ranks)
+        most = 0.27 if "8" in scheme else 0.52
+        check(f"weights={scheme}: sends at most {most} of none's bytes a forward and backward",
+              0 < sent <= most * none_bytes / 4, f"{sent} of {none_bytes / 4}")
 
         # ---- the optimizer updates the exact float32 shards ----------------------------------
         opt = torch.optim.SGD(net.parameters(), lr=0.05)
