@@ -24,6 +24,7 @@ all-gathers each layer, so ranks with different numbers of test batches would wa
 other). The codec's state (error feedback, per rank) is in the checkpoint as the DDP hook's.
 """
 import argparse
+import hashlib
 import inspect
 import os
 import sys
@@ -190,8 +191,22 @@ class FullModel:
     def __init__(self, model):
         self.model, self._full, self._loaded = model, None, None
 
-    def gather_state(self):
+    def gather_state(self, engine, epoch):
+        """Every rank alike: the full state, and a check that every rank gathered the same
+        bits (an all-gather that handed ranks different weights would train different
+        models unnoticed); rank 0 says the digest."""
         self._full = get_model_state_dict(self.model, options=FULL)
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self._full.items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digests = engine.allgather_object(digest.hexdigest(), f"state_digest.{epoch}")
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"epoch {epoch}: the ranks gathered different full states "
+                               f"({', '.join(d[:12] for d in digests)})")
+        if engine.rank() == 0:
+            print(f"epoch {epoch}: every rank holds the same full state (sha256 "
+                  f"{digests[0][:16]})", flush=True)
 
     def state_dict(self):
         return self._full
@@ -270,7 +285,7 @@ def main(argv=None):
             for epoch in range(first_epoch, args.epochs + 1):
                 train(epoch, model, optimizer, data, args, run, replica)
                 metrics = evaluate(model, replica, data.test_x, data.test_y, args, run, "test")
-                books.gather_state()
+                books.gather_state(engine, epoch)
                 optimizer.gather_state()
                 run.end_epoch(epoch, metrics, books, optimizer)
     finally:

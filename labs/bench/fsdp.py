@@ -308,9 +308,9 @@ def plot(summary, path, cpu):
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(range(len(f)), list(f.row), rotation=70, fontsize=7)
         ax.set_title(f"{model}, {link}, n={n}", fontsize=9)
-    axes[0][0].set_ylabel("step / FSDP2 default's, same rounds (lower: faster)")
-    fig.suptitle("Training step on FSDP2 (Gloo): FSDP2's own (grey), hvd_compress.fsdp (blue), "
-                 f"DDP (orange), no exchange (green); {cpu}", fontsize=9)
+    axes[0][0].set_ylabel("step / FSDP2 default's step\n(round by round; lower: faster)")
+    fig.suptitle("Training step on FSDP2 (Gloo): FSDP2's own (grey), hvd_compress.fsdp (blue),\n"
+                 f"DDP (orange), no exchange (green), 95% intervals; {cpu}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -333,7 +333,7 @@ def plot_memory(memory, path, cpu):
         ax.set_title(f"{model}, n={n}, rank 0", fontsize=9)
         ax.set_ylabel("MiB")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"Memory per rank on FSDP2 and DDP; {cpu}", fontsize=9)
+    fig.suptitle(f"Memory per rank on FSDP2 and DDP\n{cpu}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
