@@ -24,7 +24,8 @@ LAB_LAYERS = [
                                                        # the bridge, launchers, link faults
     ("labs.kit",),                                     # lab kit: data, run records, watchdog,
                                                        # run matrix, report, plots
-    ("labs.mnist", "labs.ddp_mnist", "labs.elastic"),  # trainers: Horovod, DDP, elastic
+    ("labs.mnist", "labs.ddp_mnist", "labs.fsdp_mnist",
+     "labs.elastic"),                                  # trainers: Horovod, DDP, FSDP2, elastic
     ("labs.bench", "labs.netem.bench", "labs.netem.plots"),  # benchmarks
     ("labs.classroom",),                               # the student's kit and the grader
 ]
