@@ -209,6 +209,49 @@ def test_a_run_serves_the_targets_it_passed_and_is_run_again_for_a_higher_one(tm
     assert tta_grid.plan_run(float32, 0.9) == "fresh"          # float32's place, not a method's
 
 
+def test_other_seeds_come_after_every_methods_first_and_only_for_the_methods_named():
+    runs = tta_grid.grid(["horovod"], [2])
+    first, *rest = tta_grid.SEEDS
+    lossy = [r for r in runs if r.method.key != "none"]
+    firsts = [r for r in lossy if r.seed == first]
+    assert lossy[:len(firsts)] == firsts and len(firsts) == len(tta_grid.TRAINED) - 1
+    again = {r.method.key for r in lossy if r.seed != first}
+    assert again == tta_grid.METHOD_SEEDS[("horovod", 2)]
+    assert all({r.seed for r in lossy if r.method.key == key} == set(tta_grid.SEEDS)
+               for key in again)
+    # --max-seeds 1: the first pass, every method once
+    assert [r for r in tta_grid.grid(["horovod"], [2], max_seeds=1)
+            if r.method.key != "none"] == firsts
+    # a cell METHOD_SEEDS does not name: one seed for every method but float32
+    assert {r.seed for r in tta_grid.grid(["horovod"], [4]) if r.method.key != "none"} == {first}
+
+
+def test_a_run_stopped_below_a_target_says_nothing_of_it(tmp_path):
+    """More float32 seeds can move a cell's targets above the one a method's run stopped at:
+    that run neither reached nor missed the new target (its curve stops there), so steps.csv
+    has no row for it; a run that ran to its cap does say 'never'."""
+    def run(key, seed, target, reason, keep):
+        folder = write_run(tmp_path / "runs" / tta_grid.Run("basic", 2, tta_grid.TRAINED[key],
+                                                            seed).name)
+        runlog.write_manifest(folder, {"status": "complete", "process_start_unix": 1000.0,
+                                       "reason": reason, "args": {"target_accuracy": target}})
+        evals = pd.read_csv(folder / "evals.csv")
+        evals[evals.step <= keep].to_csv(folder / "evals.csv", index=False)
+
+    for seed in tta_grid.SEEDS:      # float32: 0.2, 0.4, 0.6, 0.8 -> targets 0.595 and 0.6
+        run("none", seed, None, None, 8)
+    run("bit8", 42, 0.35, "--target-accuracy 0.35 reached after 4 steps (epoch 1)", 4)
+    run("int8", 42, 0.9, None, 4)                     # ran to its cap at 0.4: never either
+    run("fp16", 42, 0.75, "--target-accuracy 0.75 reached after 8 steps (epoch 2)", 8)
+    steps = tta_grid.steps_table(tmp_path)
+    rows = {(r.method, r.target_name): r.reached for r in steps.itertuples()}
+    assert tta_grid.targets(tmp_path, "basic", 2)["lab"] == pytest.approx(0.595)
+    assert ("bit8", "lab") not in rows and ("bit8", "float32") not in rows
+    assert rows[("fp16", "lab")] and rows[("fp16", "float32")]
+    assert rows[("int8", "lab")] == rows[("int8", "float32")] == False  # noqa: E712
+    assert rows[("none", "float32")]
+
+
 def test_a_runs_accuracy_after_its_epochs_is_the_mean_of_its_last_evaluations():
     evals = evals_frame([10, 20, 30, 40, 50], [0.5, 0.80, 0.70, 0.90, 0.99], epochs=[1, 1, 1, 2, 2])
     assert tta.accuracy_after(evals) == pytest.approx((0.70 + 0.90 + 0.99) / 3)
