@@ -357,3 +357,24 @@ def test_a_calibration_in_a_wrapper_keeps_its_cores_busy_inside_it():
     from labs.kit import job
     assert job.main(["--busy", "1", "--", sys.executable, "-c", "pass"]) == 0
     assert job.main(["--busy", "0", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+def test_the_time_table_takes_the_median_over_seeds_a_never_counting_as_never():
+    def row(seed, step):
+        return dict(model="basic", ranks=2, method="bit8", seed=seed, target_name="lab",
+                    target=0.8, reached=step is not None, step=step or math.nan,
+                    samples=128 * (step or 0), evals=3, epoch_ends=0, accuracy=0.8,
+                    last_step=900, startup_s=10.0, eval_s=1.0, epoch_end_s=math.nan,
+                    loopback_step_s=0.1)
+    cells = pd.DataFrame([dict(front="horovod", model="basic", link="loopback", ranks=2,
+                               row="ours:bit8:allgather", step_ms=100.0, rounds=1,
+                               source="x", cpu="cpu")])
+    steps = pd.DataFrame([row(42, 400), row(1, 800), row(2, None)])
+    (r,) = tta_grid.tta_table(steps, cells).itertuples()
+    # seconds: 10 + steps x 0.1 + 3 evaluations of 1 s; the median of 53, 93 and never is 93
+    assert (r.seeds, r.reached, r.steps, r.steps_min) == (3, 2, 800, 400)
+    assert math.isnan(r.steps_max) and r.tta_s == pytest.approx(93.0)
+    assert r.tta_min_s == pytest.approx(53.0) and math.isinf(r.tta_max_s)
+    two_nevers = tta_grid.tta_table(pd.DataFrame([row(42, 400), row(1, None), row(2, None)]),
+                                    cells)
+    assert math.isinf(two_nevers.tta_s.iloc[0]) and math.isnan(two_nevers.steps.iloc[0])

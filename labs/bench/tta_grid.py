@@ -31,6 +31,7 @@ import argparse
 import math
 import shlex
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -389,8 +390,11 @@ def front_methods(front):
 
 def tta_table(steps, cells):
     """The time to each target of every (front, network, link, ranks, method) that has both its
-    steps and its step time: the mean over its seeds' runs (each composed with its own
-    start-up, evaluations and epoch ends), the fastest and slowest seed, how many reached it."""
+    steps and its step time, over its seeds' runs (each composed with its own start-up,
+    evaluations and epoch ends): the median (a seed that never reached the target counts as
+    never, so the median is a time where most seeds reached it), the fastest and slowest
+    seed, how many reached it; the steps likewise. A median, not a mean: on three seeds one
+    slow seed (PowerSGD's steps differ by 2x from seed to seed) would carry a mean."""
     rows = []
     for front in ("horovod", "ddp"):
         for method, bench_row in front_methods(front).items():
@@ -405,17 +409,18 @@ def tta_table(steps, cells):
                     step_s = float(cell.step_ms.iloc[0]) / 1e3
                     seconds = [tta.compose(_reach(r), step_s, _times(r))
                                for r in runs.itertuples()]
+                    counts = [float(r.step) if r.reached else math.inf
+                              for r in runs.itertuples()]
                     reached = [s for s in seconds if math.isfinite(s)]
                     rows.append(dict(
                         front=front, model=model, link=link, ranks=n, method=method,
                         target_name=name, target=runs["target"].iloc[0],
                         seeds=len(runs), reached=len(reached),
-                        steps=runs["step"].mean() if len(reached) == len(runs) else math.nan,
-                        step_ms=1e3 * step_s,
-                        tta_s=sum(reached) / len(reached) if len(reached) == len(runs)
-                        else math.inf,
-                        tta_min_s=min(reached) if reached else math.inf,
-                        tta_max_s=max(seconds), steps_from=STEPS_OF[(front, method)],
+                        steps=_finite(statistics.median(counts)),
+                        steps_min=_finite(min(counts)), steps_max=_finite(max(counts)),
+                        step_ms=1e3 * step_s, tta_s=statistics.median(seconds),
+                        tta_min_s=min(seconds), tta_max_s=max(seconds),
+                        steps_from=STEPS_OF[(front, method)],
                         step_source=cell.source.iloc[0], cpu=cell.cpu.iloc[0]))
     table = pd.DataFrame(rows)
     if table.empty:
@@ -427,6 +432,10 @@ def tta_table(steps, cells):
     table["vs_float32"] = [t / none.get(tuple(k), math.nan)
                            for t, k in zip(table.tta_s, table[keys].values)]
     return table
+
+
+def _finite(value):
+    return value if math.isfinite(value) else math.nan
 
 
 def _reach(row):
@@ -505,7 +514,9 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
     --tta): per network and method of ours, the steps to one target at 2 and at 4 ranks (the
     lower of the two cells' 'lab' targets, which the runs of both reached on the way to their
     own; the mean over the seeds run), its compute per step (its step over loopback at 2 ranks,
-    a core a rank: the exchange there is nearly free) and its start-up and evaluations."""
+    a core a rank: the exchange there is nearly free) and its start-up and evaluations; and
+    how many seeds each mean is over, their fewest and most steps (the cost model reads the
+    means; the range says how far a fit through them can be read)."""
     rows, out = [], Path(out)
     for model in MODELS:
         cell_targets = [targets(out, model, n, seeds) for n in RANKS]
@@ -513,7 +524,7 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
             continue
         target = min(t["lab"] for t in cell_targets)
         for key, (scheme, parameter, route) in SCHEME_OF.items():
-            measured = []
+            measured, spread = [], []
             for n in RANKS:
                 reached = []
                 for seed in seeds_of(key, model, n, seeds):
@@ -522,6 +533,8 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
                         reached.append(tta.reach(tta.read_evals(run_dir), target))
                 ok = reached and all(r.reached for r in reached)
                 measured.append(sum(r.step for r in reached) / len(reached) if ok else None)
+                spread.append((len(reached), min(r.step for r in reached) if ok else None,
+                               max(r.step for r in reached) if ok else None))
             cell = cells[(cells.front == "horovod") & (cells.model == BENCH_MODEL[model])
                          & (cells.link == "loopback") & (cells.ranks == 2)
                          & (cells.row == TRAINED[key].bench_row)]
@@ -531,6 +544,9 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
                              route=route, target=target, batch_per_rank=64,
                              ranks1=RANKS[0], steps1=measured[0], ranks2=RANKS[1],
                              steps2=measured[1],
+                             seeds1=spread[0][0], steps1_min=spread[0][1],
+                             steps1_max=spread[0][2], seeds2=spread[1][0],
+                             steps2_min=spread[1][1], steps2_max=spread[1][2],
                              compute_s=float(cell.step_ms.iloc[0]) / 1e3 if len(cell) else None,
                              overhead_s=float((own.startup_s + own.evals * own.eval_s).median())
                              if len(own) else None))
@@ -538,10 +554,25 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
 
 
 def _fmt_steps(rows):
-    """'720' or '560, 720, 840' (its seeds': 42, 1, 2), 'never' where one did not reach it."""
+    """'720' or '560, 720, 840' (its seeds' in SEEDS order), 'never' where one did not reach
+    it."""
     return ", ".join("never" if not r.reached else f"{int(r.step)}"
                      for r in rows.sort_values("seed", key=lambda s: s.map(SEEDS.index))
                      .itertuples())
+
+
+def _fmt_median(rows):
+    """The median steps over the seeds and their range: '720 [560-840]', '720' for one seed;
+    a seed that never reached it counts as never."""
+    counts = [float(r.step) if r.reached else math.inf for r in rows.itertuples()]
+    if not counts:
+        return "—"
+    median = statistics.median(counts)
+    text = "never" if not math.isfinite(median) else f"{median:.0f}"
+    if len(counts) > 1:
+        text += " [" + "-".join("never" if not math.isfinite(c) else f"{c:.0f}"
+                                for c in (min(counts), max(counts))) + "]"
+    return text
 
 
 def _fmt_s(value):
@@ -549,24 +580,26 @@ def _fmt_s(value):
 
 
 def tables(steps, table):
-    """The README's tables, from the summaries: each method's steps to each target per network
-    and ranks (every seed run), the targets; then per front, network and ranks, each method's
-    time to the two targets on each link (x float32's; the fastest of the column in bold)."""
-    lines = ["### Steps to each target over loopback (lab / float32; seeds 42, 1, 2 where run)",
-             ""]
-    cells = [(m, n) for m in MODELS for n in RANKS
-             if not steps[(steps.model == m) & (steps.ranks == n)].empty]
-    lines += ["| method | " + " | ".join(f"{m} net, {n} ranks" for m, n in cells) + " |",
-              "|---" * (len(cells) + 1) + "|"]
-    for key in TRAINED:
-        cols = []
-        for m, n in cells:
-            here = steps[(steps.model == m) & (steps.ranks == n) & (steps.method == key)]
-            cols.append("—" if here.empty else
-                        f"{_fmt_steps(here[here.target_name == 'lab'])} / "
-                        f"{_fmt_steps(here[here.target_name == 'float32'])}")
-        lines.append(f"| {key} | " + " | ".join(cols) + " |")
-    lines += ["", "Targets (held-out accuracy): " + "; ".join(
+    """The README's tables, from the summaries: per network and ranks, each method's steps to
+    each target (the median over its seeds, their range, each seed's), the targets; then per
+    front, network and ranks, each method's median time to the two targets on each link
+    (x float32's; the fastest of the column in bold)."""
+    lines = []
+    for (model, n), cell in steps.groupby(["model", "ranks"], sort=False):
+        lines += [f"### Steps to each target over loopback, {model} net, {n} ranks", "",
+                  "| method | seeds | lab: median [range] | float32: median [range] | "
+                  f"each seed ({', '.join(map(str, SEEDS))}): lab / float32 |",
+                  "|---|---|---|---|---|"]
+        for key in TRAINED:
+            here = cell[cell.method == key]
+            if here.empty:
+                continue
+            lab, strict = (here[here.target_name == t] for t in ("lab", "float32"))
+            seeds = ", ".join(str(s) for s in SEEDS if s in set(here.seed))
+            lines.append(f"| {key} | {seeds} | {_fmt_median(lab)} | {_fmt_median(strict)} | "
+                         f"{_fmt_steps(lab) or '—'} / {_fmt_steps(strict) or '—'} |")
+        lines.append("")
+    lines += ["Targets (held-out accuracy): " + "; ".join(
         f"{m} net, {n} ranks: lab {100 * g[g.target_name == 'lab'].target.iloc[0]:.2f}%, "
         f"float32 {100 * g[g.target_name == 'float32'].target.iloc[0]:.2f}%"
         for (m, n), g in steps.groupby(["model", "ranks"], sort=False)) + "."]
@@ -577,7 +610,7 @@ def tables(steps, table):
                                                                     sort=False):
             links = [link for link in LINKS if link in set(rows.link)]
             lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the lab / float32 "
-                          f"target (x float32's)", "",
+                          f"target, median over the seeds (x float32's)", "",
                       "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
             for method in (m for m in front_methods(front) if m in set(rows.method)):
                 cols = []
@@ -594,6 +627,22 @@ def tables(steps, table):
                                                   else f" (x{r.vs_float32:.2f})")
                         parts.append(f"**{text}**" if r.tta_s == cell.tta_s.min() else text)
                     cols.append(" / ".join(parts))
+                lines.append(f"| {method} | " + " | ".join(cols) + " |")
+            lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the float32 target, "
+                          f"median [fastest-slowest seed] (seeds reached / run)", "",
+                      "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
+            strict = rows[rows.target_name == "float32"]
+            for method in (m for m in front_methods(front) if m in set(strict.method)):
+                cols = []
+                for link in links:
+                    mine = strict[(strict.method == method) & (strict.link == link)]
+                    if mine.empty:
+                        cols.append("—")
+                        continue
+                    r = mine.iloc[0]
+                    spread = "" if r.seeds == 1 else \
+                        f" [{_fmt_s(r.tta_min_s)}-{_fmt_s(r.tta_max_s)}]"
+                    cols.append(f"{_fmt_s(r.tta_s)}{spread} ({r.reached}/{r.seeds})")
                 lines.append(f"| {method} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
