@@ -378,3 +378,17 @@ def test_the_time_table_takes_the_median_over_seeds_a_never_counting_as_never():
     two_nevers = tta_grid.tta_table(pd.DataFrame([row(42, 400), row(1, None), row(2, None)]),
                                     cells)
     assert math.isinf(two_nevers.tta_s.iloc[0]) and math.isnan(two_nevers.steps.iloc[0])
+
+
+def test_the_composition_takes_the_least_loaded_start_up_of_the_trainers_runs():
+    steps = pd.DataFrame([
+        dict(model="basic", ranks=2, method="none", startup_s=9.0, eval_s=0.5, epoch_end_s=2.0),
+        dict(model="basic", ranks=2, method="bit8", startup_s=20.0, eval_s=0.3, epoch_end_s=4.0),
+        dict(model="basic", ranks=2, method="ddp:fp16", startup_s=30.0, eval_s=0.9,
+             epoch_end_s=math.nan),
+        dict(model="basic", ranks=4, method="bit8", startup_s=40.0, eval_s=0.8, epoch_end_s=5.0)])
+    least = tta_grid.unloaded_times(steps)
+    assert list(least.startup_s) == [9.0, 9.0, 30.0, 40.0]   # DDP's launcher, 4 ranks: their own
+    assert list(least.eval_s) == [0.3, 0.3, 0.9, 0.8]
+    assert list(least.epoch_end_s[:2]) == [2.0, 2.0] and math.isnan(least.epoch_end_s[2])
+    assert list(steps.startup_s) == [9.0, 20.0, 30.0, 40.0]    # steps.csv keeps each run's own
