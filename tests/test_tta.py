@@ -392,3 +392,16 @@ def test_the_composition_takes_the_least_loaded_start_up_of_the_trainers_runs():
     assert list(least.eval_s) == [0.3, 0.3, 0.9, 0.8]
     assert list(least.epoch_end_s[:2]) == [2.0, 2.0] and math.isnan(least.epoch_end_s[2])
     assert list(steps.startup_s) == [9.0, 20.0, 30.0, 40.0]    # steps.csv keeps each run's own
+
+
+def test_the_summary_of_a_grid_with_one_rank_count_writes_no_fit(tmp_path):
+    """Targets at 2 ranks only: the tables, but no scaling.csv rows (and no crash)."""
+    for seed in tta_grid.SEEDS:
+        write_run(tmp_path / "runs" / tta_grid.Run("basic", 2, tta_grid.TRAINED["none"],
+                                                   seed).name)
+    pd.DataFrame([dict(model="basic", link="loopback", ranks=2, row="ours:none", round=1,
+                       step_ms=30.0)]).to_csv(tmp_path / "bench.csv", index=False)
+    steps, table = tta_grid.summarise(tmp_path, [f"horovod:cpu:{tmp_path / 'bench.csv'}"])
+    assert set(steps.method) == {"none"} and set(table.link) == {"loopback"}
+    assert (tmp_path / "tables.md").is_file() and (tmp_path / "tta.png").is_file()
+    assert (tmp_path / "scaling.csv").read_text().strip() == ""     # no network at both

@@ -690,7 +690,7 @@ def summarise(out, step_time_specs, seeds=SEEDS):
         scaling = scaling_table(out, composed, cells, seeds)
         runlog.atomic_write_text(out / "scaling.csv",
                                  scaling.to_csv(index=False, float_format="%.6g"))
-        for name, pair in SPREAD_PAIRS.items():
+        for name, pair in SPREAD_PAIRS.items() if not scaling.empty else ():
             runlog.atomic_write_text(out / f"scaling-{name}.csv", scaling.assign(
                 steps1=scaling[pair[0]], steps2=scaling[pair[1]]).to_csv(
                     index=False, float_format="%.6g"))
