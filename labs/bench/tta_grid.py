@@ -510,9 +510,11 @@ def plot(out, steps, cells, path):
             if j == 0:
                 ax.set_ylabel("held-out accuracy, %")
     axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    cpus = "; ".join(f"{front} step cells: {', '.join(sorted(set(group.cpu)))}"
+                     for front, group in cells.groupby("front", sort=False))
     fig.suptitle("Held-out accuracy against time to it on each link (steps over loopback x "
-                 "the link's step time, + start-up and evaluations); dashed: the targets",
-                 fontsize=10)
+                 "the link's step time, + start-up and evaluations); dashed: the targets\n"
+                 f"{cpus}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
