@@ -209,6 +209,49 @@ def test_a_run_serves_the_targets_it_passed_and_is_run_again_for_a_higher_one(tm
     assert tta_grid.plan_run(float32, 0.9) == "fresh"          # float32's place, not a method's
 
 
+def test_other_seeds_come_after_every_methods_first_and_only_for_the_methods_named():
+    runs = tta_grid.grid(["horovod"], [2])
+    first, *rest = tta_grid.SEEDS
+    lossy = [r for r in runs if r.method.key != "none"]
+    firsts = [r for r in lossy if r.seed == first]
+    assert lossy[:len(firsts)] == firsts and len(firsts) == len(tta_grid.TRAINED) - 1
+    again = {r.method.key for r in lossy if r.seed != first}
+    assert again == tta_grid.METHOD_SEEDS[("horovod", 2)]
+    assert all({r.seed for r in lossy if r.method.key == key} == set(tta_grid.SEEDS)
+               for key in again)
+    # --max-seeds 1: the first pass, every method once
+    assert [r for r in tta_grid.grid(["horovod"], [2], max_seeds=1)
+            if r.method.key != "none"] == firsts
+    # a cell METHOD_SEEDS does not name: one seed for every method but float32
+    assert {r.seed for r in tta_grid.grid(["horovod"], [4]) if r.method.key != "none"} == {first}
+
+
+def test_a_run_stopped_below_a_target_says_nothing_of_it(tmp_path):
+    """More float32 seeds can move a cell's targets above the one a method's run stopped at:
+    that run neither reached nor missed the new target (its curve stops there), so steps.csv
+    has no row for it; a run that ran to its cap does say 'never'."""
+    def run(key, seed, target, reason, keep):
+        folder = write_run(tmp_path / "runs" / tta_grid.Run("basic", 2, tta_grid.TRAINED[key],
+                                                            seed).name)
+        runlog.write_manifest(folder, {"status": "complete", "process_start_unix": 1000.0,
+                                       "reason": reason, "args": {"target_accuracy": target}})
+        evals = pd.read_csv(folder / "evals.csv")
+        evals[evals.step <= keep].to_csv(folder / "evals.csv", index=False)
+
+    for seed in tta_grid.SEEDS:      # float32: 0.2, 0.4, 0.6, 0.8 -> targets 0.595 and 0.6
+        run("none", seed, None, None, 8)
+    run("bit8", 42, 0.35, "--target-accuracy 0.35 reached after 4 steps (epoch 1)", 4)
+    run("int8", 42, 0.9, None, 4)                     # ran to its cap at 0.4: never either
+    run("fp16", 42, 0.75, "--target-accuracy 0.75 reached after 8 steps (epoch 2)", 8)
+    steps = tta_grid.steps_table(tmp_path)
+    rows = {(r.method, r.target_name): r.reached for r in steps.itertuples()}
+    assert tta_grid.targets(tmp_path, "basic", 2)["lab"] == pytest.approx(0.595)
+    assert ("bit8", "lab") not in rows and ("bit8", "float32") not in rows
+    assert rows[("fp16", "lab")] and rows[("fp16", "float32")]
+    assert rows[("int8", "lab")] == rows[("int8", "float32")] == False  # noqa: E712
+    assert rows[("none", "float32")]
+
+
 def test_a_runs_accuracy_after_its_epochs_is_the_mean_of_its_last_evaluations():
     evals = evals_frame([10, 20, 30, 40, 50], [0.5, 0.80, 0.70, 0.90, 0.99], epochs=[1, 1, 1, 2, 2])
     assert tta.accuracy_after(evals) == pytest.approx((0.70 + 0.90 + 0.99) / 3)
@@ -314,3 +357,51 @@ def test_a_calibration_in_a_wrapper_keeps_its_cores_busy_inside_it():
     from labs.kit import job
     assert job.main(["--busy", "1", "--", sys.executable, "-c", "pass"]) == 0
     assert job.main(["--busy", "0", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+def test_the_time_table_takes_the_median_over_seeds_a_never_counting_as_never():
+    def row(seed, step):
+        return dict(model="basic", ranks=2, method="bit8", seed=seed, target_name="lab",
+                    target=0.8, reached=step is not None, step=step or math.nan,
+                    samples=128 * (step or 0), evals=3, epoch_ends=0, accuracy=0.8,
+                    last_step=900, startup_s=10.0, eval_s=1.0, epoch_end_s=math.nan,
+                    loopback_step_s=0.1)
+    cells = pd.DataFrame([dict(front="horovod", model="basic", link="loopback", ranks=2,
+                               row="ours:bit8:allgather", step_ms=100.0, rounds=1,
+                               source="x", cpu="cpu")])
+    steps = pd.DataFrame([row(42, 400), row(1, 800), row(2, None)])
+    (r,) = tta_grid.tta_table(steps, cells).itertuples()
+    # seconds: 10 + steps x 0.1 + 3 evaluations of 1 s; the median of 53, 93 and never is 93
+    assert (r.seeds, r.reached, r.steps, r.steps_min) == (3, 2, 800, 400)
+    assert math.isnan(r.steps_max) and r.tta_s == pytest.approx(93.0)
+    assert r.tta_min_s == pytest.approx(53.0) and math.isinf(r.tta_max_s)
+    two_nevers = tta_grid.tta_table(pd.DataFrame([row(42, 400), row(1, None), row(2, None)]),
+                                    cells)
+    assert math.isinf(two_nevers.tta_s.iloc[0]) and math.isnan(two_nevers.steps.iloc[0])
+
+
+def test_the_composition_takes_the_least_loaded_start_up_of_the_trainers_runs():
+    steps = pd.DataFrame([
+        dict(model="basic", ranks=2, method="none", startup_s=9.0, eval_s=0.5, epoch_end_s=2.0),
+        dict(model="basic", ranks=2, method="bit8", startup_s=20.0, eval_s=0.3, epoch_end_s=4.0),
+        dict(model="basic", ranks=2, method="ddp:fp16", startup_s=30.0, eval_s=0.9,
+             epoch_end_s=math.nan),
+        dict(model="basic", ranks=4, method="bit8", startup_s=40.0, eval_s=0.8, epoch_end_s=5.0)])
+    least = tta_grid.unloaded_times(steps)
+    assert list(least.startup_s) == [9.0, 9.0, 30.0, 40.0]   # DDP's launcher, 4 ranks: their own
+    assert list(least.eval_s) == [0.3, 0.3, 0.9, 0.8]
+    assert list(least.epoch_end_s[:2]) == [2.0, 2.0] and math.isnan(least.epoch_end_s[2])
+    assert list(steps.startup_s) == [9.0, 20.0, 30.0, 40.0]    # steps.csv keeps each run's own
+
+
+def test_the_summary_of_a_grid_with_one_rank_count_writes_no_fit(tmp_path):
+    """Targets at 2 ranks only: the tables, but no scaling.csv rows (and no crash)."""
+    for seed in tta_grid.SEEDS:
+        write_run(tmp_path / "runs" / tta_grid.Run("basic", 2, tta_grid.TRAINED["none"],
+                                                   seed).name)
+    pd.DataFrame([dict(model="basic", link="loopback", ranks=2, row="ours:none", round=1,
+                       step_ms=30.0)]).to_csv(tmp_path / "bench.csv", index=False)
+    steps, table = tta_grid.summarise(tmp_path, [f"horovod:cpu:{tmp_path / 'bench.csv'}"])
+    assert set(steps.method) == {"none"} and set(table.link) == {"loopback"}
+    assert (tmp_path / "tables.md").is_file() and (tmp_path / "tta.png").is_file()
+    assert (tmp_path / "scaling.csv").read_text().strip() == ""     # no network at both

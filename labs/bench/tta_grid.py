@@ -16,7 +16,8 @@ says so. Steps do not depend on load: run them beside other work (--prefix cpu-s
 
 Time: steps x the method's step time on each link (a step benchmark's cells, --step-times:
 bench_step and bench_ddp steps.csv files, each with the CPU it was measured on) + start-up,
-evaluations and epoch ends as the run measured them. Where two methods compute the same steps,
+evaluations and epoch ends, the least of each over the runs of the same trainer, network and
+ranks (the runs share the machine: load adds to these seconds, never to the steps). Where two methods compute the same steps,
 one measurement serves both (STEPS_OF: DDP's own allreduce is float32's, bit for bit at 2
 ranks; our hook's schemes on DDP are the same codecs as on Horovod, only the buckets' layout,
 hence the scale blocks' boundaries, differ).
@@ -31,6 +32,7 @@ import argparse
 import math
 import shlex
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -102,11 +104,22 @@ STEPS_OF.update({("ddp", "ddp:none"): "none", ("ddp", "ddp:fp16"): "ddp:fp16",
 DDP_ROW = {"ddp:none": "stock:none", "ddp:fp16": "stock:fp16", "ddp:powersgd1": "stock:powersgd1"}
 
 
+# The methods that train every seed, per (network, ranks); every other method trains the first
+# seed only. float32 always trains every seed (its mean sets the targets). The rest are the
+# methods a conclusion compares: one seed's steps move by an evaluation interval or more from
+# seed to seed (float32's own spread), so a ranking between two of them needs their spread too.
+METHOD_SEEDS = {
+    ("horovod", 2): {"bit8", "bit8:alltoall", "topk0.1", "powersgd1", "powersgd4",
+                     "ddp:fp16", "ddp:powersgd1"},
+    ("basic", 2): {"bit8", "bit8:alltoall", "topk0.1", "powersgd1", "ddp:fp16",
+                   "ddp:powersgd1"},
+}
+
+
 def seeds_of(key, model, ranks, seeds=SEEDS):
-    """float32 sets the targets: every seed. bit8 at the basic net, 2 ranks: every seed (the
-    composition's check). The rest: the first seed; the spread of float32's and bit8's
-    seeds says how far one seed can be read."""
-    if key == "none" or (key == "bit8" and model == "basic" and ranks == 2):
+    """float32 sets the targets: every seed. The methods METHOD_SEEDS names for the cell:
+    every seed. The rest: the first seed."""
+    if key == "none" or key in METHOD_SEEDS.get((model, ranks), ()):
         return tuple(seeds)
     return tuple(seeds[:1])
 
@@ -127,14 +140,19 @@ class Run:
         return tta.eval_every(self.ranks)
 
 
-def grid(models=MODELS, ranks=RANKS, methods=None, seeds=SEEDS):
-    """Every run, float32's first in each (model, ranks): its runs set the others' targets."""
+def grid(models=MODELS, ranks=RANKS, methods=None, seeds=SEEDS, max_seeds=None):
+    """Every run, float32's first in each (model, ranks): its runs set the others' targets;
+    then the other methods, seed by seed."""
     keys = methods or list(TRAINED)
     runs = []
     for model in models:
         for n in ranks:
-            for key in ["none"] + [k for k in keys if k != "none"]:
-                runs += [Run(model, n, TRAINED[key], s) for s in seeds_of(key, model, n, seeds)]
+            runs += [Run(model, n, TRAINED["none"], s) for s in seeds]
+            # Seed by seed: every method's first seed before any method's second, so that a
+            # grid stopped part-way has every method once before it has any twice.
+            for seed in seeds:
+                runs += [Run(model, n, TRAINED[key], seed) for key in keys if key != "none"
+                         and seed in seeds_of(key, model, n, seeds)[:max_seeds]]
     return runs
 
 
@@ -223,7 +241,7 @@ EPOCH_S = {"basic": 115, "horovod": 25}
 
 def run_grid(args):
     out = Path(args.out)
-    runs = grid(args.models, args.ranks, args.methods, args.seeds)
+    runs = grid(args.models, args.ranks, args.methods, args.seeds, args.max_seeds)
     weights = [(args.cap or CAP[r.model]) * EPOCH_S[r.model] for r in runs]
     total, done, ran_weight, started = sum(weights), 0.0, 0.0, time.monotonic()
     failures = []
@@ -293,8 +311,11 @@ def steps_table(out, seeds=SEEDS):
                     at_lab = lab_accuracy(run_dir)
                 except tta.RunError:            # stopped at its target before the lab's end
                     at_lab = math.nan
+                stopped_at = stopped_target(run_dir)
                 for name, target in cell.items():
                     hit = tta.reach(evals, target)
+                    if not hit.reached and target > stopped_at + 5e-7:
+                        continue    # it stopped at a lower target: it says nothing of this one
                     rows.append(dict(model=model, ranks=n, method=run.method.key,
                                      seed=run.seed, target_name=name, target=target,
                                      reached=hit.reached, step=hit.step, samples=hit.samples,
@@ -305,6 +326,17 @@ def steps_table(out, seeds=SEEDS):
                                      epoch_end_s=times.epoch_end_s,
                                      loopback_step_s=times.step_s, run=run.name))
     return pd.DataFrame(rows)
+
+
+def stopped_target(run_dir):
+    """The target a run stopped at (--target-accuracy, reached), inf if it did not stop
+    early: the curve past it was never trained, so a higher target (the cell's, after more
+    float32 seeds moved its mean up) is neither reached nor missed by this run."""
+    manifest = runlog.read_manifest(run_dir) or {}
+    asked = (manifest.get("args") or {}).get("target_accuracy")
+    if asked is None or "reached after" not in str(manifest.get("reason") or ""):
+        return math.inf
+    return float(asked)
 
 
 def named_parameter(row):
@@ -359,8 +391,11 @@ def front_methods(front):
 
 def tta_table(steps, cells):
     """The time to each target of every (front, network, link, ranks, method) that has both its
-    steps and its step time: the mean over its seeds' runs (each composed with its own
-    start-up, evaluations and epoch ends), the fastest and slowest seed, how many reached it."""
+    steps and its step time, over its seeds' runs (each composed with its own start-up,
+    evaluations and epoch ends): the median (a seed that never reached the target counts as
+    never, so the median is a time where most seeds reached it), the fastest and slowest
+    seed, how many reached it; the steps likewise. A median, not a mean: on three seeds one
+    slow seed (PowerSGD's steps differ by 2x from seed to seed) would carry a mean."""
     rows = []
     for front in ("horovod", "ddp"):
         for method, bench_row in front_methods(front).items():
@@ -375,17 +410,18 @@ def tta_table(steps, cells):
                     step_s = float(cell.step_ms.iloc[0]) / 1e3
                     seconds = [tta.compose(_reach(r), step_s, _times(r))
                                for r in runs.itertuples()]
+                    counts = [float(r.step) if r.reached else math.inf
+                              for r in runs.itertuples()]
                     reached = [s for s in seconds if math.isfinite(s)]
                     rows.append(dict(
                         front=front, model=model, link=link, ranks=n, method=method,
                         target_name=name, target=runs["target"].iloc[0],
                         seeds=len(runs), reached=len(reached),
-                        steps=runs["step"].mean() if len(reached) == len(runs) else math.nan,
-                        step_ms=1e3 * step_s,
-                        tta_s=sum(reached) / len(reached) if len(reached) == len(runs)
-                        else math.inf,
-                        tta_min_s=min(reached) if reached else math.inf,
-                        tta_max_s=max(seconds), steps_from=STEPS_OF[(front, method)],
+                        steps=_finite(statistics.median(counts)),
+                        steps_min=_finite(min(counts)), steps_max=_finite(max(counts)),
+                        step_ms=1e3 * step_s, tta_s=statistics.median(seconds),
+                        tta_min_s=min(seconds), tta_max_s=max(seconds),
+                        steps_from=STEPS_OF[(front, method)],
                         step_source=cell.source.iloc[0], cpu=cell.cpu.iloc[0]))
     table = pd.DataFrame(rows)
     if table.empty:
@@ -399,6 +435,10 @@ def tta_table(steps, cells):
     return table
 
 
+def _finite(value):
+    return value if math.isfinite(value) else math.nan
+
+
 def _reach(row):
     return tta.Reach(row.target, None if not row.reached else int(row.step),
                      None if not row.reached else int(row.samples), int(row.evals),
@@ -407,6 +447,23 @@ def _reach(row):
 
 def _times(row):
     return tta.RunTimes(row.startup_s, row.eval_s, row.epoch_end_s, row.loopback_step_s)
+
+
+def unloaded_times(steps):
+    """Each run's start-up, evaluation and epoch end replaced by the least of them over the
+    runs of its trainer, network and ranks. The grid's runs share the machine (their steps do
+    not depend on load, their seconds do): another job's load only ever adds to these, and
+    they are the trainer's, not the method's (imports, the launcher's rendezvous, the data; a
+    forward pass over the held-out split; the test set and the checkpoint), so the least over
+    many runs is the nearest to the machine alone, where the step cells were measured."""
+    if steps.empty:
+        return steps
+    trainer = steps["method"].map(lambda key: TRAINED[key].trainer)
+    least = steps.groupby([steps["model"], steps["ranks"], trainer])
+    steps = steps.copy()
+    for column in ("startup_s", "eval_s", "epoch_end_s"):
+        steps[column] = least[column].transform("min")
+    return steps
 
 
 def plot(out, steps, cells, path):
@@ -453,9 +510,11 @@ def plot(out, steps, cells, path):
             if j == 0:
                 ax.set_ylabel("held-out accuracy, %")
     axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    cpus = "; ".join(f"{front} step cells: {', '.join(sorted(set(group.cpu)))}"
+                     for front, group in cells.groupby("front", sort=False))
     fig.suptitle("Held-out accuracy against time to it on each link (steps over loopback x "
-                 "the link's step time, + start-up and evaluations); dashed: the targets",
-                 fontsize=10)
+                 "the link's step time, + start-up and evaluations); dashed: the targets\n"
+                 f"{cpus}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -475,7 +534,9 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
     --tta): per network and method of ours, the steps to one target at 2 and at 4 ranks (the
     lower of the two cells' 'lab' targets, which the runs of both reached on the way to their
     own; the mean over the seeds run), its compute per step (its step over loopback at 2 ranks,
-    a core a rank: the exchange there is nearly free) and its start-up and evaluations."""
+    a core a rank: the exchange there is nearly free) and its start-up and evaluations; and
+    how many seeds each mean is over, their fewest and most steps (the cost model reads the
+    means; the range says how far a fit through them can be read)."""
     rows, out = [], Path(out)
     for model in MODELS:
         cell_targets = [targets(out, model, n, seeds) for n in RANKS]
@@ -483,7 +544,7 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
             continue
         target = min(t["lab"] for t in cell_targets)
         for key, (scheme, parameter, route) in SCHEME_OF.items():
-            measured = []
+            measured, spread = [], []
             for n in RANKS:
                 reached = []
                 for seed in seeds_of(key, model, n, seeds):
@@ -492,6 +553,8 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
                         reached.append(tta.reach(tta.read_evals(run_dir), target))
                 ok = reached and all(r.reached for r in reached)
                 measured.append(sum(r.step for r in reached) / len(reached) if ok else None)
+                spread.append((len(reached), min(r.step for r in reached) if ok else None,
+                               max(r.step for r in reached) if ok else None))
             cell = cells[(cells.front == "horovod") & (cells.model == BENCH_MODEL[model])
                          & (cells.link == "loopback") & (cells.ranks == 2)
                          & (cells.row == TRAINED[key].bench_row)]
@@ -501,17 +564,41 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
                              route=route, target=target, batch_per_rank=64,
                              ranks1=RANKS[0], steps1=measured[0], ranks2=RANKS[1],
                              steps2=measured[1],
+                             seeds1=spread[0][0], steps1_min=spread[0][1],
+                             steps1_max=spread[0][2], seeds2=spread[1][0],
+                             steps2_min=spread[1][1], steps2_max=spread[1][2],
                              compute_s=float(cell.step_ms.iloc[0]) / 1e3 if len(cell) else None,
                              overhead_s=float((own.startup_s + own.evals * own.eval_s).median())
                              if len(own) else None))
     return pd.DataFrame(rows)
 
 
+# The seeds' extremes paired for the fit at n ranks (the cost model through scaling-<name>.csv):
+# the fewest steps at 4 ranks after the most at 2 scale best, the other way worst; the truth of
+# a fit through the means lies between the two only as far as the seeds sample the spread.
+SPREAD_PAIRS = {"best": ("steps1_max", "steps2_min"), "worst": ("steps1_min", "steps2_max")}
+
+
 def _fmt_steps(rows):
-    """'720' or '560, 720, 840' (its seeds': 42, 1, 2), 'never' where one did not reach it."""
+    """'720' or '560, 720, 840' (its seeds' in SEEDS order), 'never' where one did not reach
+    it."""
     return ", ".join("never" if not r.reached else f"{int(r.step)}"
                      for r in rows.sort_values("seed", key=lambda s: s.map(SEEDS.index))
                      .itertuples())
+
+
+def _fmt_median(rows):
+    """The median steps over the seeds and their range: '720 [560-840]', '720' for one seed;
+    a seed that never reached it counts as never."""
+    counts = [float(r.step) if r.reached else math.inf for r in rows.itertuples()]
+    if not counts:
+        return "—"
+    median = statistics.median(counts)
+    text = "never" if not math.isfinite(median) else f"{median:.0f}"
+    if len(counts) > 1:
+        text += " [" + "-".join("never" if not math.isfinite(c) else f"{c:.0f}"
+                                for c in (min(counts), max(counts))) + "]"
+    return text
 
 
 def _fmt_s(value):
@@ -519,24 +606,26 @@ def _fmt_s(value):
 
 
 def tables(steps, table):
-    """The README's tables, from the summaries: each method's steps to each target per network
-    and ranks (every seed run), the targets; then per front, network and ranks, each method's
-    time to the two targets on each link (x float32's; the fastest of the column in bold)."""
-    lines = ["### Steps to each target over loopback (lab / float32; seeds 42, 1, 2 where run)",
-             ""]
-    cells = [(m, n) for m in MODELS for n in RANKS
-             if not steps[(steps.model == m) & (steps.ranks == n)].empty]
-    lines += ["| method | " + " | ".join(f"{m} net, {n} ranks" for m, n in cells) + " |",
-              "|---" * (len(cells) + 1) + "|"]
-    for key in TRAINED:
-        cols = []
-        for m, n in cells:
-            here = steps[(steps.model == m) & (steps.ranks == n) & (steps.method == key)]
-            cols.append("—" if here.empty else
-                        f"{_fmt_steps(here[here.target_name == 'lab'])} / "
-                        f"{_fmt_steps(here[here.target_name == 'float32'])}")
-        lines.append(f"| {key} | " + " | ".join(cols) + " |")
-    lines += ["", "Targets (held-out accuracy): " + "; ".join(
+    """The README's tables, from the summaries: per network and ranks, each method's steps to
+    each target (the median over its seeds, their range, each seed's), the targets; then per
+    front, network and ranks, each method's median time to the two targets on each link
+    (x float32's; the fastest of the column in bold)."""
+    lines = []
+    for (model, n), cell in steps.groupby(["model", "ranks"], sort=False):
+        lines += [f"### Steps to each target over loopback, {model} net, {n} ranks", "",
+                  "| method | seeds | lab: median [range] | float32: median [range] | "
+                  f"each seed ({', '.join(map(str, SEEDS))}): lab / float32 |",
+                  "|---|---|---|---|---|"]
+        for key in TRAINED:
+            here = cell[cell.method == key]
+            if here.empty:
+                continue
+            lab, strict = (here[here.target_name == t] for t in ("lab", "float32"))
+            seeds = ", ".join(str(s) for s in SEEDS if s in set(here.seed))
+            lines.append(f"| {key} | {seeds} | {_fmt_median(lab)} | {_fmt_median(strict)} | "
+                         f"{_fmt_steps(lab) or '—'} / {_fmt_steps(strict) or '—'} |")
+        lines.append("")
+    lines += ["Targets (held-out accuracy): " + "; ".join(
         f"{m} net, {n} ranks: lab {100 * g[g.target_name == 'lab'].target.iloc[0]:.2f}%, "
         f"float32 {100 * g[g.target_name == 'float32'].target.iloc[0]:.2f}%"
         for (m, n), g in steps.groupby(["model", "ranks"], sort=False)) + "."]
@@ -547,7 +636,7 @@ def tables(steps, table):
                                                                     sort=False):
             links = [link for link in LINKS if link in set(rows.link)]
             lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the lab / float32 "
-                          f"target (x float32's)", "",
+                          f"target, median over the seeds (x float32's)", "",
                       "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
             for method in (m for m in front_methods(front) if m in set(rows.method)):
                 cols = []
@@ -565,6 +654,22 @@ def tables(steps, table):
                         parts.append(f"**{text}**" if r.tta_s == cell.tta_s.min() else text)
                     cols.append(" / ".join(parts))
                 lines.append(f"| {method} | " + " | ".join(cols) + " |")
+            lines += ["", f"### {front}, {model} net, {n} ranks: seconds to the float32 target, "
+                          f"median [fastest-slowest seed] (seeds reached / run)", "",
+                      "| method | " + " | ".join(links) + " |", "|---" * (len(links) + 1) + "|"]
+            strict = rows[rows.target_name == "float32"]
+            for method in (m for m in front_methods(front) if m in set(strict.method)):
+                cols = []
+                for link in links:
+                    mine = strict[(strict.method == method) & (strict.link == link)]
+                    if mine.empty:
+                        cols.append("—")
+                        continue
+                    r = mine.iloc[0]
+                    spread = "" if r.seeds == 1 else \
+                        f" [{_fmt_s(r.tta_min_s)}-{_fmt_s(r.tta_max_s)}]"
+                    cols.append(f"{_fmt_s(r.tta_s)}{spread} ({r.reached}/{r.seeds})")
+                lines.append(f"| {method} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
@@ -577,14 +682,20 @@ def summarise(out, step_time_specs, seeds=SEEDS):
     runlog.atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
     cells = read_step_times(step_time_specs)
     runlog.atomic_write_text(out / "step_times.csv", cells.to_csv(index=False))
-    table = tta_table(steps, cells) if not steps.empty else pd.DataFrame()
+    composed = unloaded_times(steps)
+    table = tta_table(composed, cells) if not steps.empty else pd.DataFrame()
     runlog.atomic_write_text(out / "tta.csv", table.to_csv(index=False, float_format="%.6g"))
     if not steps.empty:
         runlog.atomic_write_text(out / "tables.md", tables(steps, table) + "\n")
     if not steps.empty and not cells.empty:
-        plot(out, steps, cells, out / "tta.png")
-        runlog.atomic_write_text(out / "scaling.csv", scaling_table(out, steps, cells, seeds)
-                                 .to_csv(index=False, float_format="%.6g"))
+        plot(out, composed, cells, out / "tta.png")
+        scaling = scaling_table(out, composed, cells, seeds)
+        runlog.atomic_write_text(out / "scaling.csv",
+                                 scaling.to_csv(index=False, float_format="%.6g"))
+        for name, pair in SPREAD_PAIRS.items() if not scaling.empty else ():
+            runlog.atomic_write_text(out / f"scaling-{name}.csv", scaling.assign(
+                steps1=scaling[pair[0]], steps2=scaling[pair[1]]).to_csv(
+                    index=False, float_format="%.6g"))
     return steps, table
 
 
@@ -605,6 +716,9 @@ def parse_args(argv=None):
                              "they were measured on); later ones replace earlier cells")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)),
                         help="float32's seeds (the others take the first)")
+    parser.add_argument("--max-seeds", type=int, default=None, metavar="K",
+                        help="train the methods besides float32 on at most their first K "
+                             "seeds (a first pass over every method before their other seeds)")
     parser.add_argument("--cap", type=int, default=None, metavar="EPOCHS",
                         help=f"epochs a run may take (default by network: {CAP})")
     parser.add_argument("--pause-file", default=None, metavar="PATH",
