@@ -136,6 +136,14 @@ def test_a_reset_method_starts_again_with_nothing_unsent():
     assert shadows.residual["topk0.1"] == {}
 
 
+@pytest.mark.unit
+def test_the_grids_composition_follows_each_switch_from_the_next_step():
+    from labs.bench.tta_auto import modes_by_step
+    switches = [[3, "value", "topk0.1", "why"], [5, "topk0.1", "value", "critical"]]
+    assert modes_by_step(switches, 7) == ["value"] * 3 + ["topk0.1"] * 2 + ["value"] * 2
+    assert modes_by_step([], 2) == ["value", "value"]
+
+
 # ---------------------------------------------------------------- on real ranks
 
 @pytest.mark.multiprocess
@@ -148,7 +156,8 @@ def test_time_to_accuracy_on_horovod_ranks(controller, np, request):
                  "tta.guard_refuses_topk_0.1_percent", "tta.regime_change_is_critical",
                  "tta.regime_change_switches_back_to_value", "tta.resume.saved_in_a_lossy_mode",
                  "tta.resume.equals_uninterrupted", "tta.resume.same_switches",
-                 "tta.resume.pinned_plan_in_force"):
+                 "tta.resume.pinned_plan_in_force", "tta.probe.same_on_every_rank",
+                 "tta.probe.ran_and_came_back", "tta.probe.step_measured"):
         assert what in names, what
 
 

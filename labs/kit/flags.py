@@ -108,6 +108,9 @@ def check_args(parser, args):
     if args.compression == AUTO and AUTO not in registry.SCHEMES:
         check_auto(parser, args)
         return
+    for flag in ("auto_objective", "auto_step_s"):
+        if getattr(args, flag, None) is not None:
+            parser.error(f"--{flag.replace('_', '-')} needs {AUTO_FLAG}")
     entry = registry.scheme(args.compression)
     if args.topk_allreduce is not None and not 0 < args.topk_allreduce <= 1:
         parser.error(f"--topk-allreduce RATIO must be in (0, 1], got {args.topk_allreduce}")

@@ -107,6 +107,28 @@ def run(hvd):
     checks.check("tta.regime_change_switches_back_to_value",
                  back and back[0][2] == "value" and "critical" in back[0][3], str(switches))
     resume(hvd, opt)
+    probe(hvd)
+
+
+def probe(hvd):
+    """A candidate without an injected step is probed once a calm window allows it: a few
+    steps of it, timed, averaged over the ranks, alike everywhere, then the mode it left."""
+    rank = hvd.rank()
+    model = net()
+    auto = hc.Compression.auto(warmup_steps=5, trial_steps=0, objective="time_to_accuracy",
+                               methods=("int8",), step_s={"value": 1.0}, interval=INTERVAL)
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+                                  named_parameters=model.named_parameters(), compression=auto,
+                                  fusion_threshold_bytes=FUSION)
+    train(rank, model, opt, 0, 3 * INTERVAL)
+    made = report(opt)
+    every = hvd.allgather_object(made)
+    checks.check("tta.probe.same_on_every_rank", all(o == every[0] for o in every))
+    whys = [s[3] for s in made["switches"]]
+    checks.check("tta.probe.ran_and_came_back", any(w.startswith("probe: int8") for w in whys)
+                 and "probe done" in whys, str(made["switches"]))
+    t = made["step_s"].get("int8")
+    checks.check("tta.probe.step_measured", t is not None and 0 < t < 1.0, str(made["step_s"]))
 
 
 def resume(hvd, live):

@@ -1,0 +1,111 @@
+"""Compression.auto(objective="time_to_accuracy") in the time-to-accuracy grid's cells, against
+the best fixed method of each cell.
+
+    python -m labs.bench.tta_grid --out runs/tta-auto --models horovod --ranks 2 \\
+        --methods auto:tta-loopback,auto:tta-10mbit --seeds 42,1,2 --prefix /work/bin/cpu-shared
+    python -m labs.bench.tta_auto --out runs/tta-auto --fixed results/tta/tta.csv \\
+        --csv results/tta/auto/auto.csv
+
+Each auto:tta-<link> run trained over loopback with that link's step cells injected
+(--auto-step-s: the modes' seconds per step), so its decisions are the link's. Its time to a
+target is composed as labs/kit/tta.py composes a fixed method's, the steps' part summed mode by
+mode: start-up + sum over its steps of the injected step of the mode in force (the manifest's
+plan_report: objective.switches) + evaluations + epoch ends. The best fixed method of the cell
+(front, network, ranks, link, target) is the fastest row of the grid's tta.csv that is not auto.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from labs.kit import runlog, tta
+
+PREFIX = "auto:tta-"
+
+
+def modes_by_step(switches, steps):
+    """The mode in force at each step 1..steps ("value" first; a switch at step s applies from
+    step s + 1)."""
+    out, mode, pending = [], "value", sorted((int(s[0]), s[2]) for s in switches)
+    for step in range(1, steps + 1):
+        while pending and pending[0][0] < step:
+            mode = pending.pop(0)[1]
+        out.append(mode)
+    return out
+
+
+def compose_auto(run_dir, step_s, target):
+    """(Reach, seconds to the target or NaN, the steps spent in each mode up to it)."""
+    manifest = runlog.read_manifest(run_dir) or {}
+    objective = (manifest.get("plan_report") or {}).get("objective") or {}
+    hit = tta.reach(tta.read_evals(run_dir), target)
+    steps = hit.step if hit.reached else hit.last_step
+    modes = modes_by_step(objective.get("switches", []), steps)
+    spent = {}
+    for m in modes:
+        spent[m] = spent.get(m, 0) + 1
+    if not hit.reached:
+        return hit, math.nan, spent
+    times = tta.run_times(run_dir)
+    mean_step = sum(step_s[m] for m in modes) / len(modes)
+    return hit, tta.compose(hit, mean_step, times), spent
+
+
+def table(out, fixed_csv, step_dir):
+    targets = pd.read_csv(Path(out) / "targets.csv")
+    fixed = pd.read_csv(fixed_csv)
+    fixed = fixed[~fixed["method"].astype(str).str.startswith("auto")]
+    rows = []
+    for run_dir in sorted((Path(out) / "runs").glob(f"*-{PREFIX.replace(':', '-')}*")):
+        model, np_, rest = run_dir.name.split("-", 2)
+        ranks = int(np_[2:])
+        link, seed = rest[len(PREFIX):].rsplit("-s", 1)
+        step_s = json.loads((Path(step_dir) / f"{link}.json").read_text())
+        cell_targets = targets[(targets["model"] == model) & (targets["ranks"] == ranks)]
+        for name in ("lab", "float32"):
+            target = float(cell_targets[name].iloc[0])
+            hit, seconds, spent = compose_auto(run_dir, step_s, target)
+            cell = fixed[(fixed["model"] == model) & (fixed["ranks"] == ranks) &
+                         (fixed["link"] == link) & (fixed["target_name"] == name)]
+            reached = cell.dropna(subset=["tta_s"])
+            best = reached.loc[reached["tta_s"].idxmin()] if not reached.empty else None
+            f32 = cell[(cell["front"] == "horovod") & (cell["method"] == "none")]
+            rows.append({
+                "model": model, "ranks": ranks, "link": link, "seed": int(seed),
+                "target_name": name, "target": target, "reached": hit.reached,
+                "steps": hit.step, "tta_s": seconds,
+                "modes": " ".join(f"{m}:{k}" for m, k in spent.items()),
+                "best_fixed": None if best is None else f"{best['front']}:{best['method']}",
+                "best_fixed_s": math.nan if best is None else float(best["tta_s"]),
+                "best_fixed_steps": math.nan if best is None else float(best["steps"]),
+                "float32_s": float(f32["tta_s"].iloc[0]) if not f32.empty else math.nan,
+                "float32_reached": bool(f32["reached"].iloc[0] > 0) if not f32.empty else None})
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame["vs_best"] = frame["tta_s"] / frame["best_fixed_s"]
+    return frame
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="the grid's out folder (its runs/)")
+    parser.add_argument("--fixed", default="results/tta/tta.csv",
+                        help="the grid's tta.csv whose fixed methods auto is held against")
+    parser.add_argument("--step-s", default="results/tta/auto/step_s",
+                        help="the folder of the links' injected step times (<link>.json)")
+    parser.add_argument("--csv", required=True)
+    args = parser.parse_args(argv)
+    frame = table(args.out, args.fixed, args.step_s)
+    runlog.atomic_write_text(Path(args.csv), frame.to_csv(index=False, float_format="%.4g"))
+    print(frame.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
