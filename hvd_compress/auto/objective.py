@@ -16,8 +16,10 @@ bucket. This object holds the mode and what decides it:
                   ranks (a separable method's shadow is each rank's own share); then every
                   rank decides alike: a critical interval (Regime) runs the value mode; else
                   convergence.choose among the candidates whose ratio clears the accuracy
-                  guard (R_MIN), the mode in force kept within MARGIN. A mode in force whose
-                  measured ratio falls under R_MIN is left at once for the value mode.
+                  guard (R_MIN), the mode in force kept within MARGIN; the ratios it reads are
+                  pooled over the calm windows since the last critical one or switch. A mode
+                  in force whose last window's ratio falls under R_MIN is left at once for the
+                  value mode.
     step times    a mode's seconds per step: `step_s` where the settings inject them (a link
                   measured elsewhere: a step benchmark's cells), else measured by the job: the
                   mode in force's steps, and for a candidate never run a short probe (PROBE
@@ -97,6 +99,10 @@ class TimeToAccuracy:
         self.times = {}                      # mode -> this window's step times (this rank)
         self.measured = {}                   # mode -> seconds per step (ranks' mean)
         self.ratios = {}                     # the last window's r_c
+        # the windows' products summed (averaged over the ranks) since the regime last turned
+        # critical or the mode last changed: the ratios the choice reads (one window of 50
+        # steps is known to a few tenths; the calm run of windows, better)
+        self.pooled = convergence.Progress()
         self.probing = []                    # candidates still to probe, then the mode back
         self.probe_back = None
         self.carry = {}                      # bucket index -> residual to send once
@@ -159,7 +165,10 @@ class TimeToAccuracy:
         reference = received if self.mode == VALUE else local
         products = self.shadows.products(reference)
         if products is not None:
-            self.progress.add(*products)
+            try:
+                self.progress.add(*products)
+            except ValueError:
+                pass                         # a non-finite gradient: no measure of this step
         self.shadows.step(local, reference, buckets)
         if self.grad_sum is None or len(self.grad_sum) != len(received):
             self.grad_sum = [torch.zeros_like(r) for r in received]
@@ -222,6 +231,11 @@ class TimeToAccuracy:
         norm = math.sqrt(sum(float(torch.dot(s, s)) for s in self.grad_sum or ()))
         critical = self.regime.end_interval(norm)
         self.ratios = {m: v / exact for m, v in made.items()} if exact > 0 else {}
+        if critical:
+            self.pooled = convergence.Progress()
+        else:
+            self.pooled.add(exact, made)
+        pooled = self.pooled.ratios()
         step_s = self.step_times()
         before = self.mode
         if critical:
@@ -231,16 +245,17 @@ class TimeToAccuracy:
                                 f" fell under {self.settings.r_min:g}")
         else:
             missing = [m for m in self.methods if m not in step_s
-                       and self.ratios.get(m, 0.0) >= self.settings.r_min]
+                       and pooled.get(m, 0.0) >= self.settings.r_min]
             if missing:
                 mode, why = None, "probe: " + ", ".join(missing)
                 self.probing, self.probe_back = missing, self.mode
             else:
-                mode = convergence.choose(step_s, self.ratios, self.mode, self.settings.r_min,
+                mode = convergence.choose(step_s, pooled, self.mode, self.settings.r_min,
                                           convergence.MARGIN)
                 why = "the fewest seconds per unit of float32's progress"
         self.windows.append({"step": steps, "critical": critical, "norm": norm,
-                             "ratios": dict(self.ratios), "step_s": dict(step_s),
+                             "ratios": dict(self.ratios), "pooled": dict(pooled),
+                             "step_s": dict(step_s),
                              "mode": before, "next": mode or self.probing[0]})
         self.progress = convergence.Progress()
         self.grad_sum = None
@@ -269,6 +284,7 @@ class TimeToAccuracy:
             self._forget(mode)
             self.shadows.reset(mode)
         self.mode = mode
+        self.pooled = convergence.Progress()     # another trajectory from here on
         self.switches.append((steps, old, mode, why))
         self.on_switch(f"mode: {old} -> {mode} ({why})".replace("; ", ", "))
 
@@ -314,6 +330,8 @@ class TimeToAccuracy:
                          "steps": self.progress.steps},
             "measured": dict(self.measured), "times": {m: list(t) for m, t in self.times.items()},
             "ratios": dict(self.ratios), "probing": list(self.probing),
+            "pooled": {"made": dict(self.pooled.made), "exact": self.pooled.exact,
+                       "steps": self.pooled.steps},
             "probe_back": self.probe_back,
             "grad_sum": None if self.grad_sum is None else [t.clone() for t in self.grad_sum],
             "carry": {i: t.clone() for i, t in self.carry.items()},
@@ -348,6 +366,8 @@ class TimeToAccuracy:
                                              float(s["progress"]["exact"]),
                                              int(s["progress"]["steps"]))
         self.measured, self.ratios = dict(s["measured"]), dict(s["ratios"])
+        self.pooled = convergence.Progress(dict(s["pooled"]["made"]), float(s["pooled"]["exact"]),
+                                           int(s["pooled"]["steps"]))
         self.times = {m: list(t) for m, t in s["times"].items()}
         self.probing, self.probe_back = list(s["probing"]), s["probe_back"]
         self.grad_sum = s["grad_sum"]

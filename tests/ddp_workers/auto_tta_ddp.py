@@ -81,7 +81,7 @@ def run(dist):
     calm = [w for w in windows if not w["critical"]]
     checks.check("ddp.tta.a_calm_window", bool(calm), str(windows))
     first = calm[0]
-    chosen = convergence.choose(first["step_s"], first["ratios"], first["mode"])
+    chosen = convergence.choose(first["step_s"], first["pooled"], first["mode"])
     checks.check("ddp.tta.switches_to_a_lossy_method_that_pays",
                  chosen != "value" and first["next"] == chosen
                  and made["switches"][0][:3] == [first["step"], "value", chosen], str(made))

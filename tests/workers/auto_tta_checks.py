@@ -87,10 +87,10 @@ def run(hvd):
     checks.check("tta.a_calm_window_before_the_change", calm and calm[0]["step"] < SCALE_AT,
                  str([(w["step"], w["critical"], w["norm"]) for w in windows]))
     first = calm[0]
-    chosen = convergence.choose(first["step_s"], first["ratios"], first["mode"])
+    chosen = convergence.choose(first["step_s"], first["pooled"], first["mode"])
     checks.check("tta.switches_to_a_lossy_method_that_pays",
                  first["next"] != "value" and first["next"] == chosen and
-                 first["ratios"][chosen] >= convergence.R_MIN, str(first))
+                 first["pooled"][chosen] >= convergence.R_MIN, str(first))
     checks.check("tta.switch_recorded_at_the_window", [first["step"], "value", chosen]
                  == switches[0][:3], str(switches))
     # the accuracy guard: top-k 0.1% is the cheapest step and is never taken
