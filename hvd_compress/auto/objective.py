@@ -44,10 +44,14 @@ from . import convergence
 from .convergence import TIME_TO_ACCURACY, VALUE
 from .shadow import Shadows, exchange_route, method_value
 
-__all__ = ["PROBE", "TimeToAccuracy"]
+__all__ = ["PROBE", "RETIRE", "TimeToAccuracy"]
 # Steps a candidate never run is tried for, the first untimed (its first exchange allocates
 # and negotiates, as a plan's first step in the trial): a median of three.
 PROBE = 4
+# A method the accuracy guard refuses in this many calm windows in a row is no longer shadowed
+# until the next critical interval (its shadow starts again then): the shadows cost compute
+# every step, and one that keeps failing the guard is not about to be chosen.
+RETIRE = 3
 
 
 class _Done:
@@ -106,6 +110,8 @@ class TimeToAccuracy:
         self.probing = []                    # candidates still to probe, then the mode back
         self.probe_back = None
         self.carry = {}                      # bucket index -> residual to send once
+        self.refusals = {}                   # method -> calm windows refused in a row
+        self.retired = set()                 # methods not shadowed (RETIRE)
         self.local, self.received = {}, {}
         self.windows = []                    # per window: step, critical, ratios, step_s, mode
         self.switches = []                   # (step, from, to, why)
@@ -169,7 +175,7 @@ class TimeToAccuracy:
                 self.progress.add(*products)
             except ValueError:
                 pass                         # a non-finite gradient: no measure of this step
-        self.shadows.step(local, reference, buckets)
+        self.shadows.step(local, reference, buckets, self.retired)
         if self.grad_sum is None or len(self.grad_sum) != len(received):
             self.grad_sum = [torch.zeros_like(r) for r in received]
         for s, r in zip(self.grad_sum, received):
@@ -233,9 +239,18 @@ class TimeToAccuracy:
         self.ratios = {m: v / exact for m, v in made.items()} if exact > 0 else {}
         if critical:
             self.pooled = convergence.Progress()
+            self.refusals, self.retired = {}, set()
         else:
             self.pooled.add(exact, made)
         pooled = self.pooled.ratios()
+        if not critical:
+            for m in self.methods:
+                refused = m not in self.retired and pooled.get(m, 0.0) < self.settings.r_min
+                self.refusals[m] = self.refusals.get(m, 0) + 1 if refused else 0
+                if self.refusals[m] >= RETIRE and m not in self.retired and m != self.mode:
+                    self.retired.add(m)
+                    self.shadows.reset(m)
+            pooled = {m: r for m, r in pooled.items() if m not in self.retired}
         step_s = self.step_times()
         before = self.mode
         if critical:
@@ -254,7 +269,9 @@ class TimeToAccuracy:
                                           convergence.MARGIN)
                 why = "the fewest seconds per unit of float32's progress"
         self.windows.append({"step": steps, "critical": critical, "norm": norm,
-                             "ratios": dict(self.ratios), "pooled": dict(pooled),
+                             "ratios": {m: r for m, r in self.ratios.items()
+                                        if m not in self.retired},
+                             "pooled": dict(pooled), "retired": sorted(self.retired),
                              "step_s": dict(step_s),
                              "mode": before, "next": mode or self.probing[0]})
         self.progress = convergence.Progress()
@@ -330,6 +347,7 @@ class TimeToAccuracy:
                          "steps": self.progress.steps},
             "measured": dict(self.measured), "times": {m: list(t) for m, t in self.times.items()},
             "ratios": dict(self.ratios), "probing": list(self.probing),
+            "refusals": dict(self.refusals), "retired": sorted(self.retired),
             "pooled": {"made": dict(self.pooled.made), "exact": self.pooled.exact,
                        "steps": self.pooled.steps},
             "probe_back": self.probe_back,
@@ -366,6 +384,7 @@ class TimeToAccuracy:
                                              float(s["progress"]["exact"]),
                                              int(s["progress"]["steps"]))
         self.measured, self.ratios = dict(s["measured"]), dict(s["ratios"])
+        self.refusals, self.retired = dict(s["refusals"]), set(s["retired"])
         self.pooled = convergence.Progress(dict(s["pooled"]["made"]), float(s["pooled"]["exact"]),
                                            int(s["pooled"]["steps"]))
         self.times = {m: list(t) for m, t in s["times"].items()}

@@ -88,12 +88,15 @@ class Shadows:
                 for m, us in self.sent.items()}
         return exact, made
 
-    def step(self, local, reference, buckets):
+    def step(self, local, reference, buckets, skip=()):
         """This step's shadows: each candidate compresses (its gradient + its residual), keeps
         what it sent for the next step's products. `local` and `reference` are per bucket flat
-        float32; `buckets` the buckets (their members' names, numels and shapes)."""
+        float32; `buckets` the buckets (their members' names, numels and shapes); the methods
+        in `skip` are not shadowed this step (nor measured at the next)."""
         sent = {}
         for m, (kind, p) in self.kinds.items():
+            if m in skip:
+                continue
             source = reference if kind == "powersgd" else local
             sent[m] = [self._one(m, kind, p, i, x, b) for i, (x, b) in
                        enumerate(zip(source, buckets))]

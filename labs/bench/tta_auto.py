@@ -4,7 +4,8 @@ the best fixed method of each cell.
     python -m labs.bench.tta_grid --out runs/tta-auto --models horovod --ranks 2 \\
         --methods auto:tta-loopback,auto:tta-10mbit --seeds 42,1,2 --prefix /work/bin/cpu-shared
     python -m labs.bench.tta_auto --out runs/tta-auto --fixed results/tta/tta.csv \\
-        --csv results/tta/auto/auto.csv
+        --csv results/tta/auto/auto.csv [--shadow-s S]
+    /work/bin/cpu-quiet python -m labs.bench.tta_auto --shadow-cost   # S: the shadows' step cost
 
 Each auto:tta-<link> run trained over loopback with that link's step cells injected
 (--auto-step-s: the modes' seconds per step), so its decisions are the link's. Its time to a
@@ -39,7 +40,42 @@ def modes_by_step(switches, steps):
     return out
 
 
-def compose_auto(run_dir, step_s, target):
+def shadow_cost(model="horovod", methods=None, steps=40, warm=5):
+    """Median seconds per step of the shadows (Shadows.products + Shadows.step) of `methods`
+    (default: every default method) on `model`'s real gradients, in its auto buckets."""
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from hvd_compress.auto.convergence import DEFAULT_METHODS
+    from hvd_compress.auto.shadow import Shadows
+    from hvd_compress.exchange.bucketing import DEFAULT_FUSION_BYTES
+    from hvd_compress.exchange.fusion import Bucket
+    from labs import mnist
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = mnist.MODELS[model]()
+    names, params = zip(*[(n, p) for n, p in net.named_parameters()][::-1])   # backward order
+    buckets = [b for _, b in Bucket.plan(list(names), list(params), DEFAULT_FUSION_BYTES)]
+    shadows = Shadows(methods or DEFAULT_METHODS)
+    times = []
+    for step in range(warm + steps):
+        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+        net.zero_grad()
+        F.nll_loss(net(x), y).backward()
+        grads = dict(net.named_parameters())
+        flat = [torch.cat([grads[n].grad.reshape(-1) for n in b.names]) for b in buckets]
+        began = time.perf_counter()
+        shadows.products(flat)
+        shadows.step(flat, flat, buckets)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times[warm:])
+
+
+def compose_auto(run_dir, step_s, target, shadow_s=0.0):
     """(Reach, seconds to the target or NaN, the steps spent in each mode up to it)."""
     manifest = runlog.read_manifest(run_dir) or {}
     objective = (manifest.get("plan_report") or {}).get("objective") or {}
@@ -52,11 +88,11 @@ def compose_auto(run_dir, step_s, target):
     if not hit.reached:
         return hit, math.nan, spent
     times = tta.run_times(run_dir)
-    mean_step = sum(step_s[m] for m in modes) / len(modes)
+    mean_step = sum(step_s[m] for m in modes) / len(modes) + shadow_s
     return hit, tta.compose(hit, mean_step, times), spent
 
 
-def table(out, fixed_csv, step_dir):
+def table(out, fixed_csv, step_dir, shadow_s=0.0):
     targets = pd.read_csv(Path(out) / "targets.csv")
     fixed = pd.read_csv(fixed_csv)
     fixed = fixed[~fixed["method"].astype(str).str.startswith("auto")]
@@ -69,7 +105,7 @@ def table(out, fixed_csv, step_dir):
         cell_targets = targets[(targets["model"] == model) & (targets["ranks"] == ranks)]
         for name in ("lab", "float32"):
             target = float(cell_targets[name].iloc[0])
-            hit, seconds, spent = compose_auto(run_dir, step_s, target)
+            hit, seconds, spent = compose_auto(run_dir, step_s, target, shadow_s)
             cell = fixed[(fixed["model"] == model) & (fixed["ranks"] == ranks) &
                          (fixed["link"] == link) & (fixed["target_name"] == name)]
             reached = cell.dropna(subset=["tta_s"])
@@ -94,14 +130,27 @@ def table(out, fixed_csv, step_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="the grid's out folder (its runs/)")
+    parser.add_argument("--out", action="append", help="the grid's out folder (its runs/); "
+                        "again for another")
+    parser.add_argument("--shadow-s", type=float, default=0.0,
+                        help="seconds the shadows add to every step (--shadow-cost)")
+    parser.add_argument("--shadow-cost", action="store_true",
+                        help="measure the shadows' seconds per step and exit")
     parser.add_argument("--fixed", default="results/tta/tta.csv",
                         help="the grid's tta.csv whose fixed methods auto is held against")
     parser.add_argument("--step-s", default="results/tta/auto/step_s",
                         help="the folder of the links' injected step times (<link>.json)")
-    parser.add_argument("--csv", required=True)
+    parser.add_argument("--csv")
     args = parser.parse_args(argv)
-    frame = table(args.out, args.fixed, args.step_s)
+    if args.shadow_cost:
+        from hvd_compress.auto.convergence import DEFAULT_METHODS
+        for methods in (DEFAULT_METHODS, ("powersgd2", "powersgd4", "topk0.1", "int8")):
+            print(f"{' '.join(methods)}: {shadow_cost(methods=methods) * 1e3:.2f} ms a step")
+        return 0
+    if not args.out or not args.csv:
+        parser.error("--out and --csv are needed (or --shadow-cost)")
+    frame = pd.concat([table(o, args.fixed, args.step_s, args.shadow_s) for o in args.out],
+                      ignore_index=True)
     runlog.atomic_write_text(Path(args.csv), frame.to_csv(index=False, float_format="%.4g"))
     print(frame.to_string(index=False))
     return 0
