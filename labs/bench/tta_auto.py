@@ -4,8 +4,8 @@ the best fixed method of each cell.
     python -m labs.bench.tta_grid --out runs/tta-auto --models horovod --ranks 2 \\
         --methods auto:tta-loopback,auto:tta-10mbit --seeds 42,1,2 --prefix /work/bin/cpu-shared
     python -m labs.bench.tta_auto --out runs/tta-auto --fixed results/tta/tta.csv \\
-        --csv results/tta/auto/auto.csv [--shadow-s S]
-    /work/bin/cpu-quiet python -m labs.bench.tta_auto --shadow-cost   # S: the shadows' step cost
+        --csv results/tta/auto/auto.csv [--shadow-s shadow_cost.csv]
+    /work/bin/cpu-quiet python -m labs.bench.tta_auto --shadow-cost --csv shadow_cost.csv
 
 Each auto:tta-<link> run trained over loopback with that link's step cells injected
 (--auto-step-s: the modes' seconds per step), so its decisions are the link's. Its time to a
@@ -75,24 +75,41 @@ def shadow_cost(model="horovod", methods=None, steps=40, warm=5):
     return statistics.median(times[warm:])
 
 
-def compose_auto(run_dir, step_s, target, shadow_s=0.0):
-    """(Reach, seconds to the target or NaN, the steps spent in each mode up to it)."""
+def shadowed_by_step(windows, methods, steps):
+    """The methods shadowed at each step 1..steps: all of them but those a window retired (its
+    "retired" list applies from the step after it to the next window's end)."""
+    out, retired = [], set()
+    ends = sorted((int(w["step"]), set(w.get("retired", ()))) for w in windows)
+    for step in range(1, steps + 1):
+        while ends and ends[0][0] < step:
+            retired = ends.pop(0)[1]
+        out.append([m for m in methods if m not in retired])
+    return out
+
+
+def compose_auto(run_dir, step_s, target, shadow_s=None):
+    """(Reach, seconds to the target or NaN, the steps spent in each mode up to it).
+    shadow_s: {method: seconds its shadow adds to a step}, summed over the methods shadowed at
+    each step."""
     manifest = runlog.read_manifest(run_dir) or {}
     objective = (manifest.get("plan_report") or {}).get("objective") or {}
     hit = tta.reach(tta.read_evals(run_dir), target)
     steps = hit.step if hit.reached else hit.last_step
     modes = modes_by_step(objective.get("switches", []), steps)
+    shadow_s = shadow_s or {}
+    shadows = sum(sum(shadow_s.get(m, 0.0) for m in ms) for ms in shadowed_by_step(
+        objective.get("windows", []), list(shadow_s), steps)) / max(steps, 1)
     spent = {}
     for m in modes:
         spent[m] = spent.get(m, 0) + 1
     if not hit.reached:
         return hit, math.nan, spent
     times = tta.run_times(run_dir)
-    mean_step = sum(step_s[m] for m in modes) / len(modes) + shadow_s
+    mean_step = sum(step_s[m] for m in modes) / len(modes) + shadows
     return hit, tta.compose(hit, mean_step, times), spent
 
 
-def table(out, fixed_csv, step_dir, shadow_s=0.0):
+def table(out, fixed_csv, step_dir, shadow_s=None):
     targets = pd.read_csv(Path(out) / "targets.csv")
     fixed = pd.read_csv(fixed_csv)
     fixed = fixed[~fixed["method"].astype(str).str.startswith("auto")]
@@ -114,7 +131,8 @@ def table(out, fixed_csv, step_dir, shadow_s=0.0):
             rows.append({
                 "model": model, "ranks": ranks, "link": link, "seed": int(seed),
                 "target_name": name, "target": target, "reached": hit.reached,
-                "steps": hit.step, "tta_s": seconds,
+                "steps": hit.step, "tta_s": seconds, "tta_no_shadows_s": compose_auto(
+                    run_dir, step_s, target)[1],
                 "modes": " ".join(f"{m}:{k}" for m, k in spent.items()),
                 "best_fixed": None if best is None else f"{best['front']}:{best['method']}",
                 "best_fixed_s": math.nan if best is None else float(best["tta_s"]),
@@ -132,8 +150,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", action="append", help="the grid's out folder (its runs/); "
                         "again for another")
-    parser.add_argument("--shadow-s", type=float, default=0.0,
-                        help="seconds the shadows add to every step (--shadow-cost)")
+    parser.add_argument("--shadow-s", default=None, metavar="CSV",
+                        help="each method's shadow seconds a step (--shadow-cost's CSV)")
     parser.add_argument("--shadow-cost", action="store_true",
                         help="measure the shadows' seconds per step and exit")
     parser.add_argument("--fixed", default="results/tta/tta.csv",
@@ -144,12 +162,22 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.shadow_cost:
         from hvd_compress.auto.convergence import DEFAULT_METHODS
-        for methods in (DEFAULT_METHODS, ("powersgd2", "powersgd4", "topk0.1", "int8")):
-            print(f"{' '.join(methods)}: {shadow_cost(methods=methods) * 1e3:.2f} ms a step")
+        rows = [{"method": m, "shadow_ms": 1e3 * shadow_cost(methods=(m,))}
+                for m in DEFAULT_METHODS]
+        rows.append({"method": "all", "shadow_ms": 1e3 * shadow_cost()})
+        frame = pd.DataFrame(rows)
+        print(frame.to_string(index=False))
+        if args.csv:
+            runlog.atomic_write_text(Path(args.csv), frame.to_csv(index=False,
+                                                                  float_format="%.4g"))
         return 0
+    shadow = None
+    if args.shadow_s:
+        costs = pd.read_csv(args.shadow_s)
+        shadow = {r.method: r.shadow_ms / 1e3 for r in costs.itertuples() if r.method != "all"}
     if not args.out or not args.csv:
         parser.error("--out and --csv are needed (or --shadow-cost)")
-    frame = pd.concat([table(o, args.fixed, args.step_s, args.shadow_s) for o in args.out],
+    frame = pd.concat([table(o, args.fixed, args.step_s, shadow) for o in args.out],
                       ignore_index=True)
     runlog.atomic_write_text(Path(args.csv), frame.to_csv(index=False, float_format="%.4g"))
     print(frame.to_string(index=False))
