@@ -87,7 +87,7 @@ def shadowed_by_step(windows, methods, steps):
     return out
 
 
-def compose_auto(run_dir, step_s, target, shadow_s=None):
+def compose_auto(run_dir, step_s, target, shadow_s=None, times=None):
     """(Reach, seconds to the target or NaN, the steps spent in each mode up to it).
     shadow_s: {method: seconds its shadow adds to a step}, summed over the methods shadowed at
     each step."""
@@ -104,13 +104,13 @@ def compose_auto(run_dir, step_s, target, shadow_s=None):
         spent[m] = spent.get(m, 0) + 1
     if not hit.reached:
         return hit, math.nan, spent
-    times = tta.run_times(run_dir)
+    times = times or tta.run_times(run_dir)
     mean_step = sum(step_s[m] for m in modes) / len(modes) + shadows
     return hit, tta.compose(hit, mean_step, times), spent
 
 
-def table(out, fixed_csv, step_dir, shadow_s=None):
-    targets = pd.read_csv(Path(out) / "targets.csv")
+def table(out, fixed_csv, step_dir, shadow_s=None, targets_csv="results/tta/targets.csv"):
+    targets = pd.read_csv(targets_csv)
     fixed = pd.read_csv(fixed_csv)
     fixed = fixed[~fixed["method"].astype(str).str.startswith("auto")]
     rows = []
@@ -120,6 +120,7 @@ def table(out, fixed_csv, step_dir, shadow_s=None):
         link, seed = rest[len(PREFIX):].rsplit("-s", 1)
         step_s = json.loads((Path(step_dir) / f"{link}.json").read_text())
         cell_targets = targets[(targets["model"] == model) & (targets["ranks"] == ranks)]
+        runs_csv = pd.read_csv(Path(fixed_csv).with_name("steps.csv"))
         for name in ("lab", "float32"):
             target = float(cell_targets[name].iloc[0])
             hit, seconds, spent = compose_auto(run_dir, step_s, target, shadow_s)
@@ -127,12 +128,26 @@ def table(out, fixed_csv, step_dir, shadow_s=None):
                          (fixed["link"] == link) & (fixed["target_name"] == name)]
             reached = cell.dropna(subset=["tta_s"])
             best = reached.loc[reached["tta_s"].idxmin()] if not reached.empty else None
+            ours = reached[reached["front"] == "horovod"]
+            best_h = ours.loc[ours["tta_s"].idxmin()] if not ours.empty else None
+            over = None
+            if best_h is not None:
+                r = runs_csv[(runs_csv["model"] == model) & (runs_csv["ranks"] == ranks) &
+                             (runs_csv["method"] == best_h["method"]) &
+                             (runs_csv["target_name"] == name)]
+                over = tta.RunTimes(r["startup_s"].mean(), r["eval_s"].mean(),
+                                    r["epoch_end_s"].mean(), r["loopback_step_s"].mean())
             f32 = cell[(cell["front"] == "horovod") & (cell["method"] == "none")]
             rows.append({
                 "model": model, "ranks": ranks, "link": link, "seed": int(seed),
                 "target_name": name, "target": target, "reached": hit.reached,
-                "steps": hit.step, "tta_s": seconds, "tta_no_shadows_s": compose_auto(
-                    run_dir, step_s, target)[1],
+                "steps": hit.step, "tta_s": seconds,
+                "tta_like_best_s": compose_auto(run_dir, step_s, target, shadow_s, over)[1],
+                "tta_like_best_no_shadows_s": compose_auto(run_dir, step_s, target, None,
+                                                           over)[1],
+                "best_horovod": None if best_h is None else best_h["method"],
+                "best_horovod_s": math.nan if best_h is None else float(best_h["tta_s"]),
+                "best_horovod_steps": math.nan if best_h is None else float(best_h["steps"]),
                 "modes": " ".join(f"{m}:{k}" for m, k in spent.items()),
                 "best_fixed": None if best is None else f"{best['front']}:{best['method']}",
                 "best_fixed_s": math.nan if best is None else float(best["tta_s"]),
@@ -142,6 +157,9 @@ def table(out, fixed_csv, step_dir, shadow_s=None):
     frame = pd.DataFrame(rows)
     if not frame.empty:
         frame["vs_best"] = frame["tta_s"] / frame["best_fixed_s"]
+        frame["vs_best_horovod"] = frame["tta_like_best_s"] / frame["best_horovod_s"]
+        frame["vs_best_horovod_no_shadows"] = (frame["tta_like_best_no_shadows_s"] /
+                                               frame["best_horovod_s"])
     return frame
 
 
