@@ -26,7 +26,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from hvd_compress.codecs import SCALE_BLOCK
 from labs.kit import data as lab_data
-from labs.kit.flags import (DEFAULTS, add_compression_flags, check_args,
+from labs.kit.flags import (DEFAULTS, add_auto_flags, add_compression_flags, check_args,
                             compression_of, scale_block)
 from labs.kit.ranks import agree, load_data, set_horovod_defaults
 from labs.kit.recorder import RunRecorder
@@ -61,6 +61,7 @@ def parse_args(argv=None):
                         help="use Horovod's Adasum reduction (stock optimizer, not timed)")
     # --- one switch per compression scheme (hvd_compress/registry.py, plugins included) ---
     add_compression_flags(parser.add_mutually_exclusive_group())
+    add_auto_flags(parser)
     # --- the course's additions ---
     parser.add_argument("--optimizer", choices=["plugin", "horovod"], default="plugin",
                         help="plugin: hvd_compress.DistributedOptimizer, timed phase by phase "

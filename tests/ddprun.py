@@ -30,6 +30,7 @@ SUITE = {
     "rebuild": (2,),
     "user_models": (2,),
     "powersgd_ddp": (2, 4),
+    "auto_tta_ddp": (2, 4),
 }
 LIMIT_S = 900          # the whole job: a wedged collective ends here, not in a hang
 

@@ -103,6 +103,7 @@ SUITE = {
     "powersgd_checks": FOUR_ON_MPI,
     "quantizer_checks": FOUR,
     "auto_checks": FOUR_ON_MPI,
+    "auto_tta_checks": FOUR_ON_MPI,
     "exchange_checks": [("gloo", 2), ("gloo", 3), ("gloo", 4), ("mpi", 2), ("mpi", 4)],
     "exchange_optimizer": FOUR,      # not at 3 ranks: nothing in it depends on the world size
     "overlap_checks": [("gloo", 2)],  # schedule="overlap" against "wait", every scheme

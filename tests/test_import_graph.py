@@ -159,7 +159,7 @@ PURE_AUTO = ("hvd_compress.auto.planner", "hvd_compress.auto.measurements",
              "hvd_compress.auto.candidates", "hvd_compress.auto.options",
              "hvd_compress.auto.timeline", "hvd_compress.auto.search", "hvd_compress.auto.replan",
              "hvd_compress.auto.inputs", "hvd_compress.auto.cli", "hvd_compress.auto.records",
-             "hvd_compress.auto.trial")
+             "hvd_compress.auto.trial", "hvd_compress.auto.convergence")
 
 
 def test_the_planner_and_its_cli_stand_on_nothing_of_the_runtime():
@@ -184,7 +184,7 @@ def test_autos_settings_reach_the_runtime_only_when_asked_for_a_communicator():
     tree = ast.parse(path.read_text())
     top = {node.module or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
            for alias in node.names}
-    assert top == {"registry", "planner"}, top
+    assert top == {"registry", "planner", "convergence"}, top
     lazy = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
             and node not in tree.body]
     assert {n.module for n in lazy} == {"communicator", "codecs"}

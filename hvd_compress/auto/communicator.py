@@ -47,6 +47,8 @@ from ..exchange.bucketing import DEFAULT_FUSION_BYTES
 from ..exchange.routes import make_communicator
 from ..registry import Route, parse_label
 from . import calibration, inputs, planner, trial
+from .convergence import TIME_TO_ACCURACY, VALUE
+from .objective import _DONE, TimeToAccuracy
 from .records import (BucketLabel, Decision, Event, PlanReport, RankMeasurements, ReplanCheck,
                       TriedPlan, TrialRecord)
 
@@ -172,6 +174,12 @@ class AutoCommunicator(CommunicatorBase):
         self._clock, self._log = _Clock(), _Log()
         self._adopted = None                 # the last decision adopted: its measurements
         self._chunks = {}                    # overlap: {label: {bucket: chunks}} (prioritise)
+        # objective="time_to_accuracy": the mode (the value plan, or one method everywhere)
+        self._tta = None
+        if self.settings.objective == TIME_TO_ACCURACY:
+            self._tta = TimeToAccuracy(self.settings, op, self.fusion_threshold_bytes,
+                                       self.scale_block, self.engine)
+            self._tta.on_switch = self._event
         self._forget_plan("calibrating")
 
     # ---- the plan's state ---------------------------------------------------------------
@@ -252,6 +260,8 @@ class AutoCommunicator(CommunicatorBase):
         membership change."""
         self._buckets = list(buckets)
         self._index = {id(b): i for i, b in enumerate(self._buckets)}
+        if self._tta is not None:
+            self._tta.reset()
         self._forget_plan("calibrating (the buckets changed)")
 
     @property
@@ -277,6 +287,13 @@ class AutoCommunicator(CommunicatorBase):
         i = self._index[id(bucket)]
         sub = self._subs[self._labels[i]]
         began = time.perf_counter()
+        if self._tta is not None:
+            self._tta.before(i, bucket)
+            if self._tta.mode != VALUE:          # a method on every bucket (objective.py)
+                sub, exchange = self._tta.start(bucket, memory)
+                self._active[id(bucket)] = sub
+                self.record_launch(i, began, time.perf_counter() - began)
+                return exchange
         if self._phase == Phase.MEASURING and \
                 len(self._warmup.samples) + 1 >= self.settings.warmup_steps:
             # The calibration's errors and codec times are taken on the gradient as this rank
@@ -351,6 +368,8 @@ class AutoCommunicator(CommunicatorBase):
             if bucket.tensor.data_ptr() != bucket.buffer.data_ptr():   # fp16: cast back
                 bucket.buffer.copy_(bucket.tensor)
             bucket.tensor = None
+        if self._tta is not None:
+            self._tta.after(self._index[id(bucket)], bucket)
 
     def codec_path(self):
         paths = {s.codec_path() for s in self._subs.values() if s.route != Route.ALLREDUCE}
@@ -365,7 +384,12 @@ class AutoCommunicator(CommunicatorBase):
         clock = self._clock
         clock.steps += 1
         step_s = now - clock.last_end if clock.last_end is not None else math.nan
-        if self._phase == Phase.MEASURING and self._pinned is not None:
+        lossy_step = self._tta is not None and self._tta.mode != VALUE
+        if lossy_step:
+            # a method ran this step: the value plan's measuring, trial and drift wait for
+            # the value mode's steps
+            self._tta.end_step(self._buckets, step_s)
+        elif self._phase == Phase.MEASURING and self._pinned is not None:
             # the pinned plan waits for its buckets (a DDP front meets them in its first two
             # steps: DDP rebuilds them after the first); nothing is measured meanwhile
             if clock.steps >= 2:
@@ -394,6 +418,8 @@ class AutoCommunicator(CommunicatorBase):
                        or judging.since_plan == judging.early_check)
                 if due and math.isfinite(predicted):
                     self._check_drift(predicted)
+        if self._tta is not None and not lossy_step:
+            self._tta.end_step(self._buckets, step_s)
         clock.launches = [None] * len(self._buckets)
         clock.applies = []
         clock.last_end = time.perf_counter()
@@ -582,21 +608,33 @@ class AutoCommunicator(CommunicatorBase):
             calibrations=self._log.calibrations,
             last_replan_check=self._log.last_replan,
             step_clock_pauses=self._clock.pauses,
-            events=tuple(self._log.history))
+            events=tuple(self._log.history),
+            objective=None if self._tta is None else self._tta.report())
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self):
         """The plan in force (the same on every rank), so a resumed run takes it up without
-        measuring again; None while there is none."""
-        if not self._plan:
-            return None
-        return {"auto_plan": {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
-                              "decision": self._plan.to_dict()}}
+        measuring again, and under objective="time_to_accuracy" the mode and what decides it
+        (this rank's shadows among it); None while there is neither."""
+        state = {}
+        if self._plan:
+            state["auto_plan"] = {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
+                                  "decision": self._plan.to_dict()}
+        if self._tta is not None and self._buckets:
+            state["auto_tta"] = {"buckets": [[b.name, 4 * b.numel] for b in self._buckets],
+                                 "state": self._tta.state_dict()}
+        return state or None
 
     def load_state_dict(self, state):
         """Take up a saved plan from the next step. Every rank must load the state of the same
         step (labs/kit/recorder.py does). A plan for other buckets is not taken: then the job
         measures and plans afresh."""
+        tta = (state or {}).get("auto_tta")
+        if tta and self._tta is not None:
+            if [list(x) for x in tta["buckets"]] == [[b.name, 4 * b.numel]
+                                                     for b in self._buckets]:
+                self._tta.load_state_dict(tta["state"])
+                self._event(f"mode: {self._tta.mode}, restored from a checkpoint")
         saved = (state or {}).get("auto_plan")
         if not saved or self._pinned is not None:      # a pinned plan stays
             return
@@ -629,6 +667,8 @@ class AutoCommunicator(CommunicatorBase):
         """Elastic training changed the ranks: the link, n and the pace are other; forget the
         plan, exchange float32, measure and plan again."""
         self._active = {}
+        if self._tta is not None:
+            self._tta.reset()
         self._forget_plan("calibrating (membership changed)")
 
 

@@ -34,10 +34,16 @@ alike without a collective of its own.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
-__all__ = ["ETA", "INTERVAL", "R_MIN", "MARGIN", "VALUE", "Progress", "choose", "Regime",
-           "changed"]
+__all__ = ["ETA", "INTERVAL", "R_MIN", "MARGIN", "VALUE", "OBJECTIVES", "DEFAULT_METHODS",
+           "Progress", "choose", "Regime", "changed", "parse_method", "check_method"]
+
+# Compression.auto's objectives: the step's time (the value plan alone) or the time to
+# accuracy (the value plan and the methods below, by their measured progress).
+STEP_TIME, TIME_TO_ACCURACY = "step_time", "time_to_accuracy"
+OBJECTIVES = (STEP_TIME, TIME_TO_ACCURACY)
 
 # Accordion's threshold of relative change (its paper's 0.5, used in all its experiments).
 ETA = 0.5
@@ -56,6 +62,37 @@ R_MIN = 0.5
 # progress: the ratios and step times are measured, and a tie is no reason to change.
 MARGIN = 0.05
 VALUE = "value"            # the mode of the per-bucket value plan (the planner's): r = 1
+
+# The methods that change convergence, as auto names them (the grid's names).
+DEFAULT_METHODS = ("powersgd1", "powersgd2", "powersgd4", "topk0.1", "topk0.01", "topk0.001",
+                   "onebit", "int8")
+_PATTERN = re.compile(r"^(?:(topk)(\d*\.?\d+(?:e-?\d+)?)|(powersgd)(\d+)|(onebit)|(int8))$")
+
+
+def parse_method(text):
+    """('topk', ratio) | ('powersgd', rank) | ('onebit', None) | ('int8', None), or a
+    ValueError naming what is accepted."""
+    m = _PATTERN.match(str(text).strip())
+    if not m:
+        raise ValueError(f"not a method auto can switch to: {text!r} (topk<ratio>, "
+                         f"powersgd<rank>, onebit, int8)")
+    if m.group(1):
+        ratio = float(m.group(2))
+        if not 0 < ratio <= 1:
+            raise ValueError(f"top-k ratio must be in (0, 1], got {text!r}")
+        return "topk", ratio
+    if m.group(3):
+        rank = int(m.group(4))
+        if rank < 1:
+            raise ValueError(f"PowerSGD rank must be >= 1, got {text!r}")
+        return "powersgd", rank
+    return (m.group(5) or m.group(6)), None
+
+
+def check_method(text):
+    """The label, normalised (topk0.10 -> topk0.1), or a ValueError."""
+    kind, p = parse_method(text)
+    return f"{kind}{p:g}" if kind == "topk" else (f"{kind}{p}" if kind == "powersgd" else kind)
 
 
 @dataclass

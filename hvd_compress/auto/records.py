@@ -431,6 +431,9 @@ class PlanReport:
     last_replan_check: ReplanCheck | None = None
     step_clock_pauses: int = 0
     events: tuple = ()              # Event
+    # objective="time_to_accuracy": the mode in force, the ratios, step times, each window's
+    # decision and each switch (objective.TimeToAccuracy.report); None under "step_time"
+    objective: dict | None = None
 
     @property
     def labels(self):
@@ -459,6 +462,8 @@ class PlanReport:
                                      else self.last_replan_check.to_dict()),
                "step_clock_pauses": self.step_clock_pauses,
                "events": [e.to_dict() for e in self.events]}
+        if self.objective is not None:
+            out["objective"] = dict(self.objective)
         return out
 
     @classmethod
@@ -486,6 +491,7 @@ class PlanReport:
                 float(d.get("calibration_s", 0.0)), int(d.get("calibrations", 0)),
                 ReplanCheck.from_dict(check) if check else None,
                 int(d.get("step_clock_pauses", 0)),
-                tuple(Event.from_dict(e) for e in d.get("events", ())))
+                tuple(Event.from_dict(e) for e in d.get("events", ())),
+                dict(d["objective"]) if d.get("objective") else None)
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"not a plan report: {err!r} missing or malformed") from None

@@ -9,6 +9,20 @@ only when the optimizer asks for it: the planner and its CLI never import this m
     compression=hc.Compression.auto(trial_steps=5)       # time the plan against its rivals
     compression=hc.Compression.auto(candidates=("bit8", "e2m1"))   # a plugin scheme
     compression=hc.Compression.auto(plan="plan.json")    # pinned: a plan measured before
+    compression=hc.Compression.auto(objective="time_to_accuracy")   # and the lossy methods
+    compression=hc.Compression.auto(objective="time_to_accuracy",
+                                    step_s={"value": 0.053, "topk0.1": 0.042})  # a link's steps
+
+`objective`: "step_time" (the default) chooses among the value codecs by step time under the
+per-bucket error bound; "time_to_accuracy" also weighs the methods that change convergence
+(`methods`: PowerSGD ranks, top-k ratios, 1-bit, int8), by the job's own measure of their
+progress per step (objective.py, docs/planner.md "Time to accuracy"). It is not the default:
+on the links this project measured the value codecs reached the target first (the lossy
+methods pay only where a step is mostly the link's), and the shadows cost compute every step.
+`step_s` injects each mode's seconds per step ("value": the value plan's; a method's label),
+a link measured elsewhere (a step benchmark's cells), a dict or the path of a JSON file of
+one; a mode without one is measured by the job. `interval` (steps per window: the regime's
+interval and the decision's) and `r_min` (the accuracy guard) are convergence.py's.
 
 A candidate is any registered scheme whose entry says `carries_values` (registry.Scheme; the
 plugins of $HVD_COMPRESS_SCHEMES included), by any of its routes; the error guard then decides
@@ -25,7 +39,8 @@ import math
 
 from .. import registry
 from ..registry import label, parse_label
-from . import planner
+from . import convergence, planner
+from .convergence import DEFAULT_METHODS, OBJECTIVES, check_method
 
 __all__ = ["Auto", "WARMUP_STEPS", "NOT_BY_DEFAULT", "default_candidates"]
 
@@ -60,8 +75,17 @@ class Auto:
 
     def __init__(self, candidates=None, warmup_steps=WARMUP_STEPS,
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
-                 replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS, plan=None):
+                 replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS, plan=None,
+                 objective="step_time", methods=None, step_s=None,
+                 interval=convergence.INTERVAL, r_min=convergence.R_MIN):
         texts = None if candidates is None else _checked(candidates)
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, "
+                             f"got {objective!r}")
+        if isinstance(interval, bool) or int(interval) != interval or interval < 2:
+            raise ValueError(f"interval must be a whole number of steps >= 2, got {interval!r}")
+        if not (isinstance(r_min, (int, float)) and 0 < r_min <= 1):
+            raise ValueError(f"r_min must be in (0, 1], got {r_min!r}")
         if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 2:
             raise ValueError(f"warmup_steps must be an integer >= 2 (the first is discarded), "
                              f"got {warmup_steps!r}")
@@ -83,6 +107,12 @@ class Auto:
         self.replan_every = replan_every if replan_every == math.inf else int(replan_every)
         self.trial_steps = int(trial_steps)
         self.plan = pinned_plan(plan)
+        self.objective = objective
+        self.methods = tuple(dict.fromkeys(check_method(m) for m in (
+            DEFAULT_METHODS if methods is None else methods)))
+        self.step_s = step_times(step_s, self.methods)
+        self.interval = int(interval)
+        self.r_min = float(r_min)
 
     @property
     def candidates(self):
@@ -111,7 +141,8 @@ class Auto:
         return {"candidates": self.candidates, "warmup_steps": self.warmup_steps,
                 "error_bound": self.error_bound, "margin": self.margin,
                 "replan_every": self.replan_every, "trial_steps": self.trial_steps,
-                "plan": self.plan}
+                "plan": self.plan, "objective": self.objective, "methods": self.methods,
+                "step_s": self.step_s, "interval": self.interval, "r_min": self.r_min}
 
     def __repr__(self):
         return "Auto(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
@@ -120,7 +151,8 @@ class Auto:
         return isinstance(other, Auto) and self.options() == other.options()
 
     def __hash__(self):
-        return hash((Auto, tuple(self.options().items())))
+        return hash((Auto, tuple((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                                 for k, v in self.options().items())))
 
 
 def _checked(candidates):
@@ -177,3 +209,32 @@ def pinned_plan(spec):
     if not plan:
         raise ValueError("Compression.auto(plan=...): the plan names no bucket")
     return plan
+
+
+def step_times(spec, methods):
+    """{mode: seconds per step} from what `step_s=` names (a dict, or the path of a JSON file
+    of one), None for none; every key "value" or one of `methods`, every value > 0."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        try:
+            with open(spec) as f:
+                spec = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"Compression.auto(step_s={spec!r}): cannot read step times "
+                             f"from it: {err}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"Compression.auto(step_s=...): a dict of mode -> seconds, got "
+                         f"{type(spec).__name__}")
+    out = {}
+    for key, value in spec.items():
+        mode = key if key == convergence.VALUE else check_method(key)
+        if mode != convergence.VALUE and mode not in methods:
+            raise ValueError(f"Compression.auto(step_s=...): {key!r} is no candidate "
+                             f"(methods: {', '.join(methods)}, or 'value')")
+        if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                           and math.isfinite(value) and value > 0):
+            raise ValueError(f"Compression.auto(step_s=...): {key!r} must be a number of "
+                             f"seconds > 0, got {value!r}")
+        out[mode] = float(value)
+    return out

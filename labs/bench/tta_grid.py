@@ -89,6 +89,12 @@ OURS += [_ours(f"topk{r:g}", ["--topk-allreduce", f"{r:g}"], f"ours:topk{r:g}")
 OURS += [_ours(f"powersgd{k}", ["--powersgd-allreduce", str(k)], f"ours:powersgd{k}")
          for k in (1, 2, 4)]
 OURS += [_ours("auto", ["--auto-allreduce"], "ours:auto")]
+# Compression.auto(objective="time_to_accuracy") deciding on a link's step cells (injected:
+# results/tta/auto/README.md), one run per link: its choice depends on the link.
+OURS += [_ours(f"auto:tta-{link}", ["--auto-allreduce", "--auto-objective", "time_to_accuracy",
+                                    "--auto-step-s", str(ROOT / "results" / "tta" / "auto" /
+                                                         "step_s" / f"{link}.json")], "ours:auto")
+         for link in LINKS]
 # DDP's own hooks (labs/ddp_mnist.py): its fp16_compress_hook and powerSGD_hook at rank 1.
 DDP_OWN = [Method("ddp:fp16", "ddp", ("--ddp-fp16",), "stock:fp16"),
            Method("ddp:powersgd1", "ddp", ("--ddp-powersgd", "1"), "stock:powersgd1")]

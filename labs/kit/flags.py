@@ -6,7 +6,8 @@ import math
 from hvd_compress import registry
 
 __all__ = ["DEFAULTS", "AUTO", "AUTO_FLAG", "compression_flags", "scale_block",
-           "add_compression_flags", "check_args", "compression_of", "auto_compression"]
+           "add_compression_flags", "add_auto_flags", "check_args", "compression_of",
+           "auto_compression"]
 
 # The lab's defaults where they differ from Horovod's pytorch_mnist.py (model: its small net,
 # lr 0.01, momentum 0.5, 10 epochs): pytorch/examples' larger network with momentum 0.9, which
@@ -53,6 +54,18 @@ def add_compression_flags(group):
                                 "(hc.Compression.auto, docs/planner.md)")
 
 
+def add_auto_flags(parser):
+    """--auto-allreduce's own options (Compression.auto(objective=..., step_s=...))."""
+    parser.add_argument("--auto-objective", choices=("step_time", "time_to_accuracy"),
+                        default=None, help="with --auto-allreduce: what auto minimises "
+                        "(default step_time; time_to_accuracy also weighs PowerSGD, top-k, "
+                        "1-bit and int8 by their measured progress, docs/planner.md)")
+    parser.add_argument("--auto-step-s", default=None, metavar="JSON",
+                        help="with --auto-objective time_to_accuracy: a JSON file of each "
+                        "mode's seconds per step ({'value': s, 'topk0.1': s, ...}: a link's "
+                        "step cells) instead of the job's own measurement")
+
+
 def scale_block(text):
     """--scale-block: a positive number of values, or 'tensor' (None: one scale per tensor)."""
     if text == "tensor":
@@ -95,6 +108,9 @@ def check_args(parser, args):
     if args.compression == AUTO and AUTO not in registry.SCHEMES:
         check_auto(parser, args)
         return
+    for flag in ("auto_objective", "auto_step_s"):
+        if getattr(args, flag, None) is not None:
+            parser.error(f"--{flag.replace('_', '-')} needs {AUTO_FLAG}")
     entry = registry.scheme(args.compression)
     if args.topk_allreduce is not None and not 0 < args.topk_allreduce <= 1:
         parser.error(f"--topk-allreduce RATIO must be in (0, 1], got {args.topk_allreduce}")
@@ -144,6 +160,10 @@ def check_auto(parser, args):
         parser.error(str(err))
     if args.resume and not args.out:
         parser.error("--resume needs --out RUN_FOLDER (the run to continue)")
+    try:
+        compression_of(args)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def auto_compression():
@@ -160,7 +180,10 @@ def compression_of(args):
     """The hvd_compress compression the parsed flags ask for (top-k and PowerSGD with their
     ratio or rank, and error feedback unless --no-error-feedback)."""
     if args.compression == AUTO and AUTO not in registry.SCHEMES:
-        return auto_compression()
+        options = {k: v for k, v in (("objective", getattr(args, "auto_objective", None)),
+                                     ("step_s", getattr(args, "auto_step_s", None)))
+                   if v is not None}
+        return auto_compression()(**options) if options else auto_compression()
     entry = registry.scheme(args.compression)
     if entry.parameter is not None:
         value = getattr(args, _dest(entry.flag))
