@@ -7,7 +7,7 @@
     python -m hvd_compress.costmodel --fit runs/bench.csv --nodes 8 64 --size 32MiB   # fitted link
     python -m hvd_compress.costmodel --methods basic --nodes 2 4 --bandwidth 100Mbit/s \
         --latency 50us [--schemes bit8 bf16:allgather]    # every registered scheme by default
-    python -m hvd_compress.costmodel --tta results/tta/seed42/scaling.csv --nodes 8 16 32 64 \
+    python -m hvd_compress.costmodel --tta results/tta/two-seeds/scaling.csv --nodes 8 16 32 64 \
         --bandwidth 10Gbit/s --latency 50us     # time to accuracy at n ranks (accuracy.py)
 
 The compression schemes and their bit widths come from hvd_compress.registry (plugins of
