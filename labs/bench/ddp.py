@@ -45,15 +45,13 @@ import fcntl
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from labs.bench import step as bench_step
-from labs.bench.rounds import add_grid_arguments, another_round, check_grid, netem_command, \
+from labs.bench.rounds import add_grid_arguments, another_round, check_grid, run_torch_ranks, \
     worker_command
 from labs.bench.step import AUTO_ROW, LINKS, LOCAL_ROW, cell_steps, plan_fields
 
@@ -221,12 +219,6 @@ def worker(args):
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def cell_lock(path):
     """Hold `path`'s flock (shared with `flock PATH cmd`) while a cell runs, so that no other
@@ -260,23 +252,7 @@ def launch(args, model, link, n, csv_path):
 def _launch(args, model, link, n, csv_path):
     per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
     cmd = worker_command("labs.bench.ddp", args, model, link, per_round, first, most, csv_path)
-    if LINKS[link]:
-        subprocess.run(netem_command(n, LINKS[link], args.timeout, cmd), check=True,
-                       timeout=args.timeout + 60)
-        return
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(n)]
-    try:
-        codes = [p.wait(timeout=args.timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(codes):
-        raise RuntimeError(f"bench_ddp: a rank failed ({codes})")
+    run_torch_ranks(n, LINKS[link], args.timeout, cmd, "bench_ddp")
 
 
 def known_row(row):

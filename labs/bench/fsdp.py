@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from labs.bench.rounds import (add_grid_arguments, another_round, check_grid, median,
-                               median_ci_pct, netem_command, paired_ratio, worker_command)
+                               median_ci_pct, paired_ratio, run_torch_ranks, worker_command)
 from labs.bench.step import LINKS, cell_steps
 
 SCHEMES = ("none", "bf16", "bit16", "bit8", "int8", "fp16")     # hvd_compress.fsdp's
@@ -237,29 +237,12 @@ def worker(args):
 # ---- the driver ---------------------------------------------------------------------------------
 def launch(args, model, link, n, csv_path, rows=None, memory=False):
     """One cell's job: every rank runs the worker, over loopback or an emulated link."""
-    from labs.bench.ddp import _free_port
     per_round, first, most = cell_steps(model, link, args.steps, args.rounds, args.max_rounds)
     sub = argparse.Namespace(**dict(vars(args), rows=rows or args.rows))
     cmd = worker_command("labs.bench.fsdp", sub, model, link, per_round, first, most, csv_path)
     if memory:
         cmd.append("--memory")
-    if LINKS[link]:
-        subprocess.run(netem_command(n, LINKS[link], args.timeout, cmd), check=True,
-                       timeout=args.timeout + 60)
-        return
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(n)]
-    try:
-        codes = [p.wait(timeout=args.timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(codes):
-        raise RuntimeError(f"bench_fsdp: a rank failed ({codes})")
+    run_torch_ranks(n, LINKS[link], args.timeout, cmd, "bench_fsdp")
 
 
 def summarise(steps):

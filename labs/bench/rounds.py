@@ -9,6 +9,9 @@ known from the medians of its rounds (median_ci_pct), and two rows are compared 
 """
 import argparse
 import math
+import os
+import socket
+import subprocess
 import sys
 import time
 
@@ -210,3 +213,31 @@ def netem_command(n, rate, timeout, cmd):
     """`cmd` on n ranks over an emulated link of `rate` (labs.netem: root, namespaces)."""
     return [sys.executable, "-m", "labs.netem", "run", "-n", str(n), "--rate", rate,
             "--launcher", "gloo", "--timeout", str(timeout), "--"] + cmd
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch_ranks(n, rate, timeout, cmd, name):
+    """`cmd` as n torch.distributed ranks: over an emulated link of `rate` (netem_command), or,
+    with no rate, as n local processes given the environment torchrun gives (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), killed if one outlives `timeout`."""
+    if rate:
+        subprocess.run(netem_command(n, rate, timeout, cmd), check=True, timeout=timeout + 60)
+        return
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(n)]
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        raise RuntimeError(f"{name}: a rank failed ({codes})")
