@@ -25,8 +25,8 @@ import torch
 
 from labs.kit.data import DATASETS, DataError, find_file, load_dataset, locate
 
-from . import course_net, intree, nofollow, pristine, replay, sandbox, schema
-from .checks import STEPS, fail, ok
+from . import course_net, intree, nofollow, normal_form, pristine, replay, sandbox, schema
+from .checks import STEPS, fail
 from .compressor_checks import HEADER, SPECS
 from .job_checks import TRAINER_CHECKS, exchange_checks, trainer_checks
 from .kit import is_kit
@@ -103,8 +103,8 @@ def reference_imports(kit):
     found = set()
     for path in sorted(Path(kit).glob("*.py")):
         try:
-            tree = ast.parse(sandbox.read_text(path, 1 << 20, root=kit))
-        except (SyntaxError, ValueError):
+            tree = normal_form.parse(sandbox.read_text(path, 1 << 20, root=kit))
+        except normal_form.UNPARSABLE:
             continue
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
