@@ -123,7 +123,8 @@ def lab():
     return importlib.import_module("labs.mnist")
 
 
-# ---- kinds: every test declares unit, build, multiprocess or netns; checked (tests/kinds.py) -
-from kinds import (pytest_configure, pytest_make_collect_report,  # noqa: E402,F401
-                   pytest_runtest_call, pytest_runtest_protocol, pytest_runtest_setup,
-                   pytest_runtest_teardown, pytest_unconfigure)
+# ---- kinds: every test declares unit, interpreter, build, multiprocess or netns; checked
+# (tests/kinds.py)
+from kinds import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
+                   pytest_make_collect_report, pytest_runtest_call, pytest_runtest_protocol,
+                   pytest_runtest_setup, pytest_runtest_teardown, pytest_unconfigure)

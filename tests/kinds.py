@@ -3,9 +3,12 @@
 Each test carries exactly one kind marker, set in its module (`pytestmark = pytest.mark.unit`)
 or on the test itself where a module mixes kinds:
 
-    unit          one process, quick: no Horovod job, no hvd.init() in the pytest process, no
+    unit          one process, quick: no Python interpreter of its own (no `python` subprocess,
+                  no console script), no Horovod job, no hvd.init() in the pytest process, no
                   network namespaces, no horovodrun / mpirun subprocess, nothing built (no
                   compiler, pip, venv or set-up script)
+    interpreter   starts a Python interpreter of its own (a CLI, a script, a fresh import,
+                  a sandboxed student process); no ranks, nothing built
     build         builds what a user's first use builds: the kernel (a compiler), a wheel or a
                   virtualenv (pip, venv), a set-up script's work (a classroom kit's); no ranks
     multiprocess  starts ranks: Horovod (horovodrun / mpirun) or a torch.distributed process
@@ -15,9 +18,10 @@ or on the test itself where a module mixes kinds:
 A test with none or more than one fails its module's collection, named, so `pytest -m unit` can
 be trusted to hold every one-process test and nothing else.  While a test runs, what it
 launches is checked against its kind: a `unit` test that starts horovodrun / mpirun / a
-labs.netem cluster / `ip netns` / a compiler / pip / venv, or calls hvd.init(), fails with a
-clear error, and so does a `multiprocess` test that builds namespaces. Each kind allows what
-the kinds before it allow (unit < build < multiprocess < netns).  The check sees the commands the test itself
+labs.netem cluster / `ip netns` / a compiler / pip / venv / a Python interpreter, or calls
+hvd.init(), fails with a clear error, and so does a `multiprocess` test that builds namespaces.
+Each kind allows what the kinds before it allow (unit < interpreter < build < multiprocess <
+netns).  The check sees the commands the test itself
 starts (subprocess) and hvd.init() in the pytest process, not what those commands start in
 turn: a test that runs a tool which launches ranks must say so with its marker.
 
@@ -32,9 +36,12 @@ import pytest
 
 from launch_guard import ALLOWED, KindError, _running, child_environ, install_guards  # noqa: F401
 
-KINDS = ("unit", "build", "multiprocess", "netns")
+KINDS = ("unit", "interpreter", "build", "multiprocess", "netns")
 MARKERS = {
-    "unit": "one process, no Horovod job, no network namespaces, nothing built (fast)",
+    "unit": "one process: no Python interpreter of its own, no Horovod job, no network "
+            "namespaces, nothing built (fast)",
+    "interpreter": "starts a Python interpreter of its own (a CLI, a script, a fresh import); "
+                   "no ranks, nothing built",
     "build": "compiles the kernel, builds a wheel or a virtualenv, runs a set-up script; no ranks",
     "multiprocess": "starts Horovod ranks under horovodrun / mpirun (Gloo and MPI), or runs "
                     "Horovod at all",
@@ -44,8 +51,26 @@ MARKERS = {
 
 
 def kinds_of(item):
-    """The kind markers of a collected test, as declared (duplicates kept)."""
-    return [mark.name for mark in item.iter_markers() if mark.name in KINDS]
+    """The kind markers of a collected test as declared where it is declared nearest (the
+    test's own override its class's, which override its module's; duplicates kept)."""
+    for node in reversed(item.listchain()):
+        kinds = [mark.name for mark in node.own_markers if mark.name in KINDS]
+        if kinds:
+            return kinds
+    return []
+
+
+def own_kinds_only(items):
+    """Each test's kind as its own marker and none on the modules and classes above it, so
+    that `-m unit` selects a test by the kind that kinds_of reads (pytest's -m reads every
+    marker from the module down: a module's `unit` would select the test that overrides it)."""
+    kinds = {item: kinds_of(item) for item in items}
+    for item in items:
+        for node in item.listchain()[:-1]:
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in KINDS]
+    for item, found in kinds.items():
+        if found and not any(m.name in KINDS for m in item.own_markers):
+            item.add_marker(found[0])
 
 
 def wrong_kinds(items):
@@ -87,9 +112,16 @@ def pytest_make_collect_report(collector):
     if wrong:
         report.outcome, report.result = "failed", []
         report.longrepr = (
-            "every test needs exactly one kind marker, unit, build, multiprocess or netns, in its "
+            "every test needs exactly one kind marker, unit, interpreter, build, multiprocess or "
+            "netns, in its "
             "module (pytestmark = pytest.mark.unit) or on the test (tests/kinds.py):\n  "
             + "\n  ".join(wrong))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Before `-m` deselects anything (pytest's own hook runs after this one)."""
+    own_kinds_only(items)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,6 +6,7 @@ import importlib.abc
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +21,10 @@ NETEM_READ_ONLY = {"-h", "--help"}
 BUILDERS = {"pip", "pip3", "virtualenv", "ninja", "cmake", "make", "c++", "g++", "gcc", "cc",
             "clang", "clang++"}
 BUILD_MODULES = ("pip", "venv", "virtualenv", "build", "hvd_compress.codecs.native")
+# A Python interpreter of its own: it imports again what pytest has loaded (torch alone takes
+# seconds), which is what a one-process test does not pay. Sandboxes run one after `--`.
+PYTHON = re.compile(r"python[0-9.]*$")
+SANDBOXES = {"bwrap", "setpriv"}
 
 
 class KindError(RuntimeError):
@@ -60,10 +65,29 @@ def _script_kind(script):
     return None
 
 
+def _runs_python(argv):
+    """Whether argv starts a Python interpreter: python itself, a script whose first line
+    names python (a console script, an executable .py), or either inside a sandbox."""
+    program = os.path.basename(argv[0])
+    if program in SANDBOXES and "--" in argv[:-1]:
+        rest = argv[len(argv) - argv[::-1].index("--"):]
+        return bool(rest) and _runs_python(rest)
+    if PYTHON.match(program) or os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+        return True
+    path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(200)
+    except (OSError, TypeError):
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
 def launch_kind(args, shell=False):
     """'multiprocess' if the command starts Horovod ranks, 'netns' if it builds or enters
-    network namespaces, 'build' if it compiles, runs pip or venv or a set-up script, None
-    otherwise.  `shell`: args is a shell line (Popen's shell=True)."""
+    network namespaces, 'build' if it compiles, runs pip or venv or a set-up script,
+    'interpreter' if it starts any other Python interpreter, None otherwise.  `shell`: args is
+    a shell line (Popen's shell=True)."""
     if shell:
         return _script_kind(os.fsdecode(args) if not isinstance(args, (list, tuple))
                             else " ".join(map(str, args)))
@@ -97,13 +121,17 @@ def launch_kind(args, shell=False):
             return None if argv[i + 2:] and set(argv[i + 2:]) <= INFO_FLAGS else "build"
     if program in ("sh", "bash", "dash") and any(os.path.basename(a) == "setup.sh" for a in argv[1:]):
         return "build"
+    if _runs_python(argv):
+        return "interpreter"
     return None
 
 
-# Each kind allows its own launches and those of the kinds below it: unit < build <
-# multiprocess < netns (a multi-rank test may build the kernel its ranks load).
-ALLOWED = {"unit": set(), "build": {"build"}, "multiprocess": {"build", "multiprocess"},
-           "netns": {"build", "multiprocess", "netns"}}
+# Each kind allows its own launches and those of the kinds below it: unit < interpreter <
+# build < multiprocess < netns (a multi-rank test may build the kernel its ranks load).
+ALLOWED = {"unit": set(), "interpreter": {"interpreter"},
+           "build": {"interpreter", "build"},
+           "multiprocess": {"interpreter", "build", "multiprocess"},
+           "netns": {"interpreter", "build", "multiprocess", "netns"}}
 # The test now running (tests/kinds.py sets it around each test; in a child process,
 # start_in_child from the environment); `report`: the file a child writes its refusal to.
 _running = {"kind": None, "test": None, "report": None}
@@ -135,7 +163,7 @@ def _guarded_popen_init(original):
 
 def _guarded_hvd_init(original):
     def init(self, *args, **kwargs):
-        if _running["kind"] in ("unit", "build"):
+        if _running["kind"] in ("unit", "interpreter", "build"):
             _refuse("calls hvd.init()" + ("" if _running["report"] else " in the pytest process"),
                     "multiprocess")
         return original(self, *args, **kwargs)
@@ -195,7 +223,7 @@ def child_environ(kind, test, report):
     """os.environ changes that make every Python process the test starts run the same checks
     (tests/kinds_site/sitecustomize.py), writing a refusal to `report` too: its KindError may
     end inside a launcher the test expects to fail.  None for netns (nothing to check)."""
-    if kind not in ("unit", "build", "multiprocess"):
+    if kind not in ("unit", "interpreter", "build", "multiprocess"):
         return {}
     here = os.path.dirname(SITE)
     path = os.environ.get("PYTHONPATH")
@@ -205,9 +233,18 @@ def child_environ(kind, test, report):
 
 
 def start_in_child():
-    """In a process a test started (sitecustomize): the test's kind from the environment."""
+    """In a process a test started (sitecustomize): the test's kind from the environment. A
+    `unit` test's child is itself what the kind rules out, however it was started (a shell
+    line, multiprocessing's spawn): it says so in the report, which fails the test, and runs
+    on (an exception here would only be printed)."""
     if os.environ.get("HVD_COMPRESS_TEST_KIND") in ALLOWED:
         _running.update(kind=os.environ["HVD_COMPRESS_TEST_KIND"],
                         test=os.environ.get("HVD_COMPRESS_TEST_ID", "a test"),
                         report=os.environ.get("HVD_COMPRESS_KIND_REPORT"))
         install_guards()
+        if _running["kind"] == "unit":
+            try:
+                _refuse(f"runs {shlex.join([sys.executable] + sys.argv)[:200]!r}, a Python "
+                        f"interpreter of the test's own", "interpreter")
+            except KindError:
+                pass

@@ -174,7 +174,7 @@ def test_tiny_loopback_run_then_costmodel_fit(tmp_path, monkeypatch, capfd):
     assert bench.output_paths(out)["summary"].exists()
 
 
-@pytest.mark.unit
+@pytest.mark.interpreter
 def test_worker_refuses_to_run_without_a_launcher(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_"))}
     r = subprocess.run([sys.executable, "-m", "labs.netem.bench", "--out", str(tmp_path / "x.csv")],

@@ -126,6 +126,7 @@ def _write_run(folder, name, size, accuracy):
                                                 f"1,1,0.07,2.1,{size}\n")
 
 
+@pytest.mark.interpreter
 def test_the_report_checks(fresh_kit):
     checks = report_checks(fresh_kit)
     assert [c.passed for c in checks] == [False, False] and "python report.py" in checks[0].en

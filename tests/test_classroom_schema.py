@@ -274,6 +274,7 @@ def _report(kit):
     return report_checks(kit)
 
 
+@pytest.mark.interpreter
 def test_the_reports_figures_are_its_runs_figures(tmp_path):
     kit = classroom_kit.init(tmp_path / "kit")
     _write_run(kit, "np2-none", 2, 0.8123)
@@ -297,6 +298,7 @@ def test_the_reports_figures_are_its_runs_figures(tmp_path):
     assert "not kitlog's" in report_checks(kit)[1].en
 
 
+@pytest.mark.interpreter
 def test_a_report_whose_accuracy_no_run_of_this_network_gives_fails(tmp_path):
     kit = classroom_kit.init(tmp_path / "kit")
     _write_run(kit, "np2-none", 2, 0.90, loss=0.01)          # 10% wrong costs >= 0.069 of loss

@@ -338,6 +338,7 @@ def test_native_messages_large_enough_to_stream(scheme):
     assert same_bits(out, expected)
 
 
+@pytest.mark.interpreter
 def test_portable_kernel_equals_the_torch_path():
     """HVD_COMPRESS_F16C=0: the portable loops of kernels.h, which CPUs without F16C run."""
     import subprocess

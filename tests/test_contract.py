@@ -123,6 +123,7 @@ def test_communicators_declare_what_they_can_do():
 
 
 # ---- a compressor from one file --------------------------------------------------------------
+@pytest.mark.interpreter
 def test_a_compressor_from_one_file_reaches_the_cost_model_and_the_lab(tmp_path):
     """The file of docs/extending.md, and nothing else: the cost model counts its bytes as its
     messages are, the lab's parser takes its flag and names its run."""

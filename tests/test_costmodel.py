@@ -567,6 +567,7 @@ def markdown_rows(text):
     return [dict(zip(header, r)) for r in body]
 
 
+@pytest.mark.interpreter
 def test_cli_table_parses_and_matches_the_model():
     p = run_cli_process("--nodes", "4", "8", "--size", "32MiB", "--bandwidth", "10Gbit/s",
                 "--latency", "1ms", "--bits", "32", "16", "8")
@@ -621,6 +622,7 @@ def test_cli_rejects_bad_input(args, why):
     assert p.returncode == 2 and why in p.stderr and "usage" in p.stderr
 
 
+@pytest.mark.interpreter
 def test_cli_process_rejects_bad_input_with_its_usage():
     p = run_cli_process("--nodes", "8", "--size", "32Mb", *LINK_ARGS)
     assert p.returncode == 2 and "ambiguous" in p.stderr

@@ -74,6 +74,7 @@ def test_formulas_by_hand():
     assert all(methods.bytes_per_step(m, shapes, 1) == 0 for m in ("none", "bit8", "topk"))
 
 
+@pytest.mark.interpreter
 def test_cli_methods_table():
     out = subprocess.run([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic",
                           "--nodes", "2", "--bandwidth", "100Mbit/s", "--latency", "50us",

@@ -191,7 +191,7 @@ def test_check_cuda_runs_its_checks_on_the_cpu(tmp_path):
     assert report["bit8_timing"]["copy_ms"] > 0
 
 
-@pytest.mark.unit
+@pytest.mark.interpreter
 def test_check_cuda_says_when_there_is_no_gpu():
     import torch
     if torch.cuda.is_available():

@@ -87,6 +87,7 @@ def test_a_file_with_the_wrong_md5_is_refused_and_removed(tmp_path):
     assert leftovers(tmp_path) == []                        # nor the labels after the images
 
 
+@pytest.mark.interpreter
 def test_a_failure_is_said_again_not_tried_again_by_processes_started_before_it(tmp_path):
     with Mirror(FILES, drop={IMAGES}) as mirror:
         for _ in range(2):
@@ -103,6 +104,7 @@ def test_a_failure_is_said_again_not_tried_again_by_processes_started_before_it(
     assert not (tmp_path / download.FAILED_NAME).exists()
 
 
+@pytest.mark.interpreter
 def test_a_disk_that_refuses_the_file_is_a_clear_error_and_leaves_nothing(tmp_path):
     """A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes every write past 64 KiB fail as
     a full disk does: a DiskError naming it, no mirror tried after, nothing left behind."""
@@ -127,6 +129,7 @@ def test_a_disk_that_refuses_the_file_is_a_clear_error_and_leaves_nothing(tmp_pa
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.interpreter
 def test_processes_started_together_download_each_file_once(tmp_path):
     """Four processes (the ranks of a job, or two jobs) ask for the same files at once, from a
     slow mirror: the lock lets one download; the others wait and find the files whole."""

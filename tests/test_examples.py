@@ -131,6 +131,7 @@ def test_e2m1_packets_round_trip_through_horovods_interface(e2m1):
     assert torch.equal(back.float().reshape(-1), ref.decode_sum([(packed, scales)], 35, 256))
 
 
+@pytest.mark.interpreter
 def test_the_e2m1_file_alone_reaches_the_cost_model_cli():
     """Named in HVD_COMPRESS_SCHEMES, nothing else edited: a row of --methods with the bytes
     its messages have, and its 4 bits priced on both packet exchanges (one process for both

@@ -34,7 +34,7 @@ def test_check_fsdp_cuda_runs_its_checks_on_the_cpu_without_horovod(tmp_path):
         assert report["codecs"][label]["ok"], (label, report["codecs"][label])
 
 
-@pytest.mark.unit
+@pytest.mark.interpreter
 def test_check_fsdp_cuda_says_when_there_is_no_gpu():
     import torch
     if torch.cuda.is_available():

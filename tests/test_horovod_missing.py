@@ -58,6 +58,7 @@ def run_without_horovod():
     return dict(line.split("|", 1) for line in done.stdout.splitlines())
 
 
+@pytest.mark.interpreter
 def test_what_needs_horovod_says_how_to_get_it():
     said = run_without_horovod()
     for door in ("DistributedOptimizer", "make_communicator"):

@@ -2,6 +2,7 @@
 (pytester, in this process): the collection is refused when a test has no kind or two, and a
 test that launches what its kind rules out, itself or through a Python process it starts, fails
 naming the marker it needs; then the reading of commands on its own."""
+import re
 import sys
 
 import horovod.torch  # noqa: F401
@@ -16,7 +17,8 @@ import launch_guard
 
 pytestmark = pytest.mark.unit
 
-CONFTEST = ("from kinds import pytest_configure, pytest_make_collect_report, "
+CONFTEST = ("from kinds import pytest_collection_modifyitems, pytest_configure, "
+            "pytest_make_collect_report, "
             "pytest_runtest_call, pytest_runtest_protocol, pytest_runtest_setup, "
             "pytest_runtest_teardown, pytest_unconfigure\n")
 
@@ -106,13 +108,13 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
         def test_multiprocess_builds_a_namespace():
             subprocess.Popen(["ip", "netns", "add", "hvdc-never"])
 
-        @pytest.mark.unit
-        def test_unit_runs_a_tool_that_starts_ranks():
+        @pytest.mark.interpreter
+        def test_interpreter_runs_a_tool_that_starts_ranks():
             tool = "import subprocess; subprocess.run(['mpirun', '-np', '2', 'true'])"
             assert subprocess.run([sys.executable, "-c", tool]).returncode != 0
 
-        @pytest.mark.unit
-        def test_unit_runs_horovod_in_a_child():
+        @pytest.mark.interpreter
+        def test_interpreter_runs_horovod_in_a_child():
             serial = "from horovod.common.basics import HorovodBasics as H; H.init(None)"
             assert subprocess.run([sys.executable, "-c", serial]).returncode != 0
 
@@ -120,8 +122,8 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
         def test_unit_builds_a_virtualenv():
             subprocess.run([sys.executable, "-m", "venv", "/tmp/hvdc-never"])
 
-        @pytest.mark.unit
-        def test_unit_compiles_through_a_tool():
+        @pytest.mark.interpreter
+        def test_interpreter_compiles_through_a_tool():
             tool = "import subprocess; subprocess.run(['ninja', '-C', '/tmp/hvdc-never'])"
             assert subprocess.run([sys.executable, "-c", tool]).returncode != 0
 
@@ -139,6 +141,20 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
             assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True,
                                   text=True).stdout == "42\\n"
 
+        @pytest.mark.unit
+        def test_unit_runs_python_hidden_in_a_shell_line():
+            subprocess.run(["sh", "-c", "p=" + sys.executable + "; $p -c pass"], check=True)
+
+        @pytest.mark.unit
+        def test_unit_runs_a_program_that_is_not_python():
+            assert subprocess.run(["sh", "-c", "echo 42"], capture_output=True,
+                                  text=True).stdout == "42\\n"
+
+        @pytest.mark.interpreter
+        def test_interpreter_runs_a_plain_process():
+            assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True,
+                                  text=True).stdout == "42\\n"
+
         @pytest.mark.netns
         def test_netns_lists_namespaces():
             assert subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
@@ -152,11 +168,13 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
              "test_unit_initialises_horovod": "multiprocess",
              "test_unit_fixture_starts_ranks": "multiprocess",
              "test_multiprocess_builds_a_namespace": "netns",
-             "test_unit_runs_a_tool_that_starts_ranks": "multiprocess",
-             "test_unit_runs_horovod_in_a_child": "multiprocess",
+             "test_interpreter_runs_a_tool_that_starts_ranks": "multiprocess",
+             "test_interpreter_runs_horovod_in_a_child": "multiprocess",
              "test_unit_builds_a_virtualenv": "build",
-             "test_unit_compiles_through_a_tool": "build",
-             "test_build_starts_horovodrun": "multiprocess"}
+             "test_interpreter_compiles_through_a_tool": "build",
+             "test_build_starts_horovodrun": "multiprocess",
+             "test_unit_runs_a_plain_process": "interpreter",
+             "test_unit_runs_python_hidden_in_a_shell_line": "interpreter"}
     for name, kind in needs.items():
         outcome, message = found[name]
         assert outcome == "failed", (name, outcome)
@@ -164,15 +182,20 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
         assert f"test_crafted.py::{name} is marked" in message, message
     assert "calls hvd.init() in the pytest process" in found["test_unit_initialises_horovod"][1]
     assert "'horovodrun -np 2 true'" in found["test_unit_fixture_starts_ranks"][1]
-    assert found["test_unit_runs_a_plain_process"][0] == "passed"
+    assert found["test_interpreter_runs_a_plain_process"][0] == "passed"
+    assert found["test_unit_runs_a_program_that_is_not_python"][0] == "passed"
     assert found["test_build_builds_a_virtualenv"][0] == "passed"
-    assert "(in child process" in found["test_unit_compiles_through_a_tool"][1]
+    assert "(in child process" in found["test_interpreter_compiles_through_a_tool"][1]
+    in_a_child = re.compile(r"but \(in child process \d+\)")
+    assert not in_a_child.search(found["test_unit_runs_a_plain_process"][1])    # refused at once
+    assert in_a_child.search(found["test_unit_runs_python_hidden_in_a_shell_line"][1])
     assert found["test_netns_lists_namespaces"][0] == "passed"
-    for name in ("test_unit_runs_a_tool_that_starts_ranks", "test_unit_runs_horovod_in_a_child"):
+    for name in ("test_interpreter_runs_a_tool_that_starts_ranks",
+                 "test_interpreter_runs_horovod_in_a_child"):
         assert "(in child process" in found[name][1], found[name][1]
-    assert "'mpirun -np 2 true'" in found["test_unit_runs_a_tool_that_starts_ranks"][1]
-    assert "calls hvd.init()" in found["test_unit_runs_horovod_in_a_child"][1]
-    assert result.parseoutcomes() == {"failed": 11, "errors": 1, "passed": 3}
+    assert "'mpirun -np 2 true'" in found["test_interpreter_runs_a_tool_that_starts_ranks"][1]
+    assert "calls hvd.init()" in found["test_interpreter_runs_horovod_in_a_child"][1]
+    assert result.parseoutcomes() == {"failed": 13, "errors": 1, "passed": 4}
 
 
 @pytest.mark.parametrize("argv,kind", [
@@ -189,9 +212,14 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
     ([sys.executable, "/repo/labs/netem/cli.py", "bench", "-n", "2"], "netns"),
     ([sys.executable, "-m", "labs.netem", "check"], "netns"),
     ([sys.executable, "-m", "labs.netem", "commands", "-n", "2"], "netns"),  # probes: a namespace
-    ([sys.executable, "/repo/labs/netem/cli.py", "--help"], None),
-    ([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"], None),
-    ([sys.executable, "labs/mnist.py", "--epochs", "0"], None),
+    ([sys.executable, "/repo/labs/netem/cli.py", "--help"], "interpreter"),
+    ([sys.executable, "-m", "hvd_compress.costmodel", "--methods", "basic"], "interpreter"),
+    ([sys.executable, "labs/mnist.py", "--epochs", "0"], "interpreter"),
+    (["python3.11", "-c", "pass"], "interpreter"),
+    ("bash -c 'cd /tmp && python3 -c pass'", "interpreter"),
+    (["bwrap", "--ro-bind", "/usr", "/usr", "--", "setpriv", "--reuid=9", "--",
+      "/v/bin/python", "/grader/run.py"], "interpreter"),
+    (["bwrap", "--ro-bind", "/usr", "/usr", "--", "true"], None),
     (["ip", "-o", "link"], None),
     (["mpirun", "--version"], None),                     # the run records say which MPI
     ([sys.executable, "-m", "pip", "install", "-q", "x.whl"], "build"),
@@ -209,3 +237,29 @@ def test_a_launch_its_kind_rules_out_fails_the_test(pytester):
 ])
 def test_launch_kind_reads_the_command(argv, kind):
     assert launch_guard.launch_kind(argv) == kind
+
+
+def test_a_script_is_read_by_its_first_line(tmp_path):
+    (tmp_path / "tool").write_text("#!/usr/bin/env python3\nprint(1)\n")
+    (tmp_path / "shell").write_text("#!/bin/sh\necho python\n")
+    assert launch_guard.launch_kind([str(tmp_path / "tool"), "--help-me"]) == "interpreter"
+    assert launch_guard.launch_kind([str(tmp_path / "shell")]) is None
+    assert launch_guard.launch_kind([str(tmp_path / "absent")]) is None
+
+
+def test_a_tests_own_kind_overrides_its_modules_and_decides_what_m_selects(pytester):
+    result = run_pytest(pytester, """
+        import pytest
+
+        pytestmark = pytest.mark.unit
+
+        def test_of_the_module():
+            pass
+
+        @pytest.mark.interpreter
+        def test_of_its_own():
+            pass
+        """, "-m", "unit")
+    assert set(outcomes(result)) == {"test_of_the_module"}, result.stdout.str()
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-m", "interpreter")
+    assert set(outcomes(result)) == {"test_of_its_own"}, result.stdout.str()

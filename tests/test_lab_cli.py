@@ -74,7 +74,7 @@ def test_split_test_beyond_the_data_is_a_clear_error(tmp_path, split):
         == str(error.value)
 
 
-@pytest.mark.unit
+@pytest.mark.interpreter
 def test_a_bad_value_in_a_real_process(tmp_path):
     """What the user sees: exit code 2, the message, no traceback, no run folder."""
     done = subprocess.run([sys.executable, TRAINER, "--data-dir", str(tmp_path), "--out",

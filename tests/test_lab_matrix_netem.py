@@ -83,7 +83,7 @@ def test_default_folder_is_kept_apart():
             run_matrix.parse_args(bad)
 
 
-@pytest.mark.unit
+@pytest.mark.interpreter
 def test_dry_run_prints_the_netem_command_and_writes_nothing(tmp_path):
     out = tmp_path / "m"
     done = subprocess.run([sys.executable, *MATRIX, "--dry-run", "--only", "np2-bit8",

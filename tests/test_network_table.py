@@ -155,6 +155,7 @@ def test_rate_text():
     assert network.rate_text(3.2e8) == "320 Mbit/s"
 
 
+@pytest.mark.interpreter
 def test_job_plans_the_table_the_calibration_and_the_network_rows(tmp_path):
     """The whole lab, planned: 9 runs of the table over loopback, two calibrations of the link,
     the 8 parallel rows over it with --steps-per-epoch, in a folder beside the table's."""

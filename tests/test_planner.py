@@ -560,6 +560,7 @@ def test_the_commands_default_inputs_are_the_committed_measurements():
     assert shipped == set(copies), sorted(shipped ^ set(copies))
 
 
+@pytest.mark.interpreter
 def test_the_planner_and_its_command_import_neither_torch_nor_horovod():
     import subprocess
     import sys

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.interpreter
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -353,6 +353,7 @@ def test_the_lab_jobs_table_holds_images_out_and_evaluates_by_images_seen():
     assert job.table_args(job.parse_args(["--holdout", "0"])[0], []).holdout is None
 
 
+@pytest.mark.interpreter
 def test_a_calibration_in_a_wrapper_keeps_its_cores_busy_inside_it():
     from labs.kit import job
     assert job.main(["--busy", "1", "--", sys.executable, "-c", "pass"]) == 0

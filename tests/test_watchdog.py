@@ -22,6 +22,7 @@ def test_beats_keep_it_quiet_and_silence_trips_it():
         assert fired.wait(3.0), "no beat for > 0.4 s must trip the watchdog"
 
 
+@pytest.mark.interpreter
 def test_stuck_process_exits_with_clear_error():
     code = ("import time; from labs.kit.watchdog import StepWatchdog\n"
             "with StepWatchdog(0.5, rank=3):\n    time.sleep(30)\n")
@@ -104,6 +105,7 @@ def test_suspects_name_the_silent_rank_or_the_one_behind(tmp_path):
     assert suspects(tmp_path, 3, now=now) == ""
 
 
+@pytest.mark.interpreter
 def test_suspects_name_a_rank_whose_process_exited_before_its_heartbeat_ages(tmp_path):
     """A SIGKILLed rank's last heartbeat is fresh for up to STALE_S, and Gloo reports the dead
     peer at once: the heartbeat's pid on this host says it is dead, not a deadlock."""
@@ -221,6 +223,7 @@ def test_a_step_the_crawl_met_halfway_does_not_lift_the_limit(tmp_path):
     assert dog.limit() == pytest.approx(30)
 
 
+@pytest.mark.interpreter
 def test_heartbeats_are_written_and_a_stall_names_the_silent_rank(tmp_path):
     code = ("import json, time; from labs.kit.watchdog import StepWatchdog\n"
             f"open('{tmp_path}/rank1.json', 'w').write(json.dumps(dict(rank=1, steps=3, time=time.time() - 60)))\n"
@@ -266,6 +269,7 @@ def test_under_gloo_a_learnt_limit_stays_below_gloos_timeout():
     assert StepWatchdog(90, clock=clock, ceiling_s=ceiling).limit() == 90   # fixed: as asked
 
 
+@pytest.mark.interpreter
 def test_a_stopped_peer_ends_the_wait_at_the_floor_even_at_the_first_evaluation(tmp_path):
     """A peer stopped (SIGSTOP) with its heartbeat stale is certain: the watchdog fires at its
     floor, not at the first evaluation's start-up limit (300 s: under MPI the job waited that
