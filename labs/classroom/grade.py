@@ -724,16 +724,21 @@ def grade(kits, options=Options()):
         if why:
             raise GradeError(f"cannot sandbox the kits: {why}")
         hide = held_out_labels(work, options.data_dir)
+        # a kit's grading writes into its folder (runs/grader-np<n>, then read back): a folder
+        # named twice is graded by one thread, never by two at once
+        named = {}
+        for kit in kits:
+            named.setdefault(Path(kit).resolve(), kit)
         folders = []
-        for i in range(len(kits)):
+        for i in range(len(named)):
             folders.append(work / f"kit{i}")
             folders[-1].mkdir(mode=0o711)
             folders[-1].chmod(0o711)
         with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
-            graded = [pool.submit(grade_kit, kit, options, folder, test_set, hide)
-                      for kit, folder in zip(kits, folders)]
+            graded = {real: pool.submit(grade_kit, kit, options, folder, test_set, hide)
+                      for (real, kit), folder in zip(named.items(), folders)}
             try:
-                return {kit: future.result() for kit, future in zip(kits, graded)}
+                return {kit: list(graded[Path(kit).resolve()].result()) for kit in kits}
             except sandbox.SandboxError as err:     # a sandbox that did not start: the grader's
                 raise GradeError(f"cannot sandbox the kits: {err}") from None
     finally:
