@@ -16,7 +16,6 @@ import re
 import shutil
 import sys
 import tempfile
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +196,7 @@ def guarded(kit, checks_of, judge):
     except (SandboxError, GradeError):
         raise
     except Exception as err:
-        print(f"[labs.classroom] the grader could not judge {kit}:\n{traceback.format_exc()}",
+        print(f"[labs.classroom] the grader could not judge {kit}:\n{normal_form.format_exc()}",
               file=sys.stderr, flush=True)
         return [cannot_judge(step, name, err) for step, name in checks_of()]
 
