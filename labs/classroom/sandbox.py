@@ -44,6 +44,7 @@ are taken, whichever this host mounts, else rlimits alone):
   the PID namespace and the cgroup take every process inside with it.
 """
 import atexit
+import collections
 import itertools
 import os
 import re
@@ -403,8 +404,8 @@ def _uid_base():
 
 
 UIDS = 16                           # user ids of one grader: its sandboxes running at once
-_uids_held = set()
-_uids_free = threading.Condition()
+_uids_free = collections.deque(range(UIDS))     # those no sandbox holds, the longest free first
+_uids_changed = threading.Condition()
 
 
 def new_uid():
@@ -412,20 +413,19 @@ def new_uid():
     of anyone on the host counts against its RLIMIT_NPROC. Held until free_uid (waits while
     UIDS sandboxes run)."""
     # the grader's threads start sandboxes while others run: a counter's wrap would hand a
-    # running sandbox's id to a new one, so ids are taken from those no sandbox holds
-    with _uids_free:
-        while len(_uids_held) >= UIDS:
-            _uids_free.wait()
-        slot = min(set(range(UIDS)) - _uids_held)
-        _uids_held.add(slot)
-    return _uid_base() + slot
+    # running sandbox's id to a new one; the longest free is taken, so that what the kernel
+    # has yet to reap of an ended sandbox is not counted against the next one
+    with _uids_changed:
+        while not _uids_free:
+            _uids_changed.wait()
+        return _uid_base() + _uids_free.popleft()
 
 
 def free_uid(uid):
     """Give back a user id of new_uid's (its sandbox has ended, every process of it killed)."""
-    with _uids_free:
-        _uids_held.discard(uid - _uid_base())
-        _uids_free.notify()
+    with _uids_changed:
+        _uids_free.append(uid - _uid_base())
+        _uids_changed.notify()
 
 
 def processes_left():
