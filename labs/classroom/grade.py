@@ -725,9 +725,10 @@ def grade(kits, options=Options()):
         hide = held_out_labels(work, options.data_dir)
         # a kit's grading writes into its folder (runs/grader-np<n>, then read back): a folder
         # named twice is graded by one thread, never by two at once
+        reals = [Path(kit).resolve() for kit in kits]
         named = {}
-        for kit in kits:
-            named.setdefault(Path(kit).resolve(), kit)
+        for kit, real in zip(kits, reals):
+            named.setdefault(real, kit)
         folders = []
         for i in range(len(named)):
             folders.append(work / f"kit{i}")
@@ -737,7 +738,7 @@ def grade(kits, options=Options()):
             graded = {real: pool.submit(grade_kit, kit, options, folder, test_set, hide)
                       for (real, kit), folder in zip(named.items(), folders)}
             try:
-                return {kit: list(graded[Path(kit).resolve()].result()) for kit in kits}
+                return {kit: list(graded[real].result()) for kit, real in zip(kits, reals)}
             except sandbox.SandboxError as err:     # a sandbox that did not start: the grader's
                 raise GradeError(f"cannot sandbox the kits: {err}") from None
     finally:
