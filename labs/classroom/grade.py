@@ -16,7 +16,6 @@ import re
 import shutil
 import sys
 import tempfile
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +196,7 @@ def guarded(kit, checks_of, judge):
     except (SandboxError, GradeError):
         raise
     except Exception as err:
-        print(f"[labs.classroom] the grader could not judge {kit}:\n{traceback.format_exc()}",
+        print(f"[labs.classroom] the grader could not judge {kit}:\n{normal_form.format_exc()}",
               file=sys.stderr, flush=True)
         return [cannot_judge(step, name, err) for step, name in checks_of()]
 
@@ -724,16 +723,22 @@ def grade(kits, options=Options()):
         if why:
             raise GradeError(f"cannot sandbox the kits: {why}")
         hide = held_out_labels(work, options.data_dir)
+        # a kit's grading writes into its folder (runs/grader-np<n>, then read back): a folder
+        # named twice is graded by one thread, never by two at once
+        reals = [Path(kit).resolve() for kit in kits]
+        named = {}
+        for kit, real in zip(kits, reals):
+            named.setdefault(real, kit)
         folders = []
-        for i in range(len(kits)):
+        for i in range(len(named)):
             folders.append(work / f"kit{i}")
             folders[-1].mkdir(mode=0o711)
             folders[-1].chmod(0o711)
         with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
-            graded = [pool.submit(grade_kit, kit, options, folder, test_set, hide)
-                      for kit, folder in zip(kits, folders)]
+            graded = {real: pool.submit(grade_kit, kit, options, folder, test_set, hide)
+                      for (real, kit), folder in zip(named.items(), folders)}
             try:
-                return {kit: future.result() for kit, future in zip(kits, graded)}
+                return {kit: list(graded[real].result()) for kit, real in zip(kits, reals)}
             except sandbox.SandboxError as err:     # a sandbox that did not start: the grader's
                 raise GradeError(f"cannot sandbox the kits: {err}") from None
     finally:

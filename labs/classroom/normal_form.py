@@ -33,6 +33,7 @@ import keyword
 import textwrap
 import threading
 import tokenize
+import traceback
 
 MAX_BLOCK = 400          # statements of one block reordered at most (the sort is quadratic)
 MAX_DEPTH = 200          # deeper syntax is cut short (hostile nesting) rather than recursed into
@@ -65,6 +66,13 @@ def parse(text):
     """ast.parse(text), one thread at a time: every parse of the grader's goes through here."""
     with _ONE_PARSE_AT_A_TIME:
         return ast.parse(text)
+
+
+def format_exc():
+    """traceback.format_exc(), under parse's lock: Python 3.11's traceback parses each failing
+    expression it underlines (ast.parse), which breaks another thread's parse as two parses do."""
+    with _ONE_PARSE_AT_A_TIME:
+        return traceback.format_exc()
 
 
 def normal_tokens(text, context=None):

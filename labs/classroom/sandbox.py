@@ -44,6 +44,7 @@ are taken, whichever this host mounts, else rlimits alone):
   the PID namespace and the cgroup take every process inside with it.
 """
 import atexit
+import collections
 import itertools
 import os
 import re
@@ -402,10 +403,29 @@ def _uid_base():
     return 200000 + (os.getpid() % 50000) * 16
 
 
+UIDS = 16                           # user ids of one grader: its sandboxes running at once
+_uids_free = collections.deque(range(UIDS))     # those no sandbox holds, the longest free first
+_uids_changed = threading.Condition()
+
+
 def new_uid():
     """A user id of its own for each sandbox: no process of another sandbox, of the grader or
-    of anyone on the host counts against its RLIMIT_NPROC."""
-    return _uid_base() + next(_counter) % 16
+    of anyone on the host counts against its RLIMIT_NPROC. Held until free_uid (waits while
+    UIDS sandboxes run)."""
+    # the grader's threads start sandboxes while others run: a counter's wrap would hand a
+    # running sandbox's id to a new one; the longest free is taken, so that what the kernel
+    # has yet to reap of an ended sandbox is not counted against the next one
+    with _uids_changed:
+        while not _uids_free:
+            _uids_changed.wait()
+        return _uid_base() + _uids_free.popleft()
+
+
+def free_uid(uid):
+    """Give back a user id of new_uid's (its sandbox has ended, every process of it killed)."""
+    with _uids_changed:
+        _uids_free.append(uid - _uid_base())
+        _uids_changed.notify()
 
 
 def processes_left():
@@ -418,7 +438,7 @@ def processes_left():
             uid = int(fields["Uid"].split()[0])
         except (OSError, KeyError, ValueError):
             continue
-        if not fields.get("State", "").strip().startswith("Z") and low <= uid < low + 16:
+        if not fields.get("State", "").strip().startswith("Z") and low <= uid < low + UIDS:
             left.append(status.parent.name)
     return left
 
@@ -481,7 +501,15 @@ def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=
     why = available()
     if why:
         raise SandboxError(why)
-    uid = new_uid() if uid is None else uid
+    if uid is None:
+        uid = new_uid()
+        try:
+            return run(command, kit_copy=kit_copy, out_dir=out_dir, tmp_dir=tmp_dir,
+                       grader_dir=grader_dir, limits=limits, env=env, extra_ro=extra_ro,
+                       ro_binds=ro_binds, log_path=log_path, uid=uid, report_path=report_path,
+                       scratch=scratch, hide=hide)
+        finally:
+            free_uid(uid)               # after group.close(): none of its processes is left
     for folder in (kit_copy, out_dir, tmp_dir):
         hand_over(folder, uid)
     os.chmod(tmp_dir, 0o700)
