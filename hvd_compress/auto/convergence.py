@@ -30,6 +30,10 @@ alike without a collective of its own.
                 auto then sends what costs no steps (the value codecs under their error bound).
                 The first interval is critical: nothing to compare it with, and the start of
                 training is where the gradient norm moves most.
+    sampled_positions
+                which steps of a window the shadows run at (SHADOW_SAMPLES of them, evenly
+                spaced from its first step): a pure function of the settings, so every rank
+                samples the same steps; the window's Progress sums those steps' products only.
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = ["ETA", "INTERVAL", "R_MIN", "MARGIN", "VALUE", "OBJECTIVES", "DEFAULT_METHODS",
-           "Progress", "choose", "Regime", "changed", "parse_method", "check_method"]
+           "SHADOW_SAMPLES", "Progress", "choose", "Regime", "changed", "sampled_positions",
+           "parse_method", "check_method"]
 
 # Compression.auto's objectives: the step's time (the value plan alone) or the time to
 # accuracy (the value plan and the methods below, by their measured progress).
@@ -51,6 +56,12 @@ ETA = 0.5
 # schedule); the lab trains two or three epochs, a few hundred steps each, so an interval is a
 # fraction of an epoch: a switch can follow the regime within a tenth of a run.
 INTERVAL = 50
+# Steps of a window the shadows run at. A shadowed step runs every candidate's compression
+# once (top-k's selection, PowerSGD's products, the codecs' rounds: together a large share of
+# a short step's compute), so the window's mean shadow cost is SHADOW_SAMPLES / INTERVAL of
+# it; two, not one, so that a window's ratio rests on more than one pair of gradients, and the
+# calm windows' pooled sums (objective.py) carry the rest of the precision.
+SHADOW_SAMPLES = 2
 
 
 # The accuracy guard: a candidate must make at least this share of float32's progress per
@@ -162,6 +173,19 @@ class Regime:
         self._previous = float(norm)
         self.history.append((float(norm), self.critical))
         return self.critical
+
+
+def sampled_positions(interval=INTERVAL, samples=SHADOW_SAMPLES) -> frozenset:
+    """The steps of a window (0 .. interval - 1, counted from its first) whose shadows run:
+    `samples` of them, every (interval // samples)-th from the first; samples == interval is
+    every step."""
+    if isinstance(interval, bool) or int(interval) != interval or interval < 1:
+        raise ValueError(f"interval must be a whole number of steps >= 1, got {interval!r}")
+    if isinstance(samples, bool) or int(samples) != samples or not 1 <= samples <= interval:
+        raise ValueError(f"shadow_samples must be a whole number of steps in 1..interval "
+                         f"({interval}), got {samples!r}")
+    stride = int(interval) // int(samples)
+    return frozenset(range(0, stride * int(samples), stride))
 
 
 def changed(before, now, eta=ETA) -> bool:

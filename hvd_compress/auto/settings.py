@@ -18,11 +18,12 @@ per-bucket error bound; "time_to_accuracy" also weighs the methods that change c
 (`methods`: PowerSGD ranks, top-k ratios, 1-bit, int8), by the job's own measure of their
 progress per step (objective.py, docs/planner.md "Time to accuracy"). It is not the default:
 on the links this project measured the value codecs reached the target first (the lossy
-methods pay only where a step is mostly the link's), and the shadows cost compute every step.
+methods pay only where a step is mostly the link's), and the shadows cost compute.
 `step_s` injects each mode's seconds per step ("value": the value plan's; a method's label),
 a link measured elsewhere (a step benchmark's cells), a dict or the path of a JSON file of
 one; a mode without one is measured by the job. `interval` (steps per window: the regime's
-interval and the decision's) and `r_min` (the accuracy guard) are convergence.py's.
+interval and the decision's), `r_min` (the accuracy guard) and `shadow_samples` (the steps of
+a window the shadows run at; `interval` of them: every step) are convergence.py's.
 
 A candidate is any registered scheme whose entry says `carries_values` (registry.Scheme; the
 plugins of $HVD_COMPRESS_SCHEMES included), by any of its routes; the error guard then decides
@@ -77,7 +78,8 @@ class Auto:
                  error_bound=planner.ERROR_BOUND, margin=planner.TIE_MARGIN,
                  replan_every=planner.REPLAN_EVERY, trial_steps=DEFAULT_TRIAL_STEPS, plan=None,
                  objective="step_time", methods=None, step_s=None,
-                 interval=convergence.INTERVAL, r_min=convergence.R_MIN):
+                 interval=convergence.INTERVAL, r_min=convergence.R_MIN,
+                 shadow_samples=convergence.SHADOW_SAMPLES):
         texts = None if candidates is None else _checked(candidates)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, "
@@ -86,6 +88,7 @@ class Auto:
             raise ValueError(f"interval must be a whole number of steps >= 2, got {interval!r}")
         if not (isinstance(r_min, (int, float)) and 0 < r_min <= 1):
             raise ValueError(f"r_min must be in (0, 1], got {r_min!r}")
+        convergence.sampled_positions(interval, shadow_samples)     # its ValueError names it
         if isinstance(warmup_steps, bool) or int(warmup_steps) != warmup_steps or warmup_steps < 2:
             raise ValueError(f"warmup_steps must be an integer >= 2 (the first is discarded), "
                              f"got {warmup_steps!r}")
@@ -113,6 +116,7 @@ class Auto:
         self.step_s = step_times(step_s, self.methods)
         self.interval = int(interval)
         self.r_min = float(r_min)
+        self.shadow_samples = int(shadow_samples)
 
     @property
     def candidates(self):
@@ -142,7 +146,8 @@ class Auto:
                 "error_bound": self.error_bound, "margin": self.margin,
                 "replan_every": self.replan_every, "trial_steps": self.trial_steps,
                 "plan": self.plan, "objective": self.objective, "methods": self.methods,
-                "step_s": self.step_s, "interval": self.interval, "r_min": self.r_min}
+                "step_s": self.step_s, "interval": self.interval, "r_min": self.r_min,
+                "shadow_samples": self.shadow_samples}
 
     def __repr__(self):
         return "Auto(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
