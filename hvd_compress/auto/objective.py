@@ -7,10 +7,13 @@ The communicator (communicator.AutoCommunicator) exchanges by a *mode*: "value" 
 measured, tried and re-planned as under the step-time objective) or one method on every
 bucket. This object holds the mode and what decides it:
 
-    each step     this rank's gradient (before the exchange) and the received average (after)
-                  feed the candidates' shadows (shadow.Shadows) and the inner products of last
-                  step's updates with this step's reference gradient (convergence.Progress),
-                  and the averaged gradient's running sum (convergence.Regime). No collective.
+    each step     the averaged gradient's running sum (convergence.Regime). No collective.
+    sampled steps at the window's steps convergence.sampled_positions names (`shadow_samples`
+                  of them, the same on every rank; none during a probe), this rank's gradient
+                  (before the exchange) and the received average (after) feed the candidates'
+                  shadows (shadow.Shadows), and at the step after, the inner products of their
+                  updates with that step's reference gradient (convergence.Progress): the
+                  window's estimate is formed from the sampled steps alone.
     each window   (convergence.INTERVAL steps, the same step on every rank) one allreduce of
                   a small float64 vector averages the products and the step times over the
                   ranks (a separable method's shadow is each rank's own share); then every
@@ -50,7 +53,7 @@ __all__ = ["PROBE", "RETIRE", "TimeToAccuracy"]
 PROBE = 4
 # A method the accuracy guard refuses in this many calm windows in a row is no longer shadowed
 # until the next critical interval (its shadow starts again then): the shadows cost compute
-# every step, and one that keeps failing the guard is not about to be chosen.
+# at every sampled step, and one that keeps failing the guard is not about to be chosen.
 RETIRE = 3
 
 
@@ -89,6 +92,8 @@ class TimeToAccuracy:
         self.buckets = []                    # the buckets of the last step (a hand-over's)
         self.on_switch = lambda text: None   # the communicator's event log
         self.shadows = Shadows(self.methods, scale_block)
+        self.sample_at = convergence.sampled_positions(
+            settings.interval, getattr(settings, "shadow_samples", convergence.SHADOW_SAMPLES))
         self.reset()
 
     # ---- state ---------------------------------------------------------------------------
@@ -167,15 +172,15 @@ class TimeToAccuracy:
             return                           # an empty step (no backward): nothing to read
         self.buckets = list(buckets)
         local = [self.local[i] for i in range(len(buckets))]
-        received = [self.received[i].detach().clone() for i in range(len(buckets))]
-        reference = received if self.mode == VALUE else local
-        products = self.shadows.products(reference)
+        received = [self.received[i].detach() for i in range(len(buckets))]
+        reference = received if self.mode == VALUE else local    # read now, kept as copies
+        sampled = not self.probing and self.window in self.sample_at
+        products = self.shadows.observe(sampled, local, reference, buckets, self.retired)
         if products is not None:
             try:
                 self.progress.add(*products)
             except ValueError:
                 pass                         # a non-finite gradient: no measure of this step
-        self.shadows.step(local, reference, buckets, self.retired)
         if self.grad_sum is None or len(self.grad_sum) != len(received):
             self.grad_sum = [torch.zeros_like(r) for r in received]
         for s, r in zip(self.grad_sum, received):

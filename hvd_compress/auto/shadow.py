@@ -13,12 +13,25 @@ A candidate is a method label:
                    follows the mean gradient (e' = (g + e) - P Q'^T, averaged over ranks), so
                    its shadow is computed on the averaged gradient, alike on every rank
 
-Each step the shadow keeps its u_c (the candidate's decoded update, this rank's share for a
-separable method); the next step's `products` sets it against the reference gradient (the
-averaged one in the value mode; this rank's own when a lossy method is in force: its received
-average is the method's, not float32's). A separable method's share is a per-rank product:
-the communicator averages every product over the ranks in one small allreduce per window
-(convergence's module docstring). Pure torch, no collective.
+The shadows run at a sample of each window's steps (convergence.sampled_positions, the same
+steps on every rank): at a sampled step each keeps its u_c (the candidate's decoded update,
+this rank's share for a separable method); the next step's `products` sets it against the
+reference gradient (the averaged one in the value mode; this rank's own when a lossy method is
+in force: its received average is the method's, not float32's) and consumes it, so a step that
+is neither sampled nor the one after does no shadow work at all. A separable method's share is
+a per-rank product: the communicator averages every product over the ranks in one small
+allreduce per window (convergence's module docstring). Pure torch, no collective.
+
+Sampling a method with state (an error-feedback residual; PowerSGD's warm-started Q as well):
+its shadow advances at the sampled steps only, i.e. it is the method run on the sampled
+gradients, each taken as it is (the unsampled steps' gradients are not added in: a residual
+holding k steps' gradient would send k steps' worth at once, which the method never does).
+Within a calm window (the regime detector's meaning: the accumulated gradient's norm moved by
+less than eta) a sampled gradient is drawn as a consecutive one is, so the residual's recursion
+e' = (g + e) - C(g + e) and Q's power iteration reach the behaviour they have on every step,
+in fewer updates: what a sampled shadow lacks is the young method's transient after a reset
+(it lasts stride times as many steps) and the noise's correlation between consecutive steps.
+Compression.auto(shadow_samples=interval) runs the shadows at every step.
 """
 from __future__ import annotations
 
@@ -77,22 +90,43 @@ class Shadows:
         self.residual[method] = {}
         self.qs[method] = {}
 
+    def pending(self):
+        """Whether the last shadowed step's updates wait for this step's products."""
+        return self.sent is not None and self.reference is not None
+
     def products(self, reference):
-        """(<h_t, h_t+1>, {method: <u_c,t, h_t+1>}) of last step's updates with this step's
-        reference gradient h_t+1 (a list of flat float32 per bucket); None at the first step."""
-        if self.sent is None or self.reference is None or \
-                len(self.reference) != len(reference):
+        """(<h_t, h_t+1>, {method: <u_c,t, h_t+1>}) of the last shadowed step's updates with
+        this step's reference gradient h_t+1 (a list of flat float32 per bucket), which they
+        are then forgotten for; None when no shadowed step waits (the first step, a step after
+        an unsampled one)."""
+        if not self.pending():
             return None
-        exact = sum(float(torch.dot(a, b)) for a, b in zip(self.reference, reference))
+        sent, before = self.sent, self.reference
+        self.sent = self.reference = None
+        if len(before) != len(reference):
+            return None
+        exact = sum(float(torch.dot(a, b)) for a, b in zip(before, reference))
         made = {m: sum(float(torch.dot(u, b)) for u, b in zip(us, reference))
-                for m, us in self.sent.items()}
+                for m, us in sent.items()}
         return exact, made
+
+    def observe(self, sampled, local, reference, buckets, skip=()):
+        """One step of the job: the products of the last shadowed step (None if none waits),
+        then, if this step is `sampled`, its shadows (step()); a step with neither does
+        nothing."""
+        if not sampled and not self.pending():
+            return None
+        products = self.products(reference)
+        if sampled:
+            self.step(local, reference, buckets, skip)
+        return products
 
     def step(self, local, reference, buckets, skip=()):
         """This step's shadows: each candidate compresses (its gradient + its residual), keeps
         what it sent for the next step's products. `local` and `reference` are per bucket flat
         float32; `buckets` the buckets (their members' names, numels and shapes); the methods
-        in `skip` are not shadowed this step (nor measured at the next)."""
+        in `skip` are not shadowed this step (nor measured at the next). The next call to
+        products() reads what it kept."""
         sent = {}
         for m, (kind, p) in self.kinds.items():
             if m in skip:
