@@ -7,6 +7,9 @@ the best fixed method of each cell.
         --csv results/tta/auto/auto.csv [--shadow-s shadow_cost.csv]
     /work/bin/cpu-quiet python -m labs.bench.tta_auto --shadow-cost --csv shadow_cost.csv
 
+--shadow-cost measures each method's shadow per step as auto runs it (at the sampled steps of
+each window, convergence.sampled_positions), amortised over the window, and beside it the same
+shadows at every step.
 Each auto:tta-<link> run trained over loopback with that link's step cells injected
 (--auto-step-s: the modes' seconds per step), so its decisions are the link's. Its time to a
 target is composed as labs/kit/tta.py composes a fixed method's, the steps' part summed mode by
@@ -40,39 +43,49 @@ def modes_by_step(switches, steps):
     return out
 
 
-def shadow_cost(model="horovod", methods=None, steps=40, warm=5):
-    """Median seconds per step of the shadows (Shadows.products + Shadows.step) of `methods`
-    (default: every default method) on `model`'s real gradients, in its auto buckets."""
+def shadow_cost(model="horovod", methods=None, windows=3, warm=1, interval=None,
+                samples=None):
+    """Seconds per step of the shadows of `methods` (default: every default method) on
+    `model`'s real gradients, in its auto buckets, amortised over a window: each step runs
+    Shadows.observe as TimeToAccuracy does (its shadows at the window's sampled steps, their
+    products at the step after, nothing at the others), and a window's cost is its steps'
+    total over `interval`; the median of `windows` windows after `warm` untimed ones.
+    samples == interval: the shadows at every step (the cost before sampling)."""
     import statistics
     import time
 
     import torch
     import torch.nn.functional as F
 
-    from hvd_compress.auto.convergence import DEFAULT_METHODS
+    from hvd_compress.auto.convergence import (DEFAULT_METHODS, INTERVAL, SHADOW_SAMPLES,
+                                               sampled_positions)
     from hvd_compress.auto.shadow import Shadows
     from hvd_compress.exchange.bucketing import DEFAULT_FUSION_BYTES
     from hvd_compress.exchange.fusion import Bucket
     from labs import mnist
 
+    interval = INTERVAL if interval is None else interval
+    at = sampled_positions(interval, SHADOW_SAMPLES if samples is None else samples)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     net = mnist.MODELS[model]()
     names, params = zip(*[(n, p) for n, p in net.named_parameters()][::-1])   # backward order
     buckets = [b for _, b in Bucket.plan(list(names), list(params), DEFAULT_FUSION_BYTES)]
     shadows = Shadows(methods or DEFAULT_METHODS)
-    times = []
-    for step in range(warm + steps):
-        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-        net.zero_grad()
-        F.nll_loss(net(x), y).backward()
-        grads = dict(net.named_parameters())
-        flat = [torch.cat([grads[n].grad.reshape(-1) for n in b.names]) for b in buckets]
-        began = time.perf_counter()
-        shadows.products(flat)
-        shadows.step(flat, flat, buckets)
-        times.append(time.perf_counter() - began)
-    return statistics.median(times[warm:])
+    per_window = []
+    for _ in range(warm + windows):
+        spent = 0.0
+        for position in range(interval):
+            x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+            net.zero_grad()
+            F.nll_loss(net(x), y).backward()
+            grads = dict(net.named_parameters())
+            flat = [torch.cat([grads[n].grad.reshape(-1) for n in b.names]) for b in buckets]
+            began = time.perf_counter()
+            shadows.observe(position in at, flat, flat, buckets)
+            spent += time.perf_counter() - began
+        per_window.append(spent / interval)
+    return statistics.median(per_window[warm:])
 
 
 def shadowed_by_step(windows, methods, steps):
@@ -171,7 +184,8 @@ def main(argv=None):
     parser.add_argument("--shadow-s", default=None, metavar="CSV",
                         help="each method's shadow seconds a step (--shadow-cost's CSV)")
     parser.add_argument("--shadow-cost", action="store_true",
-                        help="measure the shadows' seconds per step and exit")
+                        help="measure the shadows' seconds per step (amortised over a window) "
+                        "and exit")
     parser.add_argument("--fixed", default="results/tta/tta.csv",
                         help="the grid's tta.csv whose fixed methods auto is held against")
     parser.add_argument("--step-s", default="results/tta/auto/step_s",
@@ -179,10 +193,15 @@ def main(argv=None):
     parser.add_argument("--csv")
     args = parser.parse_args(argv)
     if args.shadow_cost:
-        from hvd_compress.auto.convergence import DEFAULT_METHODS
-        rows = [{"method": m, "shadow_ms": 1e3 * shadow_cost(methods=(m,))}
-                for m in DEFAULT_METHODS]
-        rows.append({"method": "all", "shadow_ms": 1e3 * shadow_cost()})
+        from hvd_compress.auto.convergence import DEFAULT_METHODS, INTERVAL
+        # shadow_ms: a step's share of the sampled shadows (what auto pays, for compose_auto);
+        # every_step_ms: the same shadows run at every step (the cost before sampling)
+        rows = []
+        for m in (*DEFAULT_METHODS, None):             # None: every method at once
+            methods = None if m is None else (m,)
+            rows.append({"method": m or "all", "shadow_ms": 1e3 * shadow_cost(methods=methods),
+                         "every_step_ms": 1e3 * shadow_cost(methods=methods, windows=1,
+                                                            samples=INTERVAL)})
         frame = pd.DataFrame(rows)
         print(frame.to_string(index=False))
         if args.csv:
