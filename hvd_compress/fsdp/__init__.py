@@ -16,13 +16,13 @@ One file per job: front.py (the front: its modules, its core, a step), reduce_sc
 gradients), all_gather.py (the weights), checkpoint.py (DCP).
 """
 from .all_gather import WEIGHT_SCHEMES, CompressedAllGather, NearestInt8
-from .checkpoint import load_checkpoint, save_checkpoint, saved_meta
+from .checkpoint import load_checkpoint, load_compression_state, save_checkpoint, saved_meta
 from .front import FSDPCompression, fsdp_modules
 from .reduce_scatter import CompressedReduceScatter
 
 __all__ = ["FSDPCompression", "CompressedReduceScatter", "CompressedAllGather", "NearestInt8",
            "WEIGHT_SCHEMES", "register", "fsdp_modules", "save_checkpoint", "load_checkpoint",
-           "saved_meta"]
+           "load_compression_state", "saved_meta"]
 
 
 def register(model, compression="bit8", **options):

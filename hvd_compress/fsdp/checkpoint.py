@@ -2,17 +2,26 @@
 and the optimizer's.
 
     hcf.save_checkpoint(path, model, optimizer, state)     # every rank: one DCP checkpoint
-    hcf.load_checkpoint(path, model, optimizer, state)     # a run made alike, same world size
+    hcf.load_checkpoint(path, model, optimizer, state)     # a run made alike, any world size
 
-or, in a job's own dcp.save/dcp.load, the front itself under any key (it is DCP's Stateful).
+or, in a job's own dcp.save/dcp.load, the front itself under any key (it is DCP's Stateful; at
+another world size, load_compression_state(path, state, key) reads it).
 
 Why this layout: error feedback's residuals differ from rank to rank (each rank's covers what
 its own codes dropped, for every destination shard), and DCP keeps a plain tensor once, as if
 replicated. So each residual piece ("<fqn>#shard<k>of<n>") travels as a DTensor of n rows
 sharded by rank over FSDP's mesh: row r is rank r's, written by rank r and read back by it.
-Beside them, one string: what the run was made with (the ranks' agreed setup, the world size)
-and its step count. A residual means nothing to another scheme, block or world size (its
-shards are cut by n), so such a checkpoint is refused with a ValueError, not resharded.
+Beside them, one string: what the run was made with (the ranks' agreed setup, the world size,
+each module's reduce divisor) and its step count. A residual means nothing to another scheme
+or block, so such a checkpoint is refused with a ValueError.
+
+Another world size is resharded. What the residuals give the next step is, per parameter
+element, their sum over the ranks divided by the reduce's divisor D (FSDP2 averages: D = n;
+float16 gradients are pre-divided and summed: D = n / FSDP2's pre-divide factor). So the saved
+pieces are summed over the saved ranks (in rank order, float32), put in full-parameter
+coordinates (FSDP2's padded dim-0 chunks), scaled by D(new) / D(saved) and recut into the new
+world size's shards; shard k's whole correction goes to rank k, its destination, the other
+ranks' residual of shard k is zero. The step count carries over.
 """
 import json
 
@@ -26,14 +35,112 @@ from torch.distributed.tensor import DTensor, Shard
 from ..front.core import FORMAT
 
 __all__ = ["KEY", "dcp_state", "load_dcp_state", "saved_meta", "save_checkpoint",
-           "load_checkpoint"]
+           "load_checkpoint", "load_compression_state", "carry", "shard_rows", "divisor"]
 
 KEY = "hvd_compress"            # the key save_checkpoint keeps the front's state under
 
 
 def meta_of(front):
-    return {"format": FORMAT, "front": "hvd_compress.fsdp", "world_size": front.engine.size(),
-            "setup": json.loads(json.dumps(front.setup())), "steps": front.steps}
+    n = front.engine.size()
+    return {"format": FORMAT, "front": "hvd_compress.fsdp", "world_size": n,
+            "setup": json.loads(json.dumps(front.setup())), "steps": front.steps,
+            "divisors": {c.bucket: divisor(c.param_group, n) for c in front.comms.values()}}
+
+
+# ---- resharding: FSDP2's layout, the reduce's divisor, the recut --------------------------------
+def shard_rows(d0, n, k):
+    """The dim-0 rows [start, stop) of shard k of n (FSDP2's torch.chunk cut, padded to
+    ceil(d0 / n) rows a shard; a shard past the end is empty: start == stop)."""
+    c = -(-d0 // n)
+    return min(k * c, d0), min((k + 1) * c, d0)
+
+
+def _dims(shape):
+    """(dim-0 rows, values a row) of a parameter of `shape`."""
+    shape = tuple(shape) or (1,)
+    rest = 1
+    for s in shape[1:]:
+        rest *= int(s)
+    return int(shape[0]), rest
+
+
+def padded_numel(shape, n):
+    """A shard's numel (FSDP2's padded_sharded_param_size) of a `shape` parameter on n ranks."""
+    d0, rest = _dims(shape)
+    return -(-d0 // n) * rest
+
+
+def divisor(group, n):
+    """What FSDP2 divides the sum of the ranks' reduce-scatter inputs by on n ranks (the
+    gradient_divide_factor, else n), less the pre-divide it applies to float16 gradients
+    before they reach the reduce-scatter (and so before error feedback keeps them)."""
+    mp = group.mp_policy              # FSDPParam's own dtypes are set at the first forward
+    dtype = mp.reduce_dtype or mp.param_dtype or group.fsdp_params[0].sharded_param.dtype
+    factor = float(group.gradient_divide_factor or n)
+    if dtype in (torch.float32, torch.bfloat16):
+        return factor
+    pre = 1                        # FSDP2's _get_gradient_divide_factors, for float16
+    while factor % pre == 0 and factor / pre > pre:
+        pre *= 2
+    return factor / pre
+
+
+def carry(saved, shape, n, new_n, k, ratio=1.0):
+    """The residual that rank k of new_n carries for its own shard k of a `shape` parameter:
+    saved[j] (every saved rank's residual of shard j of n, a (ranks, numel) float32 tensor; at
+    least the shards that new shard k overlaps) summed over the ranks in rank order, shard k
+    of new_n of that sum (FSDP2's padding zero), times `ratio` (the divisors' D(new) / D(saved))."""
+    d0, rest = _dims(shape)
+    out = torch.zeros(padded_numel(shape, new_n), dtype=torch.float32)
+    a, b = shard_rows(d0, new_n, k)
+    for j in range(n):
+        ja, jb = shard_rows(d0, n, j)
+        lo, hi = max(a, ja), min(b, jb)
+        if lo >= hi:
+            continue
+        rows = saved[j][:, (lo - ja) * rest:(hi - ja) * rest]
+        total = rows[0].to(torch.float32).clone()
+        for r in range(1, rows.shape[0]):
+            total += rows[r]
+        out[(lo - a) * rest:(hi - a) * rest] = total
+    return out.mul_(ratio) if ratio != 1.0 else out
+
+
+def _overlapping(shape, n, new_n, k):
+    """The shards of n that shard k of new_n shares rows with."""
+    d0, _ = _dims(shape)
+    a, b = shard_rows(d0, new_n, k)
+    return [j for j, (ja, jb) in enumerate(shard_rows(d0, n, j) for j in range(n))
+            if max(a, ja) < min(b, jb)]
+
+
+def _params(comm):
+    """(fqn, full shape, shard dim) of the module's parameters, in the reduce-scatter's order."""
+    return [(name, tuple(fp._orig_size), fp.fsdp_placement.dim)
+            for name, fp in zip(comm.names, comm.param_group.fsdp_params)]
+
+
+def _resharded(checkpoint_id, key, front, meta):
+    """This rank's residual pieces at its world size from a checkpoint of another: one dcp.load
+    a module, of the saved rows of the old shards its own new shard overlaps (the transient
+    memory: those rows, one module at a time); the other shards' pieces are left out (zeros)."""
+    n, new_n, k = meta["world_size"], front.engine.size(), front.engine.rank()
+    pieces = {}
+    for comm in front.comms.values():
+        params = _params(comm)
+        template = {f"{fqn}#shard{j}of{n}": torch.zeros(n, padded_numel(shape, n))
+                    for fqn, shape, _ in params for j in _overlapping(shape, n, new_n, k)}
+        dcp.load({key: {"residuals": template}}, checkpoint_id=checkpoint_id)
+        saved_d = meta.get("divisors", {}).get(comm.bucket, float(n))   # older: FSDP2's AVG
+        ratio = divisor(comm.param_group, new_n) / saved_d
+        for fqn, shape, _ in params:
+            saved = {j: template[f"{fqn}#shard{j}of{n}"]
+                     for j in _overlapping(shape, n, new_n, k)}
+            # shard k's whole correction on rank k, its destination: the new reduce adds zeros
+            # to it (the sum unchanged, bit for bit) and each rank reads only its own shard's rows
+            pieces[f"{fqn}#shard{k}of{new_n}"] = carry(saved, shape, n, new_n, k, ratio)
+        del template
+    return pieces
 
 
 def dcp_state(front):
@@ -54,31 +161,58 @@ def dcp_state(front):
 
 
 def check_meta(front, meta):
-    """Raise ValueError naming what differs between a checkpoint's meta and this front."""
+    """Raise ValueError naming what differs between a checkpoint's meta and this front (another
+    world size is no difference: the modules' shard sizes are compared at the saved one)."""
     if not isinstance(meta, dict) or meta.get("front") != "hvd_compress.fsdp":
         raise ValueError("not a checkpoint of hvd_compress.fsdp's compression state")
     mine = meta_of(front)
     if meta.get("format") != FORMAT:
         raise ValueError(f"this checkpoint's compression state has format {meta.get('format')}, "
                          f"hvd_compress.fsdp reads format {FORMAT}")
-    if meta["world_size"] != mine["world_size"]:
-        raise ValueError(f"this checkpoint was saved on {meta['world_size']} ranks, this run has "
-                         f"{mine['world_size']}: error feedback's residuals are cut by the world "
-                         "size (reset_compression_state() and load the model alone to go on)")
+    n = meta.get("world_size")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"this checkpoint's compression state names no world size ({n!r})")
+    if n != mine["world_size"]:
+        mine["setup"]["modules"] = [[c.bucket, [padded_numel(shape, n) for _, shape, _ in
+                                                _params(c)]] for c in front.comms.values()]
     diff = [f"{k}: saved {meta['setup'].get(k)!r}, this run {v!r}"
             for k, v in mine["setup"].items() if meta["setup"].get(k) != v]
     if diff:
         raise ValueError("this checkpoint's compression state was made with another setup ("
                          + "; ".join(diff) + ")")
+    if n != mine["world_size"] and front.memory is not None:
+        odd = [fqn for c in front.comms.values() for fqn, _, dim in _params(c) if dim != 0]
+        if odd:
+            raise ValueError(f"this checkpoint was saved on {n} ranks, this run has "
+                             f"{mine['world_size']}: the residuals of parameters sharded on "
+                             f"another dim than 0 ({', '.join(odd)}) are not resharded "
+                             "(reset_compression_state() and load the model alone to go on)")
 
 
 def load_dcp_state(front, state):
-    """Restore what DCP loaded into a dcp_state() template."""
+    """Restore what DCP loaded into a dcp_state() template (of this world size: DCP's planner
+    finds no piece of this world size's names in a checkpoint of another)."""
     meta = json.loads(state["meta"])
     check_meta(front, meta)
     pieces = {name: t.to_local().reshape(-1).clone() for name, t in state["residuals"].items()}
+    _restore(front, meta, pieces)
+
+
+def _restore(front, meta, pieces):
     front.core.load_state_dict({"format": FORMAT, "scheme": front.describe(),
                                 "steps": meta["steps"], "residuals": pieces})
+
+
+def load_compression_state(checkpoint_id, front, key=KEY):
+    """Load the front's state under `key` of a DCP checkpoint (a job's own dcp.save of it), at
+    this world size or resharded from another, on every rank; refused as load_checkpoint's."""
+    meta = saved_meta(checkpoint_id, key)
+    check_meta(front, meta)
+    if meta["world_size"] == front.engine.size():
+        dcp.load({key: front}, checkpoint_id=checkpoint_id)
+    else:
+        _restore(front, meta, _resharded(checkpoint_id, key, front, meta)
+                 if front.memory is not None else {})
 
 
 def saved_meta(checkpoint_id, key=KEY):
@@ -111,11 +245,18 @@ def save_checkpoint(checkpoint_id, model, optimizer, front, extra=None):
 
 def load_checkpoint(checkpoint_id, model, optimizer, front, extra=None):
     """Load a save_checkpoint() into the model, the optimizer and the front, on every rank; a
-    checkpoint of another scheme, setup or world size raises ValueError before anything
-    changes."""
-    check_meta(front, saved_meta(checkpoint_id))
+    checkpoint of another world size is resharded (DCP reshards the model's and the optimizer's
+    DTensors, _resharded the residuals); one of another scheme or setup raises ValueError before
+    anything changes."""
+    meta = saved_meta(checkpoint_id)
+    check_meta(front, meta)
+    reshard = meta["world_size"] != front.engine.size()
+    pieces = _resharded(checkpoint_id, KEY, front, meta) \
+        if reshard and front.memory is not None else {}
     model_sd, optim_sd = _states(model, optimizer)
-    state = {"model": model_sd, KEY: front, **(extra or {})}
+    state = {"model": model_sd, **(extra or {})}
+    if not reshard:
+        state[KEY] = front
     if optim_sd is not None:
         state["optimizer"] = optim_sd
     dcp.load(state, checkpoint_id=checkpoint_id)
@@ -123,3 +264,5 @@ def load_checkpoint(checkpoint_id, model, optimizer, front, extra=None):
         set_model_state_dict(model, model_sd)
     else:
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    if reshard:
+        _restore(front, meta, pieces)

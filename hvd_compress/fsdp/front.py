@@ -96,6 +96,7 @@ class FSDPCompression(FrontAPI):
             comm = CompressedReduceScatter(
                 self, f"fsdp.{name or 'root'}", names,
                 [p.padded_sharded_param_size.numel() for p in params])
+            comm.param_group = param_group(module)     # shapes and dtypes, for resharding
             if self.memory is not None:
                 self.memory.bind(comm.bucket, *comm.members(n))
             self.comms[name] = comm
