@@ -122,23 +122,27 @@ def run_times(run_dir) -> RunTimes:
     """Start-up: the rank 0 process's start (the manifest's process_start_unix) to its first
     step's start. An epoch's end: the last step of an epoch to the next epoch's first step,
     less the evaluations of the held-out split in between (what is left is the epochs' totals,
-    the test set and the checkpoint)."""
+    the test set and the checkpoint). A resumed run has no start-up (NaN): process_start_unix is
+    the last process's, its first steps an earlier one's; and the gap before an epoch it resumed
+    at is the time it lay stopped, not an epoch's end, so it is left out."""
     manifest = runlog.read_manifest(Path(run_dir)) or {}
     started = manifest.get("process_start_unix")
     if started is None:
         raise RunError(f"{run_dir}: the manifest has no process_start_unix (a run recorded "
                        f"before time to accuracy was measured)")
+    resumes = manifest.get("resumes") or []
+    resumed_at = {r.get("from_epoch") for r in resumes if isinstance(r, dict)}
     steps, evals = read_steps(run_dir), read_evals(run_dir)
     first_start = steps["wall_time"].iloc[0] - steps["step_s"].iloc[0]
     ends = []
     for epoch, rows in steps.groupby("epoch"):
         after = steps[steps["epoch"] > epoch]
-        if after.empty:
+        if after.empty or after["epoch"].iloc[0] in resumed_at:
             continue
         last, nxt = rows.iloc[-1], after.iloc[0]
         gap = (nxt["wall_time"] - nxt["step_s"]) - last["wall_time"]
         ends.append(gap - evals.loc[evals["step"] == last["step"], "eval_s"].sum())
-    return RunTimes(startup_s=float(first_start - started),
+    return RunTimes(startup_s=math.nan if resumes else float(first_start - started),
                     eval_s=float(evals["eval_s"].median()),
                     epoch_end_s=float(pd.Series(ends).median()) if ends else math.nan,
                     step_s=float(steps["step_s"].mean()))
