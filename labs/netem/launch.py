@@ -214,8 +214,13 @@ def _run_gloo(cluster, command, deadline, base_env, stdout, stderr):
 # ssh; the host names are our namespace names, so the agent is one `ip netns exec` away.
 MPI_AGENT = """#!/bin/sh
 # plm_rsh_agent for labs.netem: $1 is a host (= a network namespace), the rest a shell command.
+# Each host's daemon keeps its session folder beside this script, one per host: the look-alike
+# hosts share one /tmp and one host name, and two daemons making the job's folder at once fail
+# ("A call to mkdir was unable to create the desired directory ... File exists").
 host="$1"; shift
-exec ip netns exec "$host" sh -c "$*"
+base="$(dirname "$0")/session-$host"
+mkdir -p "$base"
+exec ip netns exec "$host" env OMPI_MCA_orte_tmpdir_base="$base" sh -c "$*"
 """
 
 
