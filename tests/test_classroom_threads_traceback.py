@@ -4,13 +4,10 @@ line's failing expression, and finds it with ast.parse. The grader formats one w
 fails to judge a kit (grade.guarded, for the instructor), while other threads read other kits'
 Python (grade.reference_imports). These tests run the two from two threads, every garbage
 collection sleeping so that one parse pauses while the other runs, as in test_classroom_parse."""
-import gc
-import threading
-import time
-
 import pytest
 
 from labs.classroom.grade import guarded, reference_imports
+from sleepy_gc import run_together
 
 pytestmark = pytest.mark.unit
 
@@ -41,22 +38,7 @@ def _in_two_threads(kit, rounds):
             except Exception as err:
                 errors.append(f"guarded: {type(err).__name__}: {err}")
 
-    def pause(phase, info):
-        if phase == "start":
-            time.sleep(0.0002)              # drops the GIL inside the AST constructor
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(pause)
-    gc.set_threshold(20)
-    try:
-        threads = [threading.Thread(target=read), threading.Thread(target=judge)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        gc.callbacks.remove(pause)
-        gc.set_threshold(*threshold)
+    run_together(read, judge)
     return errors, judged
 
 

@@ -3,6 +3,9 @@ tests/ddprun.py): `none` equal to FSDP2's own reduce-scatter bit for bit after s
 every codec's gradients near FSDP2's own and the same bits run after run, error feedback's
 residuals by parameter and shard saved and resumed bit for bit, and clear errors for a NaN/Inf
 gradient (on every rank, in the same call), an unknown scheme, a model without fully_shard."""
+import os
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -79,6 +82,30 @@ def same_on_every_rank(dist, t):
     every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(every, t)
     return all(torch.equal(e, every[0]) for e in every)
+
+
+def steps(net, opt, data):
+    """Train on `data` (batches), one optimizer step each."""
+    for x, y in data:
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+
+def fresh(mesh, scheme, options):
+    """The checks' network on `mesh` with `scheme` registered, and an Adam over it."""
+    net = build(mesh)
+    state = hcf.register(net, scheme, **options)
+    return net, torch.optim.Adam(net.parameters(), lr=0.01), state
+
+
+def folder(name):
+    """A folder every rank sees: the job's own (ddprun's), made by rank 0."""
+    path = Path(os.environ["HVDC_CHECK_DIR"]) / name
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    return path
 
 
 def raised(fn):

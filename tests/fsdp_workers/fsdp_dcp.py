@@ -6,18 +6,17 @@ gathered in bit8 too); without the residuals it differs; the front is DCP's Stat
 own dcp.save/dcp.load; a checkpoint of another scheme is refused on every rank before anything
 changes, and one of another world size ($HVDC_FOREIGN_CHECKPOINT) loads, resharded."""
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 import hvd_compress.fsdp as hcf
 from checks import check
-from fsdp_workers.fsdp_checks import batches, build, local, raised, same_on_every_rank
+from fsdp_workers.fsdp_checks import (batches, folder, fresh, local, raised, same_on_every_rank,
+                                      steps)
 
 STEPS = 4
 CASES = (("none", {}), ("bf16", {"error_feedback": True}), ("bit8", {"error_feedback": True}),
@@ -29,26 +28,10 @@ def label(scheme, options):
         (f", weights={options['weights']}" if "weights" in options else "")
 
 
-def steps(net, opt, data):
-    for x, y in data:
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
 
 
-def fresh(mesh, scheme, options):
-    net = build(mesh)
-    state = hcf.register(net, scheme, **options)
-    return net, torch.optim.Adam(net.parameters(), lr=0.01), state
 
 
-def folder(name):
-    """A folder every rank sees: the job's own (ddprun's), made by rank 0."""
-    path = Path(os.environ["HVDC_CHECK_DIR"]) / name
-    if dist.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    return str(path)
 
 
 def run(_dist):
@@ -91,7 +74,7 @@ def run(_dist):
     net, opt, state = fresh(mesh, "bit8", {"error_feedback": True})
     steps(net, opt, data[:2])
     model_sd, optim_sd = get_state_dict(net, opt)
-    path = folder("ckpt-own")
+    path = str(folder("ckpt-own"))
     dcp.save({"model": model_sd, "optim": optim_sd, "codec": state}, checkpoint_id=path)
     saved = state.compression_state_dict()
     net, opt, state = fresh(mesh, "bit8", {"error_feedback": True})

@@ -15,14 +15,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import hvd_compress.fsdp as hcf
 from checks import check
-from fsdp_workers.fsdp_checks import batches, build, raised, same_on_every_rank
+from fsdp_workers.fsdp_checks import batches, folder, fresh, raised, same_on_every_rank, steps
 
 CASES = (("bit8", {"error_feedback": True}), ("bf16", {"error_feedback": True}), ("none", {}))
 
@@ -31,25 +30,10 @@ def label(scheme, options):
     return scheme + ("+ef" if options.get("error_feedback") else "")
 
 
-def steps(net, opt, data):
-    for x, y in data:
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
 
 
-def fresh(mesh, scheme, options):
-    net = build(mesh)
-    state = hcf.register(net, scheme, **options)
-    return net, torch.optim.Adam(net.parameters(), lr=0.01), state
 
 
-def folder(name):
-    path = Path(os.environ["HVDC_CHECK_DIR"]) / name
-    if dist.get_rank() == 0:
-        path.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    return path
 
 
 def restored(net, opt):
