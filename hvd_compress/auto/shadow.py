@@ -44,7 +44,7 @@ from ..codecs import SCALE_BLOCK
 from ..methods.powersgd import initial_q, matrix_shape, orthonormal
 from ..methods.topk import select
 from ..registry import Route
-from .convergence import DEFAULT_METHODS, parse_method
+from .convergence import parse_method
 
 __all__ = ["method_value", "exchange_route", "Shadows"]
 
