@@ -1,30 +1,46 @@
 """The time-to-accuracy grid: every method's steps to two targets, and its time on four links.
 
-    python -m labs.bench.tta_grid --dry-run                 # the runs it would start, and their cost
+    python -m labs.bench.tta_grid --dry-run               # the runs it would start, and their cost
     python -m labs.bench.tta_grid --prefix /work/bin/cpu-shared   # run (resumable), then summarise
     python -m labs.bench.tta_grid --summary-only --out runs/tta    # the CSVs and the plot again
+    python -m labs.bench.tta_grid --summary-only --out runs/tta-new \
+        --steps-from results/tta/steps.csv --targets-from results/tta/targets.csv \
+        --step-times-csv results/tta/step_times.csv [--step-times FRONT:CPU:STEPS_CSV ...]
+                                  # the committed counts and cells, with the runs in runs/tta-new
 
 Steps (labs/kit/tta.py): each method trains over loopback (labs/mnist.py on Horovod,
-labs/ddp_mnist.py for DDP's own hooks) with --holdout HOLDOUT and an evaluation every
-EVAL_IMAGES training images (--eval-every 40 at 2 ranks, 20 at 4), at the lab's settings (lr
-0.02 x ranks, momentum 0.9, batch 64 a rank), both lab networks, 2 and 4 ranks. float32 first,
-for SEEDS seeds and CAP epochs: its held-out accuracy after the lab's epochs (2), averaged over
-its seeds, sets the cell's targets, that minus 0.5 points ('lab') and itself ('float32'); every
-other method then trains until it passes the stricter one or CAP epochs (--target-accuracy),
-for the seeds METHOD_SEEDS gives it. A method that never reaches a target within CAP epochs
-says so. Steps do not depend on load: run them beside other work (--prefix cpu-shared).
+labs/ddp_mnist.py for DDP's own hooks and auto on DDP) with --holdout HOLDOUT and an evaluation
+every EVAL_IMAGES training images (--eval-every 40 at 2 ranks, 20 at 4), at the lab's settings
+(lr 0.02 x ranks, momentum 0.9, batch 64 a rank), both lab networks, 2 and 4 ranks. float32
+first, for SEEDS seeds and CAP epochs: its held-out accuracy after the lab's epochs (2),
+averaged over its seeds, sets the cell's targets, that minus 0.5 points ('lab') and itself
+('float32'); every other method then trains until it passes the stricter one or CAP epochs
+(--target-accuracy), for the seeds METHOD_SEEDS gives it. A method that never reaches a target
+within CAP epochs says so. Steps do not depend on load: run them beside other work (--prefix
+cpu-shared). --targets-from TARGETS_CSV gives a cell's targets where its float32 folders are
+gone: its float32 runs are then not trained (unless --methods names none).
 
-Time: steps x the method's step time on each link (a step benchmark's cells, --step-times:
-bench_step and bench_ddp steps.csv files, each with the CPU it was measured on) + start-up,
-evaluations and epoch ends, the least of each over the runs of the same trainer, network and
-ranks (the runs share the machine: load adds to these seconds, never to the steps). Where two methods compute the same steps,
-one measurement serves both (STEPS_OF: DDP's own allreduce is float32's, bit for bit at 2
-ranks; our hook's schemes on DDP are the same codecs as on Horovod, only the buckets' layout,
-hence the scale blocks' boundaries, differ).
+Time: steps x the method's step time on each link (a step benchmark's cells: --step-times,
+bench_step and bench_ddp steps.csv files, each with the CPU it was measured on; or
+--step-times-csv, a step_times.csv this grid wrote, whose cells name their source and CPU) +
+start-up, evaluations and epoch ends, the least of each over the runs of the same trainer,
+network and ranks (the runs share the machine: load adds to these seconds, never to the steps).
+Where two methods compute the same steps, one measurement serves both (STEPS_OF: DDP's own
+allreduce is float32's, bit for bit at 2 ranks; our hook's schemes on DDP are the same codecs
+as on Horovod, only the buckets' layout, hence the scale blocks' boundaries, differ). Auto for
+time to accuracy decides on its front's and link's cells, so each front runs its own
+(auto:tta-<link>, ddp:auto:tta-<link>: results/tta/auto/step_s/, written by python -m
+labs.bench.tta_auto --write-step-s); labs/bench/tta_auto.py composes their time mode by mode.
+
+Without run folders (--steps-from STEPS_CSV: a steps.csv this grid wrote; the runs in --out
+replace their rows): the tables are composed from the rows as from the runs, byte for byte;
+tta.png draws the runs that have folders and names the methods without a curve; scaling*.csv
+is not written (its target is one the rows do not hold).
 
 Writes OUT/runs/<run>/ (the run folders), OUT/logs/, and OUT/targets.csv, OUT/steps.csv (each
 run's reach of each target), OUT/step_times.csv, OUT/tta.csv (each front, network, link, ranks,
-method and target: the time, the steps, how many seeds reached it) and OUT/tta.png.
+method and target: the time, the steps, how many seeds reached it), OUT/tables.md and
+OUT/tta.png.
 """
 from __future__ import annotations
 
@@ -90,24 +106,51 @@ OURS += [_ours(f"powersgd{k}", ["--powersgd-allreduce", str(k)], f"ours:powersgd
          for k in (1, 2, 4)]
 OURS += [_ours("auto", ["--auto-allreduce"], "ours:auto")]
 # Compression.auto(objective="time_to_accuracy") deciding on a link's step cells (injected:
-# results/tta/auto/README.md), one run per link: its choice depends on the link.
-OURS += [_ours(f"auto:tta-{link}", ["--auto-allreduce", "--auto-objective", "time_to_accuracy",
-                                    "--auto-step-s", str(ROOT / "results" / "tta" / "auto" /
-                                                         "step_s" / f"{link}.json")], "ours:auto")
+# results/tta/auto/README.md), one run per link and front: its choice depends on the link's
+# cells, and those are the front's (the Horovod step benchmark's or the DDP one's).
+# `python -m labs.bench.tta_auto --write-step-s` writes the files from a step_times.csv.
+STEP_S_DIR = ROOT / "results" / "tta" / "auto" / "step_s"
+AUTO_TTA = "auto:tta-"
+
+
+def step_s_name(front, link):
+    """The injected step cells' file of a front and link: <link>.json (Horovod, the first
+    runs' name), ddp-<link>.json (DDP)."""
+    return f"{link}.json" if front == "horovod" else f"{front}-{link}.json"
+
+
+def _auto_tta_flags(front, link):
+    return ("--auto-allreduce", "--auto-objective", "time_to_accuracy", "--auto-step-s",
+            str(STEP_S_DIR / step_s_name(front, link)))
+
+
+OURS += [_ours(f"{AUTO_TTA}{link}", _auto_tta_flags("horovod", link), "ours:auto")
          for link in LINKS]
 # DDP's own hooks (labs/ddp_mnist.py): its fp16_compress_hook and powerSGD_hook at rank 1.
 DDP_OWN = [Method("ddp:fp16", "ddp", ("--ddp-fp16",), "stock:fp16"),
            Method("ddp:powersgd1", "ddp", ("--ddp-powersgd", "1"), "stock:powersgd1")]
-TRAINED = {m.key: m for m in OURS + DDP_OWN}
+# Compression.auto for time to accuracy in our DDP hook (labs/ddp_mnist.py takes labs/mnist.py's
+# --auto-* flags), deciding on DDP's step cells of the link: runs of their own, since its
+# decisions, hence its steps, follow the front's cells.
+DDP_AUTO = [Method(f"ddp:{AUTO_TTA}{link}", "ddp", _auto_tta_flags("ddp", link), "ours:auto")
+            for link in LINKS]
+TRAINED = {m.key: m for m in OURS + DDP_OWN + DDP_AUTO}
+# The methods that are Compression.auto (the step's objective or time to accuracy): never "the
+# best fixed method" of a cell (labs/bench/tta_auto.py).
+AUTO_KEYS = frozenset(m.key for m in TRAINED.values() if "--auto-allreduce" in m.flags)
 # The fronts' rows of the time table: (front, method) -> the method whose steps it takes.
 # Horovod: ours, each its own. DDP: its own allreduce is float32's (the same sum and mean;
 # at 2 ranks a + b in either order, bit for bit: tests/test_tta_runs.py), our hook's schemes are
-# ours (the same codec and route on DDP's buckets), its own hooks their own runs.
+# ours (the same codec and route on DDP's buckets), its own hooks their own runs. Auto for time
+# to accuracy is the exception: each front's runs decided on that front's cells, so each front
+# takes its own runs' steps (auto:tta-<link> on Horovod, ddp:auto:tta-<link> on DDP).
 STEPS_OF = {("horovod", m.key): m.key for m in OURS}
-STEPS_OF.update({("ddp", m.key): m.key for m in OURS})
+STEPS_OF.update({("ddp", m.key): m.key for m in OURS if not m.key.startswith(AUTO_TTA)})
 STEPS_OF.update({("ddp", "ddp:none"): "none", ("ddp", "ddp:fp16"): "ddp:fp16",
                  ("ddp", "ddp:powersgd1"): "ddp:powersgd1"})
-DDP_ROW = {"ddp:none": "stock:none", "ddp:fp16": "stock:fp16", "ddp:powersgd1": "stock:powersgd1"}
+STEPS_OF.update({("ddp", m.key): m.key for m in DDP_AUTO})
+DDP_ROW = {"ddp:none": "stock:none", "ddp:fp16": "stock:fp16", "ddp:powersgd1": "stock:powersgd1",
+           **{m.key: m.bench_row for m in DDP_AUTO}}
 
 
 # The methods that train every seed, per (network, ranks); every other method trains the first
@@ -199,18 +242,72 @@ def lab_accuracy(run_dir):
         raise tta.RunError(f"{run_dir}: {err}") from None
 
 
-def targets(out, model, ranks, seeds=SEEDS):
+def targets(out, model, ranks, seeds=SEEDS, known=None):
     """{'lab': float32's mean - 0.5 points, 'float32': float32's mean}, None until every
-    float32 seed of the cell is complete."""
+    float32 seed of the cell is complete. `known` ({(model, ranks): targets}, from a
+    targets.csv or the rows of a steps.csv: known_targets) gives a cell's targets where its
+    float32 folders are gone; float32 runs in OUT that set other targets are an error (the known
+    rows were counted against the known targets)."""
+    given = (known or {}).get((model, int(ranks)))
     accuracies = []
     for seed in seeds:
         run_dir = Path(out) / "runs" / Run(model, ranks, TRAINED["none"], seed).name
         manifest = runlog.read_manifest(run_dir) or {}
         if manifest.get("status") != "complete":
-            return None
+            return given
         accuracies.append(lab_accuracy(run_dir))
     mean = sum(accuracies) / len(accuracies)
-    return {"lab": mean - LOOSE_POINTS, "float32": mean}
+    own = {"lab": mean - LOOSE_POINTS, "float32": mean}
+    if given is not None and any(abs(own[k] - given[k]) > 5e-7 for k in own):
+        raise tta.RunError(
+            f"{model} net, {ranks} ranks: float32's runs in {Path(out) / 'runs'} set the targets "
+            f"{own['lab']:.6f} / {own['float32']:.6f}, the given ones are {given['lab']:.6f} / "
+            f"{given['float32']:.6f}: the given rows were counted against the given targets "
+            f"(move those float32 runs away, or leave out --targets-from/--steps-from)")
+    return own
+
+
+def read_targets(path):
+    """A targets.csv (model, ranks, lab, float32) as {(model, ranks): {'lab', 'float32'}}."""
+    frame = pd.read_csv(path)
+    missing = {"model", "ranks", "lab", "float32"} - set(frame.columns)
+    if missing:
+        raise tta.RunError(f"{path}: no column {', '.join(sorted(missing))} (a targets.csv "
+                           f"of this grid has model, ranks, lab, float32)")
+    return {(r.model, int(r.ranks)): {"lab": float(r.lab), "float32": float(r.float32)}
+            for r in frame.itertuples()}
+
+
+def targets_of_rows(steps):
+    """The targets the rows of a steps.csv were counted against, by cell: each target name's
+    one value (two values of one name in a cell are an error: rows of different grids)."""
+    out = {}
+    for (model, n), cell in steps.groupby(["model", "ranks"], sort=False):
+        values = {}
+        for name in ("lab", "float32"):
+            found = sorted(set(cell.loc[cell.target_name == name, "target"]))
+            if len(found) > 1 and found[-1] - found[0] > 5e-7:
+                raise tta.RunError(f"{model} net, {n} ranks: the rows' {name} target takes "
+                                   f"{len(found)} values ({', '.join(f'{v:.6f}' for v in found)})"
+                                   f": rows of different grids")
+            if found:
+                values[name] = found[0]
+        if len(values) == 2:
+            out[(model, int(n))] = values
+    return out
+
+
+def known_targets(targets_from=None, rows=None):
+    """The targets of the cells whose float32 folders may be gone: a targets.csv's, else those
+    the given rows were counted against; where both name a cell they must agree."""
+    known = read_targets(targets_from) if targets_from else {}
+    for cell, values in (targets_of_rows(rows) if rows is not None and not rows.empty
+                         else {}).items():
+        if cell in known and any(abs(known[cell][k] - values[k]) > 5e-7 for k in values):
+            raise tta.RunError(f"{cell[0]} net, {cell[1]} ranks: {targets_from} gives the "
+                               f"targets {known[cell]}, the rows were counted against {values}")
+        known.setdefault(cell, values)
+    return known
 
 
 # ---- running -------------------------------------------------------------------------------------
@@ -250,7 +347,12 @@ EPOCH_S = {"basic": 115, "horovod": 25}
 
 def run_grid(args):
     out = Path(args.out)
+    known = known_targets(args.targets_from, read_steps_rows(args.steps_from))
     runs = grid(args.models, args.ranks, args.methods, args.seeds, args.max_seeds)
+    # A cell whose targets are given needs no float32 runs to set them (their folders may be
+    # gone, their rows kept): train them only when --methods names none.
+    runs = [r for r in runs if not (r.method.key == "none" and (r.model, r.ranks) in known
+                                    and "none" not in (args.methods or ()))]
     weights = [(args.cap or CAP[r.model]) * EPOCH_S[r.model] for r in runs]
     total, done, ran_weight, started = sum(weights), 0.0, 0.0, time.monotonic()
     failures = []
@@ -259,10 +361,10 @@ def run_grid(args):
         run_dir = out / "runs" / run.name
         target = None
         if run.method.key != "none":
-            cell = targets(out, run.model, run.ranks, args.seeds)
+            cell = targets(out, run.model, run.ranks, args.seeds, known)
             if cell is None and not args.dry_run:
-                print(f"{header}: waits for float32's runs of its cell (failed or not run)",
-                      flush=True)
+                print(f"{header}: waits for float32's runs of its cell (failed or not run; "
+                      f"or give its targets: --targets-from)", flush=True)
                 failures.append(run.name)
                 continue
             target = round(cell["float32"], 6) if cell else 1.0   # dry run: a placeholder
@@ -302,13 +404,14 @@ def run_grid(args):
 
 # ---- summaries ----------------------------------------------------------------------------------
 
-def steps_table(out, seeds=SEEDS):
+def steps_table(out, seeds=SEEDS, known=None):
     """One row per run and target: the steps to it (and what else came before it), the run's
-    accuracy after the lab's epochs, and its own times besides the link."""
+    accuracy after the lab's epochs, and its own times besides the link. `known`: targets of
+    cells whose float32 folders are gone (targets())."""
     rows, out = [], Path(out)
     for model in MODELS:
         for n in RANKS:
-            cell = targets(out, model, n, seeds)
+            cell = targets(out, model, n, seeds, known)
             if cell is None:
                 continue
             for run in grid([model], [n], seeds=seeds):
@@ -335,6 +438,55 @@ def steps_table(out, seeds=SEEDS):
                                      epoch_end_s=times.epoch_end_s,
                                      loopback_step_s=times.step_s, run=run.name))
     return pd.DataFrame(rows)
+
+
+# A steps.csv's columns (steps_table's rows), and the key of a run's rows in it.
+STEPS_COLUMNS = ["model", "ranks", "method", "seed", "target_name", "target", "reached", "step",
+                 "samples", "evals", "epoch_ends", "accuracy", "last_step",
+                 "accuracy_after_lab_epochs", "startup_s", "eval_s", "epoch_end_s",
+                 "loopback_step_s", "run"]
+RUN_KEY = ["model", "ranks", "method", "seed"]
+
+
+def read_steps_rows(paths):
+    """The rows of steps.csv files written by this grid (--steps-from: runs whose folders are
+    gone, the counts kept), a later file's rows of a run replacing an earlier one's; None
+    without files. A file that is not such a steps.csv, or names a method the grid does not
+    have, is an error naming what is wrong."""
+    frames = []
+    for path in paths or ():
+        frame = pd.read_csv(path)
+        missing = [c for c in STEPS_COLUMNS if c not in frame.columns]
+        if missing:
+            raise tta.RunError(f"{path}: not a tta_grid steps.csv (no {', '.join(missing)})")
+        unknown = sorted(set(frame.method) - set(TRAINED))
+        if unknown:
+            raise tta.RunError(f"{path}: methods the grid does not have: {', '.join(unknown)}")
+        frame["reached"] = frame["reached"].astype(bool)
+        frames.append(frame[STEPS_COLUMNS])
+    if not frames:
+        return None
+    return merge_steps(frames[0], *frames[1:])
+
+
+def merge_steps(given, *newer):
+    """`given`'s rows with each run of `newer` (by model, ranks, method and seed) in place of
+    that run's rows: a run counted again replaces its old count, every other row is kept."""
+    merged = given
+    for frame in newer:
+        if frame is None or frame.empty:
+            continue
+        if merged is None or merged.empty:
+            merged = frame
+            continue
+        present = set(_run_keys(frame))
+        kept = [k not in present for k in _run_keys(merged)]
+        merged = pd.concat([merged[kept], frame], ignore_index=True)
+    return merged if merged is not None else pd.DataFrame()
+
+
+def _run_keys(frame):
+    return [(str(m), int(n), str(k), int(s)) for m, n, k, s in frame[RUN_KEY].values]
 
 
 def stopped_target(run_dir):
@@ -375,26 +527,40 @@ def bench_cells(steps_csv, front, source, cpu):
     return cells.assign(front=front, source=str(source), cpu=cpu)
 
 
-def read_step_times(specs):
-    """--step-times FRONT:CPU:PATH ...: every cell of every file; a later file's cell replaces
-    an earlier one's (the newer measurement of the same row)."""
-    frames = []
+# A step_times.csv's columns (bench_cells' order): the cell, its time, its source and CPU.
+CELL_COLUMNS = ["model", "link", "ranks", "row", "step_ms", "rounds", "front", "source", "cpu"]
+
+
+def read_cells_csv(path):
+    """The cells of a step_times.csv this grid wrote (--step-times-csv): each keeps the source
+    file and CPU it names (the step benchmarks' folders need not be here)."""
+    frame = pd.read_csv(path)
+    missing = [c for c in CELL_COLUMNS if c not in frame.columns]
+    if missing:
+        raise tta.RunError(f"{path}: not a tta_grid step_times.csv (no {', '.join(missing)}; "
+                           f"a step benchmark's steps.csv goes to --step-times FRONT:CPU:PATH)")
+    return frame[CELL_COLUMNS]
+
+
+def read_step_times(specs, csvs=()):
+    """--step-times-csv PATH ... then --step-times FRONT:CPU:PATH ...: every cell of every
+    file; a later file's cell replaces an earlier one's (the newer measurement of the same
+    row), so a step benchmark's new cells replace those of a step_times.csv."""
+    frames = [read_cells_csv(path) for path in csvs or ()]
     for spec in specs:
         front, cpu, path = spec.split(":", 2)
         frames.append(bench_cells(path, front, path, cpu))
     if not frames:
-        return pd.DataFrame(columns=["front", "model", "link", "ranks", "row", "step_ms",
-                                     "rounds", "source", "cpu"])
+        return pd.DataFrame(columns=CELL_COLUMNS)
     cells = pd.concat(frames, ignore_index=True)
     return cells.drop_duplicates(["front", "model", "link", "ranks", "row"], keep="last")
 
 
 def front_methods(front):
     """The time table's methods of a front, with their benchmark rows."""
-    if front == "horovod":
-        return {m.key: m.bench_row for m in OURS}
-    rows = {m.key: m.bench_row for m in OURS}
-    rows.update(DDP_ROW)
+    rows = {m.key: m.bench_row for m in OURS if (front, m.key) in STEPS_OF}
+    if front == "ddp":
+        rows.update(DDP_ROW)
     return rows
 
 
@@ -404,13 +570,18 @@ def tta_table(steps, cells):
     evaluations and epoch ends): the median (a seed that never reached the target counts as
     never, so the median is a time where most seeds reached it), the fastest and slowest
     seed, how many reached it; the steps likewise. A median, not a mean: on three seeds one
-    slow seed (PowerSGD's steps differ by 2x from seed to seed) would carry a mean."""
+    slow seed (PowerSGD's steps differ by 2x from seed to seed) would carry a mean. An
+    auto:tta-<link> method has a row on its link only (its decisions were that link's); its
+    step there is the auto row's cell (tta_auto composes it mode by mode)."""
     rows = []
     for front in ("horovod", "ddp"):
         for method, bench_row in front_methods(front).items():
             trained = steps[steps["method"] == STEPS_OF[(front, method)]]
+            own = auto_link(method)
             for (model, n, name), runs in trained.groupby(["model", "ranks", "target_name"]):
                 for link in LINKS:
+                    if own is not None and link != own:
+                        continue        # it decided for its own link's cells, not this one's
                     cell = cells[(cells.front == front) & (cells.model == BENCH_MODEL[model])
                                  & (cells.link == link) & (cells.ranks == n)
                                  & (cells.row == bench_row)]
@@ -442,6 +613,12 @@ def tta_table(steps, cells):
     table["vs_float32"] = [t / none.get(tuple(k), math.nan)
                            for t, k in zip(table.tta_s, table[keys].values)]
     return table
+
+
+def auto_link(key):
+    """The link an auto-for-time-to-accuracy method decided for (its injected cells'), None for
+    every other method."""
+    return key.rsplit(AUTO_TTA, 1)[1] if AUTO_TTA in key else None
 
 
 def _finite(value):
@@ -477,23 +654,16 @@ def unloaded_times(steps):
 
 def plot(out, steps, cells, path):
     """Held-out accuracy against time on each link, one line per method (its first seed's
-    run), a panel per (network, ranks) and link, the two targets as dashed lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    run with a folder in OUT/runs), a panel per (network, ranks) and link, the two targets as
+    dashed lines. Returns (drawn, the methods that have rows and a step cell but no curve):
+    none of their runs has a folder here (their rows came from --steps-from). With no curve at
+    all nothing is drawn (a plot of dashed lines would replace a drawn one)."""
     cells_here = [(m, n) for m in MODELS for n in RANKS
                   if not steps[(steps.model == m) & (steps.ranks == n)].empty]
-    if not cells_here:
-        return
-    fig, axes = plt.subplots(len(cells_here), len(LINKS), figsize=(4.2 * len(LINKS),
-                             3.4 * len(cells_here)), squeeze=False)
-    colours = plt.get_cmap("tab20")
     methods = list(front_methods("horovod")) + list(DDP_ROW)
+    lines, no_curve = [], set()
     for i, (model, n) in enumerate(cells_here):
-        cell_targets = steps[(steps.model == model) & (steps.ranks == n)].groupby(
-            "target_name").target.first()
         for j, link in enumerate(LINKS):
-            ax = axes[i][j]
             for k, method in enumerate(methods):
                 front = "ddp" if method.startswith("ddp:") else "horovod"
                 runs = steps[(steps.model == model) & (steps.ranks == n)
@@ -504,11 +674,31 @@ def plot(out, steps, cells, path):
                              & (cells.row == front_methods(front)[method])]
                 if runs.empty or cell.empty:
                     continue
-                first = runs.sort_values("seed").iloc[0]
+                here = runs[[(Path(out) / "runs" / str(r) / "evals.csv").is_file()
+                             for r in runs.run]]
+                if here.empty:
+                    no_curve.add(f"{model}-np{n}:{method}")
+                    continue
+                first = here.sort_values("seed").iloc[0]
                 curve = tta.accuracy_curve(tta.read_evals(Path(out) / "runs" / first.run),
                                            float(cell.step_ms.iloc[0]) / 1e3, _times(first))
-                ax.plot(curve.seconds, 100 * curve.holdout_accuracy, lw=1,
+                lines.append((i, j, k, method, curve))
+    if not lines:
+        return False, sorted(no_curve)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(cells_here), len(LINKS), figsize=(4.2 * len(LINKS),
+                             3.4 * len(cells_here)), squeeze=False)
+    colours = plt.get_cmap("tab20")
+    for i, j, k, method, curve in lines:
+        axes[i][j].plot(curve.seconds, 100 * curve.holdout_accuracy, lw=1,
                         color=colours(k % 20), label=method)
+    for i, (model, n) in enumerate(cells_here):
+        cell_targets = steps[(steps.model == model) & (steps.ranks == n)].groupby(
+            "target_name").target.first()
+        for j, link in enumerate(LINKS):
+            ax = axes[i][j]
             for name, target in cell_targets.items():
                 ax.axhline(100 * target, ls="--", lw=0.7, color="k")
             low = 100 * cell_targets.min() - 6
@@ -518,7 +708,8 @@ def plot(out, steps, cells, path):
             ax.set_xlabel("seconds (composed)", fontsize=8)
             if j == 0:
                 ax.set_ylabel("held-out accuracy, %")
-    axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
+    if axes[0][-1].get_legend_handles_labels()[0]:     # its panel may have no curve
+        axes[0][-1].legend(fontsize=6, ncol=2, loc="lower right")
     cpus = "; ".join(f"{front} step cells: {', '.join(sorted(set(group.cpu)))}"
                      for front, group in cells.groupby("front", sort=False))
     fig.suptitle("Held-out accuracy against time to it on each link (steps over loopback x "
@@ -527,6 +718,7 @@ def plot(out, steps, cells, path):
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True, sorted(no_curve)
 
 
 # The cost model's name of each method of ours: (scheme, parameter, route) (registry names).
@@ -538,7 +730,7 @@ SCHEME_OF = {"none": ("none", None, None), "fp16": ("fp16", None, None),
              **{f"powersgd{k}": ("powersgd", k, None) for k in (1, 2, 4)}}
 
 
-def scaling_table(out, steps, cells, seeds=SEEDS):
+def scaling_table(out, steps, cells, seeds=SEEDS, known=None):
     """The cost model's input for time to accuracy at n ranks (python -m hvd_compress.costmodel
     --tta): per network and method of ours, the steps to one target at 2 and at 4 ranks (the
     lower of the two cells' 'lab' targets, which the runs of both reached on the way to their
@@ -548,7 +740,7 @@ def scaling_table(out, steps, cells, seeds=SEEDS):
     means; the range says how far a fit through them can be read)."""
     rows, out = [], Path(out)
     for model in MODELS:
-        cell_targets = [targets(out, model, n, seeds) for n in RANKS]
+        cell_targets = [targets(out, model, n, seeds, known) for n in RANKS]
         if None in cell_targets:
             continue
         target = min(t["lab"] for t in cell_targets)
@@ -682,14 +874,23 @@ def tables(steps, table):
     return "\n".join(lines)
 
 
-def summarise(out, step_time_specs, seeds=SEEDS):
+def summarise(out, step_time_specs, seeds=SEEDS, steps_from=(), targets_from=None,
+              step_times_csv=()):
+    """The grid's CSVs, tables and plot from the runs in OUT/runs, and from the rows of
+    `steps_from` (steps.csv files: runs whose folders are gone; a run in OUT replaces its
+    rows) with the cells' targets from `targets_from` or those rows; the step cells from
+    `step_times_csv` (step_times.csv files) and then `step_time_specs` (step benchmarks'
+    steps.csv). The fit's input (scaling*.csv) reaches a target the rows do not hold, so it is
+    written only where every row's run has its folder here."""
     out = Path(out)
-    steps = steps_table(out, seeds)
+    given = read_steps_rows(steps_from)
+    known = known_targets(targets_from, given)
+    steps = merge_steps(given, steps_table(out, seeds, known))
     targets_rows = [dict(model=m, ranks=n, **t) for m in MODELS for n in RANKS
-                    if (t := targets(out, m, n, seeds)) is not None]
+                    if (t := targets(out, m, n, seeds, known)) is not None]
     runlog.atomic_write_text(out / "targets.csv", pd.DataFrame(targets_rows).to_csv(index=False))
     runlog.atomic_write_text(out / "steps.csv", steps.to_csv(index=False))
-    cells = read_step_times(step_time_specs)
+    cells = read_step_times(step_time_specs, step_times_csv)
     runlog.atomic_write_text(out / "step_times.csv", cells.to_csv(index=False))
     composed = unloaded_times(steps)
     table = tta_table(composed, cells) if not steps.empty else pd.DataFrame()
@@ -697,8 +898,21 @@ def summarise(out, step_time_specs, seeds=SEEDS):
     if not steps.empty:
         runlog.atomic_write_text(out / "tables.md", tables(steps, table) + "\n")
     if not steps.empty and not cells.empty:
-        plot(out, composed, cells, out / "tta.png")
-        scaling = scaling_table(out, composed, cells, seeds)
+        drawn, no_curve = plot(out, composed, cells, out / "tta.png")
+        if not drawn:
+            print(f"tta.png not drawn: no run of steps.csv has a folder in {out / 'runs'}"
+                  + (" (the one there is left as it was)" if (out / "tta.png").exists()
+                     else ""))
+        elif no_curve:
+            print(f"tta.png: no curve for {len(no_curve)} method(s), no run folder in "
+                  f"{out / 'runs'} (rows from --steps-from): {', '.join(no_curve)}")
+        gone = sorted({r for r in steps.run if not (out / "runs" / str(r)).is_dir()})
+        if gone:
+            print(f"scaling.csv not written: {len(gone)} run(s) of steps.csv have no folder in "
+                  f"{out / 'runs'}, and the fit's target (the lower of the two cells' lab "
+                  f"targets) is one their rows do not hold")
+            return steps, table
+        scaling = scaling_table(out, composed, cells, seeds, known)
         runlog.atomic_write_text(out / "scaling.csv",
                                  scaling.to_csv(index=False, float_format="%.6g"))
         for name, pair in SPREAD_PAIRS.items() if not scaling.empty else ():
@@ -723,6 +937,18 @@ def parse_args(argv=None):
     parser.add_argument("--step-times", nargs="*", default=[], metavar="FRONT:CPU:STEPS_CSV",
                         help="step benchmark steps.csv files (front horovod or ddp, the CPU "
                              "they were measured on); later ones replace earlier cells")
+    parser.add_argument("--step-times-csv", nargs="*", default=[], metavar="STEP_TIMES_CSV",
+                        help="step_times.csv files this grid wrote (their cells, each with its "
+                             "source and CPU); --step-times' cells replace theirs")
+    parser.add_argument("--steps-from", action="append", default=[], metavar="STEPS_CSV",
+                        help="a steps.csv this grid wrote: the rows of runs whose folders are "
+                             "gone, merged with the runs in --out (a run there replaces its "
+                             "rows); again for another (later files replace earlier rows)")
+    parser.add_argument("--targets-from", default=None, metavar="TARGETS_CSV",
+                        help="a targets.csv this grid wrote: the targets of cells whose float32 "
+                             "folders are gone (default: those --steps-from's rows were counted "
+                             "against); their float32 runs are not trained unless --methods "
+                             "names none")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)),
                         help="float32's seeds (the others take the first)")
     parser.add_argument("--max-seeds", type=int, default=None, metavar="K",
@@ -749,7 +975,23 @@ def parse_args(argv=None):
     if bad:
         parser.error(f"unknown: {', '.join(bad)}")
     args.prefix = shlex.split(args.prefix)
+    if not args.summary_only:
+        missing = sorted({flag for key in (args.methods or TRAINED)
+                          for flag in _auto_step_s(TRAINED[key]) if not Path(flag).is_file()})
+        if missing and args.dry_run:
+            print(f"note: no injected step cells {', '.join(missing)} yet (python -m "
+                  f"labs.bench.tta_auto --write-step-s)", file=sys.stderr)
+        elif missing:
+            parser.error(f"no injected step cells {', '.join(missing)}: write them with python "
+                         f"-m labs.bench.tta_auto --write-step-s --cells STEP_TIMES_CSV "
+                         f"--front horovod|ddp (docs/time-to-accuracy.md)")
     return args
+
+
+def _auto_step_s(method):
+    """The --auto-step-s file a method's runs read ((), or one path)."""
+    flags = list(method.flags)
+    return (flags[flags.index("--auto-step-s") + 1],) if "--auto-step-s" in flags else ()
 
 
 def main(argv=None):
@@ -757,7 +999,8 @@ def main(argv=None):
     failures = [] if args.summary_only else run_grid(args)
     if args.dry_run:
         return 0
-    steps, table = summarise(args.out, args.step_times, args.seeds)
+    steps, table = summarise(args.out, args.step_times, args.seeds, args.steps_from,
+                             args.targets_from, args.step_times_csv)
     print(f"summary: {Path(args.out) / 'tta.csv'} ({len(table)} rows), "
           f"{Path(args.out) / 'steps.csv'} ({len(steps)} rows)")
     if failures:
