@@ -158,8 +158,11 @@ DDP_ROW = {"ddp:none": "stock:none", "ddp:fp16": "stock:fp16", "ddp:powersgd1": 
 # methods a conclusion compares: one seed's steps move by an evaluation interval or more from
 # seed to seed (float32's own spread), so a ranking between two of them needs their spread too.
 METHOD_SEEDS = {
+    # auto on either front: its target is read against the best fixed method seed by seed,
+    # and its decisions move with the trajectory, so one seed says little.
     ("horovod", 2): {"bit8", "bit8:alltoall", "topk0.1", "powersgd1", "powersgd4",
-                     "ddp:fp16", "ddp:powersgd1"},
+                     "ddp:fp16", "ddp:powersgd1",
+                     *(f"{front}auto:tta-{link}" for front in ("", "ddp:") for link in LINKS)},
     ("basic", 2): {"bit8", "bit8:alltoall", "topk0.1", "powersgd1", "ddp:fp16",
                    "ddp:powersgd1"},
     # The extrapolation to 8-64 ranks fits through the 2- and 4-rank cells: it needs each
