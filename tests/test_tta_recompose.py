@@ -166,8 +166,12 @@ def test_a_step_benchmarks_cells_replace_those_of_a_step_times_csv(composed, tmp
     newer = bench_csv(tmp_path / "new.csv", {"ours:bit8:allgather": 10.0}, links=("loopback",))
     cells = tta_grid.read_step_times([f"horovod:cpu C:{newer}"], [composed / "step_times.csv"])
     mine = cells[(cells.front == "horovod") & (cells.row == "ours:bit8:allgather")]
-    assert dict(zip(mine.link, mine.step_ms)) == {"loopback": 11.5, "10mbit": 81.5}
-    assert dict(zip(mine.link, mine.cpu)) == {"loopback": "cpu C", "10mbit": "cpu A"}
+    # the benchmark's file replaces its (front, network, ranks) whole: no cell of another CPU
+    # is left beside its own, the links and rows it did not measure included
+    assert dict(zip(mine.link, mine.step_ms)) == {"loopback": 11.5}
+    group = cells[(cells.front == "horovod") & (cells.model == mine.model.iloc[0])
+                  & (cells.ranks == mine.ranks.iloc[0])]
+    assert set(group.cpu) == {"cpu C"}
     with pytest.raises(tta.RunError, match="not a tta_grid step_times.csv"):
         tta_grid.read_step_times([], [composed / "hvd.csv"])
 
@@ -294,8 +298,8 @@ def test_a_ddp_auto_run_is_held_against_every_fixed_row_and_its_own_fronts_best(
 
 # ---- the injected step cells ------------------------------------------------------------------
 
-def test_the_committed_horovod_step_s_files_are_regenerated_from_the_committed_cells(tmp_path):
-    cells = tta_auto.read_cells([RESULTS / "step_times.csv"], "horovod")
+def test_the_committed_horovod_step_s_files_are_regenerated_from_the_measured_cells(tmp_path):
+    cells = tta_auto.read_cells([RESULTS / "cells-xeon" / "hvd-lab-n2" / "steps.csv"], "horovod")
     written = tta_auto.write_step_s(cells, "horovod", "lab", 2, tmp_path)
     assert [p.name for p, _ in written] == [f"{link}.json" for link in tta_grid.LINKS]
     for path, fastest in written:
@@ -325,9 +329,10 @@ def test_value_is_the_fastest_of_the_value_plans_codecs_and_each_method_its_own_
 
 
 def test_a_missing_candidate_cell_is_an_error_naming_it_and_nothing_is_written(tmp_path, capsys):
-    """Today's DDP cells (results/ddp-grid) have no row for six of auto's methods: the files
+    """The DDP grid's cells (results/ddp-grid) have no row for six of auto's methods: the files
     are not written, and the error names every missing row and how to measure it."""
-    code = tta_auto.main(["--write-step-s", "--cells", str(RESULTS / "step_times.csv"),
+    code = tta_auto.main(["--write-step-s", "--cells",
+                          str(RESULTS.parent / "ddp-grid" / "steps.csv"),
                           "--front", "ddp", "--model", "lab", "--ranks", "2",
                           "--dir", str(tmp_path)])
     err = capsys.readouterr().err

@@ -548,11 +548,18 @@ def read_cells_csv(path):
 def read_step_times(specs, csvs=()):
     """--step-times-csv PATH ... then --step-times FRONT:CPU:PATH ...: every cell of every
     file; a later file's cell replaces an earlier one's (the newer measurement of the same
-    row), so a step benchmark's new cells replace those of a step_times.csv."""
+    row), so a step benchmark's new cells replace those of a step_times.csv. A step
+    benchmark's file replaces every earlier cell of each (front, network, ranks) it measured,
+    the rows it did not measure included: the rows a time table compares side by side come
+    from one run on one CPU, never some from another machine."""
     frames = [read_cells_csv(path) for path in csvs or ()]
+    group = ["front", "model", "ranks"]
     for spec in specs:
         front, cpu, path = spec.split(":", 2)
-        frames.append(bench_cells(path, front, path, cpu))
+        new = bench_cells(path, front, path, cpu)
+        measured = set(map(tuple, new[group].values))
+        frames = [f[[tuple(k) not in measured for k in f[group].values]] for f in frames]
+        frames.append(new)
     if not frames:
         return pd.DataFrame(columns=CELL_COLUMNS)
     cells = pd.concat(frames, ignore_index=True)
