@@ -6,6 +6,7 @@ parameters sharded on dim 1."""
 import pytest
 
 import ddprun
+import hvd_compress.fsdp as hcf
 
 MODULE = "fsdp_workers.fsdp_configs"
 CODECS = ("bit8", "bit8+ef", "bit16", "bit16+ef", "bf16", "bf16+ef", "fp16", "int8", "int8+ef")
@@ -72,3 +73,18 @@ def test_hsdp_replicas_stay_identical_and_resume(tmp_path_factory):
             "reduced sums + correction = FSDP2's") in names
     assert "HSDP 2x2: DCP gives every rank (each replica) its own residuals back" in names
     assert "HSDP 2x2: bit8+ef resumed from DCP = never stopped, bit for bit" in names
+
+
+@pytest.mark.unit
+def test_an_input_of_no_known_parameters_is_refused_by_name():
+    """The input FSDP2 hands holds every parameter, or those post_backward picked; else the
+    residual's pieces cannot be named, and the collective says so instead of guessing."""
+    comm = hcf.CompressedReduceScatter(None, "fsdp.fc", ["fc.weight", "fc.bias", "fc.x"],
+                                       [6, 2, 3])
+    assert comm._present(2 * 11, 2) is None                       # every parameter
+    comm.present = (0, 2)
+    assert comm._present(2 * 9, 2) == (0, 2)
+    assert comm.members(2, (0, 2)) == (["fc.weight#shard0of2", "fc.x#shard0of2",
+                                        "fc.weight#shard1of2", "fc.x#shard1of2"], [6, 3, 6, 3])
+    with pytest.raises(ValueError, match=r"fsdp.fc: .* \(fc.weight, fc.x\)"):
+        comm._present(2 * 8, 2)

@@ -164,9 +164,8 @@ def residuals_telescope(label, make, data, divisor, micro=1, reduce_all=None, sc
     scale, miss, bare = (largest(d) for d in (
         exact, {k: ours[k] + left[k] - exact[k] for k in exact},
         {k: ours[k] - exact[k] for k in exact}))
-    worst = [torch.tensor([miss, bare, scale])]
-    every = [torch.empty(3) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, worst[0])
+    every = [torch.empty(3) for _ in range(dist.get_world_size())]     # the worst rank's
+    dist.all_gather(every, torch.tensor([miss, bare, scale]))
     miss, bare, scale = (max(e[i].item() for e in every) for i in range(3))
     if dist.get_rank() == 0:
         print(f"FIGURE {label}: {scheme}+ef telescoping: max |sum + correction - FSDP2's| "
