@@ -71,6 +71,7 @@ def test_hsdp_replicas_stay_identical_and_resume(tmp_path_factory):
                for k in names)
     assert ("HSDP 2x2, all-reduce on the last of 2 batches: bit8+ef's residuals telescope: "
             "reduced sums + correction = FSDP2's") in names
+    assert "HSDP 2x2: replicas that register different codecs are refused on every rank" in names
     assert "HSDP 2x2: DCP gives every rank (each replica) its own residuals back" in names
     assert "HSDP 2x2: bit8+ef resumed from DCP = never stopped, bit for bit" in names
 

@@ -122,8 +122,16 @@ class FSDPCompression(FrontAPI):
         self.gather_pieces = gather_pieces
         if gather_pieces is not None:
             self.engine.in_pieces, self.engine.timed = bool(gather_pieces), False
-        self.core.agree(dict(self.setup(), keep_weight_codes=self.keep_weight_codes,
-                             gather_pieces=gather_pieces), "FSDP modules", agree_timeout_s)
+        agreed = dict(self.setup(), keep_weight_codes=self.keep_weight_codes,
+                      gather_pieces=gather_pieces)
+        self.core.agree(agreed, "FSDP modules", agree_timeout_s)
+        # HSDP: FSDP2 all-reduces the reduced shards over the replicas, so replicas whose shard
+        # groups chose different codecs would average shards of different rounding (each
+        # group agrees within itself only)
+        replicas = getattr(param_group(modules[0][1]).mesh_info, "replicate_process_group", None)
+        if replicas is not None:
+            self.core.agree(agreed, "FSDP modules across replicas", agree_timeout_s,
+                            engine=TorchEngine(replicas))
         for name, module in modules:
             module.set_custom_reduce_scatter(self.comms[name])
             if name in self.gathers:

@@ -34,11 +34,22 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from ..compressors import compressor_name
 from ..roles import rounding_stream
 
-__all__ = ["CompressedReduceScatter", "FLAG_BYTES", "completed_work", "watch"]
+__all__ = ["CompressedReduceScatter", "FLAG_BYTES", "all_finite", "completed_work", "watch"]
 
 # The non-finite flag after each message: 4 bytes, so that every row's block scales (float32 at
 # its start) stay 4-byte aligned in the collective's buffer.
 FLAG_BYTES = 4
+
+
+def all_finite(x):
+    """Whether every value of x is finite, from its smallest and largest: a NaN is both (aminmax
+    carries it), an Inf the one or the other. Why not isfinite(x).all(): it makes a boolean
+    tensor of x's size first, and on the CPU that cost more than the encode itself
+    (docs/fsdp.md, the weights' all-gather)."""
+    if x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def completed_work(output):
@@ -190,7 +201,7 @@ class CompressedReduceScatter(ReduceScatter):
             if memory is not None:
                 memory.bind(name, *self.members(n, self._present(input.numel(), n)))
                 memory.compensate(name, x, inplace=True)
-            send[:, size] = int(not bool(torch.isfinite(x).all()))
+            send[:, size] = int(not all_finite(x))
             with rounding_stream(name):
                 for k in range(n):
                     comp.encode_message(x[k * m:(k + 1) * m], send[k, :size], block)

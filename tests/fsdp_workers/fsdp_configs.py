@@ -207,6 +207,16 @@ def hsdp(data):
     residuals_telescope("HSDP 2x2, all-reduce on the last of 2 batches",
                         lambda: sharded(Net, mesh), data, divisor=4, micro=2, reduce_all=True)
 
+    # replicas that chose different codecs would all-reduce shards of different rounding:
+    # the shard group of each agrees within itself, so the replicas must agree too
+    try:
+        hcf.register(sharded(Net, mesh), "bit8" if dist.get_rank() < 2 else "bit16")
+        err = None
+    except Exception as e:             # noqa: BLE001 - any error is read below
+        err = e
+    check("HSDP 2x2: replicas that register different codecs are refused on every rank",
+          isinstance(err, RuntimeError) and "replicas" in str(err), repr(err))
+
     # checkpoints: the residuals differ on every one of the 4 ranks (replicas included)
     def fresh():
         net = sharded(Net, mesh)
