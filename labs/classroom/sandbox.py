@@ -471,6 +471,8 @@ class Outcome:
     oom: bool = False               # the sandbox's memory group killed a process (fork server)
     cpu_seconds: float = None       # every process of the sandbox together (its cgroup)
     disk_full: bool = False         # its tmpfs was full when it ended
+    left_behind: int = 0            # a build's processes left running on their own, killed
+                                    # (fork_server.stop_the_detached)
 
     def how(self):
         """How it ended, in words (the same words for the same ending: no timings)."""
