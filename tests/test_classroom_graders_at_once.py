@@ -9,6 +9,11 @@ processes running the grader's sandbox.py, their kits in real bubblewrap sandbox
   closed its kit's cgroups): the second's kit runs with every limit of its own cgroup (its
   memory, its processes, its CPU share), whatever the crashed grader left. A cgroup folder
   already there was skipped, silently, and the kit ran without them.
+
+Then, in this process, the two ways such a folder can be met now that it is named for the
+sandbox's user id (sandbox.cgroup_name): with a process of the dead grader's kit still in it
+(killed, the folder made afresh), and one that cannot be removed (a process frozen in it: the
+grading stops, saying which folder and what to do).
 """
 import inspect
 import json
@@ -160,10 +165,13 @@ class Grader:
         return out
 
     def kill(self):
-        """Its namespace's PID 1 killed (and with it the namespace, its sandbox), then itself."""
+        """Its namespace's PID 1 killed (and with it the namespace, its sandbox), then itself;
+        the PID 1 only while it is still its child (its pid is not another's yet)."""
         try:
-            os.kill(self.host_pid, signal.SIGKILL)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{self.host_pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                os.kill(self.host_pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
             pass
         self.proc.kill()
         self.proc.wait(10)
