@@ -55,6 +55,31 @@ def test_every_rank_computes_with_the_same_decoded_weights(np, tmp_path_factory)
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("np", (2, 4))
+def test_kept_codes_spare_the_backwards_gather(np, tmp_path_factory):
+    names = passed(np, tmp_path_factory)
+    for s in ("bit8", "int8"):
+        assert (f"keep_weight_codes, weights={s}: 4 steps equal the run that gathers again, bit "
+                "for bit, every rank alike") in names
+        assert (f"keep_weight_codes, weights={s}: a forward and backward sends half, and "
+                "nothing is kept after the backward") in names
+    assert ("keep_weight_codes: the backward sees the forward's weights where the shards "
+            "changed in between (gathering again sees the changed ones)") in names
+    assert "keep_weight_codes keeps the codes of the modules resharded after forward only" in names
+    assert "ranks that keep the weights' codes differently are refused on every rank" in names
+    assert "keep_weight_codes without a weights codec is refused with a clear error" in names
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("np", (2, 4))
+def test_gathers_in_pieces_give_the_same_bits(np, tmp_path_factory):
+    names = passed(np, tmp_path_factory)
+    assert ("gather_pieces=True: the weights' and gradients' codes in pieces give the bits of "
+            "whole gathers, every rank alike") in names
+    assert "gather_pieces=None decides after the first steps, alike on every rank" in names
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("np", (2, 4))
 def test_bad_weights_get_a_clear_error(np, tmp_path_factory):
     names = passed(np, tmp_path_factory)
     assert "a NaN weight on rank 0 raises FloatingPointError on every rank, naming it" in names
@@ -74,6 +99,23 @@ def test_weights_are_refused_before_any_collective():
         hcf.register(nn.Linear(2, 2), "bit8", weights="onebit")
     with pytest.raises(ValueError, match="wrapped by torch.distributed.fsdp.fully_shard"):
         hcf.register(nn.Linear(2, 2), "bit8", weights="bit8")
+    for weights in (None, "none"):
+        with pytest.raises(ValueError, match="keep_weight_codes keeps the codes"):
+            hcf.register(nn.Linear(2, 2), "bit8", weights=weights, keep_weight_codes=True)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad", (float("nan"), float("inf"), -float("inf")))
+def test_all_finite_finds_one_bad_value_anywhere(bad):
+    import torch
+    from hvd_compress.fsdp.all_gather import all_finite
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(1))
+    assert all_finite(x) and all_finite(x[:0])
+    assert all_finite(torch.full((7,), 3e38))           # finite, though a sum would overflow
+    for at in (0, 500, 1000):
+        y = x.clone()
+        y[at] = bad
+        assert not all_finite(y), at
 
 
 @pytest.mark.unit

@@ -253,26 +253,28 @@ class FrontCore:
                 "fusion_threshold_bytes": comm.fusion_threshold_bytes,
                 "scale_block": comm.scale_block}
 
-    def agree(self, setup, what="setup", timeout_s=AGREE_TIMEOUT_S):
+    def agree(self, setup, what="setup", timeout_s=AGREE_TIMEOUT_S, engine=None):
         """Raise, on every rank, if a rank did not reach this check within timeout_s (where
-        the engine can tell) or if any rank's `setup` (a dict) differs from rank 0's."""
-        if self.engine.size() == 1:
+        the engine can tell) or if any rank's `setup` (a dict) differs from rank 0's. `engine`:
+        the ranks to agree among, when they are not the exchange's own (HSDP's replicas)."""
+        engine = engine or self.engine
+        if engine.size() == 1:
             return
-        absent = self.engine.absent(f"agree.{what}", timeout_s)
+        absent = engine.absent(f"agree.{what}", timeout_s)
         if absent:
             ranks = ", ".join(map(str, absent))
             raise RuntimeError(
                 f"{self.front}: rank {ranks} did not come to the ranks' agreement on the "
                 f"{what} within {timeout_s:g} s: every rank must run {self.front} alike (a "
                 "rank that registered no hook, or built no optimizer, runs other collectives)")
-        every = self.engine.allgather_object(setup, f"hvdc.agree.{what}")
+        every = engine.allgather_object(setup, f"hvdc.agree.{what}")
         for rank, other in enumerate(every):
             if other != every[0]:
                 detail = "; ".join(
                     f"{k}: rank 0 has {_short(every[0].get(k))}, rank {rank} has "
                     f"{_short(other.get(k))}" for k in sorted(set(other) | set(every[0]))
                     if other.get(k) != every[0].get(k))
-                raise RuntimeError(f"{self.front}: ranks disagree ({detail})")
+                raise RuntimeError(f"{self.front}: ranks disagree on the {what} ({detail})")
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self):

@@ -15,20 +15,27 @@ decoded on arrival (FSDP2's AllGather interface, installed with FSDPModule.set_c
   gradients' stochastic int8.
 - A NaN or Inf weight on any rank raises FloatingPointError on every rank in the same call (the
   flag), before any rank decodes: a weight that is not finite has no use for a forward.
+- keep_weight_codes: a module's forward gather keeps the messages it received, and the
+  gather before its backward decodes them again instead of encoding and gathering anew: the
+  backward sees the forward's weights bit for bit (FSDP2's reshard_after_forward=False does
+  the same with the unsharded weights), and a step sends a third less. The price is memory:
+  every module's n messages (a byte a value for bit8, about a quarter of its float32 weights)
+  from its forward to its backward, where FSDP2's default holds nothing.
 """
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
 from ..codecs import int8 as int8_codec
 from ..compressors import Int8Compressor, compressor_name
 from ..front.core import resolve_compression
 from ..roles import Stats
-from .reduce_scatter import FLAG_BYTES, completed_work
+from .reduce_scatter import FLAG_BYTES, all_finite, completed_work
 
 __all__ = ["CompressedAllGather", "NearestInt8", "WeightStats", "WEIGHT_SCHEMES",
-           "weight_codec"]
+           "weight_codec", "all_finite"]
 
 WEIGHT_SCHEMES = ("none", "bit8", "int8", "bit16", "bf16")
 
@@ -71,10 +78,13 @@ def weight_codec(weights):
 
 class CompressedAllGather(AllGather):
     """The all-gather of one FSDP module's parameter shards (FSDP2's AllGather interface), by
-    its front's weight codec; named `bucket` in errors."""
+    its front's weight codec; named `bucket` in errors. With `param_group` (the module's FSDP2
+    parameter group) and `keep`, the forward's messages are kept for the backward (`kept`)."""
 
-    def __init__(self, front, bucket):
+    def __init__(self, front, bucket, param_group=None, keep=False):
         self.front, self.bucket = front, bucket
+        self.param_group, self.keep = param_group, keep
+        self.kept = None            # the forward's received messages, until the backward's gather
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -102,18 +112,44 @@ class CompressedAllGather(AllGather):
             stats.add("bytes_sent", (n - 1) * m * output.element_size())
             return
         comp, block = front.weights, front.scale_block or max(m, 1)
-        x = input if input.dtype == torch.float32 else input.to(torch.float32)
         size = comp.message_bytes(m, block)
         row = size + FLAG_BYTES
+        phase = self._phase()
+        kept, self.kept = self.kept, None   # used once: a later backward gathers afresh
+        if phase is TrainingState.PRE_BACKWARD and kept is not None and kept.numel() == n * row:
+            rows = kept.view(n, row)        # the forward's messages: its weights, bit for bit
+        else:
+            rows = self._gather(input, group, comp, block, size, row)
+            if phase is TrainingState.FORWARD and self.keep and \
+                    self.param_group._reshard_after_forward:
+                self.kept = rows
+        with stats.timing("decompress_s"):
+            out = output.view(n, m) if output.dtype == torch.float32 else \
+                torch.empty(n, m, dtype=torch.float32, device=input.device)
+            for k in range(n):
+                comp.decode_messages(rows[k:k + 1, :size].contiguous(), m, out[k], block)
+            if out.data_ptr() != output.data_ptr():
+                output.view(n, m).copy_(out)
+
+    def _phase(self):
+        """FSDP2's state of this module's group as it gathers (FORWARD: its forward or a
+        forward prefetch; PRE_BACKWARD: its backward or a backward prefetch), or None."""
+        return getattr(self.param_group, "_training_state", None)
+
+    def _gather(self, input, group, comp, block, size, row):
+        """This rank's shard encoded (and its non-finite flag), every rank's gathered: the
+        (n, row) messages, checked for a flag on any rank."""
+        stats, n, m = self.front.weight_stats, self.front.engine.size(), input.numel()
+        x = input if input.dtype == torch.float32 else input.to(torch.float32)
         send = torch.zeros(row, dtype=torch.uint8, device=x.device)
-        finite = bool(torch.isfinite(x).all())
+        finite = all_finite(x)
         send[size] = int(not finite)
         with stats.timing("compress_s"):
             if finite:                          # int8 cannot encode them; the flag tells all
                 comp.encode_message(x.contiguous(), send[:size], block)
-        received = torch.empty(n * row, dtype=torch.uint8, device=x.device)
-        with stats.timing("communicate_s"):
-            dist.all_gather_single(received, send, group=group)
+        engine = self.front.engine
+        with stats.timing("communicate_s"):      # the engine's: timed, in pieces on a slow link
+            received = engine.wait(engine.allgather_async(send, f"hvdc.{self.bucket}"))
         stats.add("bytes_sent", (n - 1) * row)
         rows = received.view(n, row)
         flagged = [r for r in range(n) if int(rows[r, size])]
@@ -122,10 +158,4 @@ class CompressedAllGather(AllGather):
                 f"hvd_compress.fsdp: a NaN or Inf weight on rank {', '.join(map(str, flagged))} "
                 f"in {self.bucket}'s all-gather ({compressor_name(comp)} weights); every rank "
                 "raises here, before any rank decoded; the sharded parameters are as they were")
-        with stats.timing("decompress_s"):
-            out = output.view(n, m) if output.dtype == torch.float32 else \
-                torch.empty(n, m, dtype=torch.float32, device=x.device)
-            for k in range(n):
-                comp.decode_messages(rows[k:k + 1, :size].contiguous(), m, out[k], block)
-            if out.data_ptr() != output.data_ptr():
-                output.view(n, m).copy_(out)
+        return rows

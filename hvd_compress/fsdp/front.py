@@ -9,6 +9,7 @@ by parameter name, the ranks' agreement, the checkpoint format. It is also DCP's
 from torch.distributed.fsdp import FSDPModule
 
 from ..codecs import SCALE_BLOCK
+from ..ddp import PIECES_BELOW_BITS_PER_S, PIECES_DECIDED_AT
 from ..compressors import compressor_name
 from ..engine.base import AVERAGE
 from ..engine.distributed import TorchEngine
@@ -52,13 +53,27 @@ class FSDPCompression(FrontAPI):
         rank) or 'pass' (decoded as the codec carries it); packet schemes only.
     weights: None (FSDP2's own all-gather, untouched), 'none' (ours, FSDP2's bits, counted) or
         'bit8', 'int8', 'bit16', 'bf16': the weights' all-gather as block-scaled codes.
+    gather_pieces: Gloo's large alltoalls (the gradients' codes) and all-gathers (the
+        weights' codes) in pieces (True), whole (False), or None: decided after
+        PIECES_DECIDED_AT steps, as hvd_compress.ddp decides it (docs/ddp.md, "Gathers in
+        pieces on a slow link"): in pieces where rank 0's large collectives sent below
+        PIECES_BELOW_BITS_PER_S, alike on every rank.
+    keep_weight_codes: with a weights codec, the backward decodes the codes its module's
+        forward gathered instead of gathering again (all_gather.py: a third less on the wire a
+        step, the gathered codes held from each module's forward to its backward).
     """
 
     def __init__(self, model, compression="bit8", error_feedback=None, scale_block=SCALE_BLOCK,
-                 on_nonfinite="raise", agree_timeout_s=AGREE_TIMEOUT_S, weights=None):
+                 on_nonfinite="raise", agree_timeout_s=AGREE_TIMEOUT_S, weights=None,
+                 keep_weight_codes=False, gather_pieces=None):
         if on_nonfinite not in NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}")
         self.weights, self.weights_name = weight_codec(weights), weights
+        if keep_weight_codes and self.weights in (None, "none"):
+            raise ValueError("keep_weight_codes keeps the codes of a weights codec (weights="
+                             f"'bit8', 'int8', 'bit16' or 'bf16'), not weights={weights!r}; "
+                             "FSDP2's own is reshard_after_forward=False")
+        self.keep_weight_codes = bool(keep_weight_codes)
         self.weight_stats = WeightStats()
         modules = fsdp_modules(model)
         compression = resolve_compression(compression)
@@ -92,7 +107,9 @@ class FSDPCompression(FrontAPI):
                     raise ValueError(f"hvd_compress.fsdp: weights={weights!r} compresses "
                                      "floating-point parameters; fsdp."
                                      f"{name or 'root'} holds {', '.join(odd)}")
-                self.gathers[name] = CompressedAllGather(self, f"fsdp.{name or 'root'}")
+                self.gathers[name] = CompressedAllGather(self, f"fsdp.{name or 'root'}",
+                                                         param_group(module),
+                                                         self.keep_weight_codes)
             comm = CompressedReduceScatter(
                 self, f"fsdp.{name or 'root'}", names,
                 [p.padded_sharded_param_size.numel() for p in params])
@@ -100,7 +117,21 @@ class FSDPCompression(FrontAPI):
             if self.memory is not None:
                 self.memory.bind(comm.bucket, *comm.members(n))
             self.comms[name] = comm
-        self.core.agree(self.setup(), "FSDP modules", agree_timeout_s)
+        # keep_weight_codes and gather_pieces are agreed on (ranks that gather differently
+        # would hang) but not in setup(): a checkpoint does not depend on them
+        self.gather_pieces = gather_pieces
+        if gather_pieces is not None:
+            self.engine.in_pieces, self.engine.timed = bool(gather_pieces), False
+        agreed = dict(self.setup(), keep_weight_codes=self.keep_weight_codes,
+                      gather_pieces=gather_pieces)
+        self.core.agree(agreed, "FSDP modules", agree_timeout_s)
+        # HSDP: FSDP2 all-reduces the reduced shards over the replicas, so replicas whose shard
+        # groups chose different codecs would average shards of different rounding (each
+        # group agrees within itself only)
+        replicas = getattr(param_group(modules[0][1]).mesh_info, "replicate_process_group", None)
+        if replicas is not None:
+            self.core.agree(agreed, "FSDP modules across replicas", agree_timeout_s,
+                            engine=TorchEngine(replicas))
         for name, module in modules:
             module.set_custom_reduce_scatter(self.comms[name])
             if name in self.gathers:
@@ -134,7 +165,23 @@ class FSDPCompression(FrontAPI):
 
     def _end_step(self):
         self._reduced = set()
+        if self.gather_pieces is None and self.core.steps + 1 == PIECES_DECIDED_AT:
+            self._decide_pieces()
         self.core.end_step(self.core.next_step())
+
+    def _decide_pieces(self):
+        """Gloo's large gathers in pieces from now on if rank 0's large collectives were slow
+        (a slow link), said by rank 0 so that every rank cuts alike (gather_pieces=None):
+        hvd_compress.ddp's rule. Why: over a slow link a whole large gather or alltoall ends
+        tens of ms later on one rank than on the other, and the ranks drift apart (docs/fsdp.md,
+        the weights' section, has this front's figures)."""
+        engine, rate = self.engine, None
+        if engine.rank() == 0 and engine.sent_times:
+            nbytes = sum(b for b, _ in engine.sent_times)
+            rate = 8 * nbytes / sum(t for _, t in engine.sent_times)
+        slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
+        engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
+        engine.timed = False                 # decided: nothing more to time
 
     # ---- torch.distributed.checkpoint's Stateful ----------------------------------------------
     def state_dict(self):

@@ -21,6 +21,11 @@ ReduceScatter interface, installed with FSDPModule.set_custom_reduce_scatter).
 - Error feedback keeps this rank's residual of its whole input (what its codes dropped, for
   every destination), named per parameter and destination shard ("<fqn>#shard<k>of<n>"), so a
   checkpoint is read by name whatever the modules' grouping.
+- FSDP2 reduces only the parameters that got a gradient in this backward (or accumulated one
+  while gradient sync was off): the input's rows then hold those parameters' chunks alone. So
+  the comm watches its parameter group's post_backward, where FSDP2 picks them, and binds error
+  feedback to those parameters' pieces: a parameter without gradient keeps its residual for
+  the step it next reduces in, and the others' residuals stay theirs.
 """
 import torch
 import torch.distributed as dist
@@ -29,11 +34,22 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from ..compressors import compressor_name
 from ..roles import rounding_stream
 
-__all__ = ["CompressedReduceScatter", "FLAG_BYTES", "completed_work"]
+__all__ = ["CompressedReduceScatter", "FLAG_BYTES", "all_finite", "completed_work", "watch"]
 
 # The non-finite flag after each message: 4 bytes, so that every row's block scales (float32 at
 # its start) stay 4-byte aligned in the collective's buffer.
 FLAG_BYTES = 4
+
+
+def all_finite(x):
+    """Whether every value of x is finite, from its smallest and largest: a NaN is both (aminmax
+    carries it), an Inf the one or the other. Why not isfinite(x).all(): it makes a boolean
+    tensor of x's size first, and on the CPU that cost more than the encode itself
+    (docs/fsdp.md, the weights' all-gather)."""
+    if x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def completed_work(output):
@@ -44,6 +60,37 @@ def completed_work(output):
     return torch._C._distributed_c10d._create_work_from_future(done)
 
 
+def _has_gradient(group, fsdp_param):
+    """Whether FSDP2's post_backward hands this parameter to the reduce-scatter (its own test,
+    FSDPParamGroup.post_backward, torch 2.13): a gradient accumulated while sync was off, one
+    from this backward, or a zero one for an unused parameter it was told to reduce."""
+    if not hasattr(fsdp_param, "_unsharded_param"):
+        return False
+    if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+        return True
+    if fsdp_param.unsharded_param.grad is not None:
+        return True
+    return bool(getattr(group, "reduce_scatter_unused_params", False)
+                and fsdp_param.unsharded_param.requires_grad)
+
+
+def watch(group, comm):
+    """Before FSDP2's post_backward of `group` runs (it picks the parameters with a gradient,
+    then reduce-scatters them), note on `comm` which parameters it will pick. Why wrap it: the
+    reduce-scatter is handed only their chunks, flat; by then FSDP2 has already dropped the
+    gradients that tell them apart. FSDP2 looks the method up on the group at each call."""
+    original = group.post_backward
+    if getattr(original, "_hvdc_comm", None) is not None:     # registered again: one wrapper
+        original = original._hvdc_original
+
+    def post_backward(*args, **kwargs):
+        post_backward._hvdc_comm.present = tuple(
+            i for i, p in enumerate(group.fsdp_params) if _has_gradient(group, p))
+        return original(*args, **kwargs)
+    post_backward._hvdc_comm, post_backward._hvdc_original = comm, original
+    group.post_backward = post_backward
+
+
 class CompressedReduceScatter(ReduceScatter):
     """The reduce-scatter of one FSDP module's gradients (FSDP2's ReduceScatter interface), by
     its front's codec; named `bucket` in error feedback and in errors."""
@@ -51,14 +98,29 @@ class CompressedReduceScatter(ReduceScatter):
     def __init__(self, front, bucket, names, numels):
         self.front, self.bucket = front, bucket
         self.names, self.numels = list(names), [int(k) for k in numels]
+        self.present = None             # the parameters FSDP2 reduces now (None: every one)
+        self._group = None
+
+    @property
+    def param_group(self):
+        """The module's FSDP parameter group (its shapes and dtypes, for resharding)."""
+        return self._group
+
+    @param_group.setter
+    def param_group(self, group):
+        self._group = group
+        if group is not None:
+            watch(group, self)
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def members(self, n):
-        """(names, numels) of the input's pieces: row k holds every parameter's k-th chunk."""
-        return ([f"{p}#shard{k}of{n}" for k in range(n) for p in self.names],
-                [c for _ in range(n) for c in self.numels])
+    def members(self, n, present=None):
+        """(names, numels) of the input's pieces: row k holds every parameter's k-th chunk (of
+        the parameters `present`, indices in the module's order; None: all of them)."""
+        which = range(len(self.names)) if present is None else present
+        return ([f"{self.names[i]}#shard{k}of{n}" for k in range(n) for i in which],
+                [self.numels[i] for _ in range(n) for i in which])
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         self.reduce_scatter(output_tensor, input_tensor, group, op)
@@ -82,6 +144,23 @@ class CompressedReduceScatter(ReduceScatter):
         else:
             self._packet(output, input, self._divisor(op, n))
         front.reduce_ends(self)
+
+    def _present(self, numel, n):
+        """The parameters in this input (indices; None: every one), as FSDP2 picked them."""
+        if numel == n * sum(self.numels):
+            return None
+        present = self.present
+        if present is None or numel != n * sum(self.numels[i] for i in present):
+            raise ValueError(
+                f"{self.bucket}: a reduce-scatter input of {numel} values on {n} ranks is not "
+                f"the module's parameters ({sum(self.numels)} a shard) nor those that got a "
+                f"gradient in this backward ({self._names(present)}); hvd_compress.fsdp "
+                "cannot name its error feedback's pieces")
+        return present
+
+    def _names(self, present):
+        return "unknown" if present is None else \
+            ", ".join(self.names[i] for i in present) or "none"
 
     def _divisor(self, op, n):
         if op == dist.ReduceOp.AVG:
@@ -120,12 +199,9 @@ class CompressedReduceScatter(ReduceScatter):
         send = torch.zeros(n, row, dtype=torch.uint8, device=x.device)
         with stats.timing("compress_s"):
             if memory is not None:
-                if input.numel() != sum(self.numels) * n:   # a parameter without gradient
-                    memory.bind(name, [f"{name}:{input.numel()}"], [input.numel()])
-                else:
-                    memory.bind(name, *self.members(n))
+                memory.bind(name, *self.members(n, self._present(input.numel(), n)))
                 memory.compensate(name, x, inplace=True)
-            send[:, size] = int(not bool(torch.isfinite(x).all()))
+            send[:, size] = int(not all_finite(x))
             with rounding_stream(name):
                 for k in range(n):
                     comp.encode_message(x[k * m:(k + 1) * m], send[k, :size], block)

@@ -20,6 +20,8 @@ Rows:
     fsdp:bit8+w8      the same with the weights' all-gather compressed too (register(...,
                       weights="bit8")); run only where this hvd_compress.fsdp's register takes
                       weights= (weights_option(): said on the command line otherwise)
+    fsdp:bit8+w8k     the same, the backward decoding the codes its forward gathered
+                      (keep_weight_codes=True): no second all-gather a step
     ddp:none, ddp:bit8   DDP's own allreduce; hvd_compress.ddp's hook at bit8 (its default route)
     local             the same network, no process group and no exchange: the compute floor
 
@@ -53,12 +55,14 @@ from labs.bench.step import LINKS, cell_steps
 SCHEMES = ("none", "bf16", "bit16", "bit8", "int8", "fp16")     # hvd_compress.fsdp's
 LOCAL_ROW = "local"
 WEIGHTS_ROW = "fsdp:bit8+w8"
-ROWS = ["fsdp:none", "fsdp:bf16reduce", "fsdp:bit8", "fsdp:bf16", WEIGHTS_ROW, "ddp:none",
-        "ddp:bit8", LOCAL_ROW]
+KEPT_ROW = "fsdp:bit8+w8k"
+ROWS = ["fsdp:none", "fsdp:bf16reduce", "fsdp:bit8", "fsdp:bf16", WEIGHTS_ROW, KEPT_ROW,
+        "ddp:none", "ddp:bit8", LOCAL_ROW]
 BASES = ("fsdp:none", "fsdp:bf16reduce", LOCAL_ROW)     # the ratios' denominators
 STEP_COLUMNS = ["model", "link", "ranks", "row", "round", "step", "step_ms",
                 "forward_backward_ms", "compress_ms", "communicate_ms", "decompress_ms",
-                "bytes_sent", "wire_bytes"]
+                "bytes_sent", "wire_bytes", "weights_compress_ms", "weights_communicate_ms",
+                "weights_decompress_ms", "weights_bytes_sent"]
 MEMORY_COLUMNS = ["model", "ranks", "row", "rank", "peak_rss_mb", "param_mb", "grad_mb",
                   "optimizer_mb", "ddp_bucket_mb", "tensors_mb"]
 MEMORY_STEPS = 5
@@ -70,8 +74,15 @@ def weights_option():
     return option()
 
 
+def kept_option():
+    """Does this hvd_compress.fsdp take keep_weight_codes= (KEPT_ROW)?"""
+    import inspect
+    import hvd_compress.fsdp as hcf
+    return "keep_weight_codes" in inspect.signature(hcf.FSDPCompression.__init__).parameters
+
+
 def known_row(row):
-    if row in (LOCAL_ROW, "fsdp:bf16reduce", WEIGHTS_ROW, "ddp:none", "ddp:bit8"):
+    if row in (LOCAL_ROW, "fsdp:bf16reduce", WEIGHTS_ROW, KEPT_ROW, "ddp:none", "ddp:bit8"):
         return True
     kind, _, scheme = row.partition(":")
     return kind == "fsdp" and scheme in SCHEMES
@@ -99,6 +110,8 @@ def make_row(row, model, mesh):
         return model, None
     if row == WEIGHTS_ROW:
         return model, hcf.register(model, "bit8", weights="bit8")
+    if row == KEPT_ROW:
+        return model, hcf.register(model, "bit8", weights="bit8", keep_weight_codes=True)
     return model, hcf.register(model, scheme)
 
 
@@ -215,7 +228,10 @@ def worker(args):
                                      1e3 * (t1 - t0 - codec),
                                      *(1e3 * stats.get(k, math.nan) for k in (
                                          "compress_s", "communicate_s", "decompress_s")),
-                                     stats.get("bytes_sent", bytes_of.get(row, math.nan)), sent])
+                                     stats.get("bytes_sent", bytes_of.get(row, math.nan)), sent,
+                                     *(1e3 * stats.get(f"weights_{k}", math.nan) for k in (
+                                         "compress_s", "communicate_s", "decompress_s")),
+                                     stats.get("weights_bytes_sent", math.nan)])
                     times[row][0].append(1e3 * (t2 - t0))
                     times[row][1].append(rnd)
         if rank == 0:
@@ -362,6 +378,10 @@ def parse_args(argv=None):
         print(f"[bench_fsdp] {WEIGHTS_ROW} left out: this hvd_compress.fsdp's register() takes "
               "no weights= (the weights' all-gather is FSDP2's own)", file=sys.stderr, flush=True)
         args.rows.remove(WEIGHTS_ROW)
+    if KEPT_ROW in args.rows and not kept_option():
+        print(f"[bench_fsdp] {KEPT_ROW} left out: this hvd_compress.fsdp's register() takes "
+              "no keep_weight_codes=", file=sys.stderr, flush=True)
+        args.rows.remove(KEPT_ROW)
     return args
 
 

@@ -14,7 +14,9 @@ rendezvous server in a forked process of its own, each rank given the environmen
 Gloo launcher gives it (horovod/runner/gloo_run.py), then the student side. Each task keeps what
 a process of its own had: its own time limit, its own output folder /out/NAME with its stdout
 and stderr (output.log), its own exit status. Between two tasks every process left in the
-sandbox is killed: a run that forked away cannot reach the next.
+sandbox is killed: a run that forked away cannot reach the next. During a build, a process left
+running on its own (its parent gone) is killed as soon as it is seen (stop_the_detached): a
+pipe it held would keep the build waiting to its time limit.
 
 Why: importing torch costs about 1.2 s of a core, its first training step about 1 s more, and
 reading the data set 0.4 s; a kit's runs (step 2, 2 ranks, 4 ranks) used to import torch 7
@@ -48,6 +50,7 @@ PR_SET_DUMPABLE = 4
 RANK_GRACE_S = 5                # horovodrun's: the other ranks' time to stop after one failed
 IDLE_PROCS = "/idle.procs"      # the sandbox's idle CPU group (sandbox.py), where the host has one
 IDLE_EVERY_S = 0.1
+DETACHED_EVERY_S = 0.1          # how often a build's left-behind processes are looked for
 
 
 def warm_up():
@@ -270,6 +273,7 @@ def run_task(task, report_fd, waiter):
     main = set(pids) | ({server} if task["mode"] == "ranks" else set())
     moved, idle_at = set(), 0.0
     idle = task["mode"] != "build" and os.path.exists(IDLE_PROCS)   # a build's compilers are its work
+    detached, detached_at = set(), 0.0
     while True:
         waiter.poll()
         done = [p for p in pids if p in waiter.statuses]
@@ -289,6 +293,9 @@ def run_task(task, report_fd, waiter):
         if idle and now - idle_at >= IDLE_EVERY_S:
             idle_the_rest(main, moved)
             idle_at = now
+        if task["mode"] == "build" and now - detached_at >= DETACHED_EVERY_S:
+            stop_the_detached(main, detached)
+            detached_at = now
         if failed_at is not None and not told:
             told = True                 # one rank failed: the others stop, as under horovodrun
             for pid in pids:
@@ -298,6 +305,8 @@ def run_task(task, report_fd, waiter):
             break
         time.sleep(0.02)
     ended["seconds"] = time.monotonic() - start
+    if task["mode"] == "build":
+        ended["left_behind"] = len(detached)
     return ended
 
 
@@ -365,6 +374,31 @@ def idle_the_rest(main, moved):
                 handle.write(name)
         except OSError:
             pass                        # ended meanwhile, or a zombie
+
+
+def stop_the_detached(main, stopped):
+    """Kill every process of the sandbox whose parent has ended (orphans are this PID 1's
+    children) but the task's own: during a build, a process whose starter is gone is one the
+    kit's code left behind (a setup.py's double-forked sleeper), never the build's work (pip,
+    make and the compilers wait for their children). Left alive, it would hold the pipe pip
+    reads its setup.py's output from, or the build side reads pip's from, and keep the build
+    waiting to its time limit (30 minutes) after its work ended; killed, the pipe closes and
+    the build's result is read at once. Their pids go into `stopped` (the build's report counts
+    them)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == 1 or pid in main:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                    # ended meanwhile
+        if fields[0] != "Z" and fields[1] == "1":
+            _signal(pid, signal.SIGKILL)
+            stopped.add(pid)
 
 
 def loopback_bytes():

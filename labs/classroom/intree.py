@@ -227,15 +227,22 @@ def built(prepared, run, read_limit=1 << 16):
         result = json.loads(raw.decode("utf-8")) if raw else {}
     except (UnicodeDecodeError, ValueError):
         result = {}
+    left = run.outcome.left_behind
     if run.outcome.status == 0 and not run.outcome.killed_by and result.get("ok") is True:
-        return Prepared([first, ok(STEP, "intree.build")], True, prepared.site, prepared.route,
-                        prepared.patches)
+        return Prepared([first, ok(STEP, "intree.build", left_behind=left)], True, prepared.site,
+                        prepared.route, prepared.patches)
     error = result.get("error") if isinstance(result, dict) else None
     lines = [str(line)[:300] for line in error[:3]] if isinstance(error, list) and error else []
     if run.outcome.killed_by or not lines:
         lines = [f"the build {run.outcome.how()}"] + lines
     text = " / ".join(lines)
-    return _not_built(first, f"{how}: {text}.", f"Horovod 无法用你的补丁构建：{text}。")
+    en, zh = f"{how}: {text}.", f"Horovod 无法用你的补丁构建：{text}。"
+    if left:                            # fork_server.stop_the_detached
+        en += (f" ({left} process{'es' if left > 1 else ''} the build left running on "
+               f"{'their' if left > 1 else 'its'} own {'were' if left > 1 else 'was'} stopped when "
+               f"found: a build waits for what it starts.)")
+        zh += f"（构建留下的 {left} 个独自运行的进程被发现后已终止：构建应等待它启动的进程结束。）"
+    return _not_built(first, en, zh)
 
 
 def build(kit, work, seconds=1800):

@@ -224,11 +224,14 @@ def _task_outcome(report, whole, out, name):
         return sandbox.Outcome(None, output or whole.output, whole.seconds, killed_by, size)
     seconds = float(report.get("seconds") or 0.0)
     full = bool(report.get("disk_full"))
+    left = report.get("left_behind")
+    left = left if isinstance(left, int) and left >= 0 else 0
     if not report.get("started", True):
         return sandbox.Outcome(None, str(report.get("error", ""))[:300], seconds,
                                "disk" if full else "no fork", size, disk_full=full)
     if report.get("timeout"):
-        return sandbox.Outcome(None, output, seconds, "timeout", size, disk_full=full)
+        return sandbox.Outcome(None, output, seconds, "timeout", size, disk_full=full,
+                               left_behind=left)
     status, sig = report.get("status"), report.get("signal")
     killed_by = ""
     if sig == signal.SIGXFSZ or status == 128 + signal.SIGXFSZ:
@@ -240,7 +243,7 @@ def _task_outcome(report, whole, out, name):
     elif full:                          # what it wrote last may be what the disk refused
         killed_by = "disk"
     return sandbox.Outcome(status if sig is None else -int(sig), output, seconds, killed_by, size,
-                           disk_full=full)
+                           disk_full=full, left_behind=left)
 
 
 def python():

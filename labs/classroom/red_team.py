@@ -407,8 +407,8 @@ for _path in ("/var/tmp/hostile-setup-ran", "/work/hostile-setup-ran", "/root/ho
     except OSError:
         pass
 if _os.fork() == 0:                             # detached: would rewrite a sheet it could reach
-    _os.setsid()                                # (pip reads its pipe until it ends: the kit's
-    if _os.fork() == 0:                         # build lasts as long as this loop)
+    _os.setsid()                                # (and hold pip's pipe: the fork server kills it
+    if _os.fork() == 0:                         # once setup.py has ended, and the build ends)
         _end = _time.time() + 60
         while _time.time() < _end:
             for _sheet in _glob.glob("/tmp/*/grades.md") + _glob.glob("/work/*/grades.md"):

@@ -19,7 +19,8 @@ Who does what: bwrap runs as the grader's root, so that it can mount the virtual
 interpreter wherever they are (a clone under /root, a folder only root may pass); inside, the
 sandbox's first process drops to a user id of its own (setpriv: every uid, gid and group, no
 capability, no_new_privs) before any code of the grader's student side or of the kit runs. So
-nothing in a sandbox is root anywhere, and RLIMIT_NPROC counts this sandbox's processes only.
+nothing in a sandbox is root anywhere, and RLIMIT_NPROC counts this sandbox's processes only:
+no two sandboxes running at once, of any grader on the machine, share a user id (uids.py).
 
 Limits, and why these mechanisms (this host offers cgroup v1; a fresh Debian offers v2: both
 are taken, whichever this host mounts, else rlimits alone):
@@ -44,8 +45,6 @@ are taken, whichever this host mounts, else rlimits alone):
   the PID namespace and the cgroup take every process inside with it.
 """
 import atexit
-import collections
-import itertools
 import os
 import re
 import resource
@@ -59,10 +58,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import nofollow
+from . import nofollow, uids
 
 MiB = 1 << 20
-_counter = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -231,13 +229,27 @@ class _Cgroup:
     still holds), else v2's with cpu, memory and pids; none when the host lets us make none
     (rlimits then stand alone). On v1, `idle`: the sandbox's idle CPU group beside it, whose
     cgroup.procs the sandbox's user may write (it can move its own processes there, no others,
-    and none out: the file of the sandbox's main group is not in reach)."""
+    and none out: the file of the sandbox's main group is not in reach).
+
+    Named for the sandbox's user id, which this grader holds the machine-wide lock of
+    (uids.py): a folder of that name already there is no live sandbox's but one an earlier
+    grading left (a grader killed before it closed its groups, a group whose processes would
+    not die): it is emptied and removed, then made afresh. Where it cannot be, or a limit
+    cannot be set, SandboxError: a kit never runs without the limits its group should hold."""
 
     ROOT = Path("/sys/fs/cgroup")
 
     def __init__(self, name, limits, uid=None):
         self.dirs = {}                  # controller ("cpu", "memory", "pids", "cpuacct", "v2") -> folder
         self.idle = None                # the v1 idle group's folder
+        self.made = []                  # every folder made, to remove at close
+        try:
+            self._groups(name, limits, uid)
+        except SandboxError:
+            self.close()
+            raise
+
+    def _groups(self, name, limits, uid):
         own = _own_groups()
         v1 = {"cpu": {"cpu.shares": 1024},
               "cpuacct": {},
@@ -260,6 +272,7 @@ class _Cgroup:
                     os.chown(idle / "cgroup.procs", uid, uid)
                     self.idle = idle
                 except OSError:
+                    self.made.remove(idle)
                     idle.rmdir()
         if not self.dirs and (self.ROOT / "cgroup.controllers").is_file():
             self._v2(name, limits)
@@ -275,17 +288,32 @@ class _Cgroup:
                                "memory.swap.max": 0, "pids.max": limits.tasks}):
             self.dirs["v2"] = folder
 
-    @staticmethod
-    def _make(folder, settings):
+    # settings a host may lack: swap accounting (memory alone still holds), cpu.idle (a kernel
+    # before 5.15: the idle group gets a share of 2 instead); every other one is a limit
+    OPTIONAL = ("memory.memsw.limit_in_bytes", "memory.swap.max", "cpu.idle")
+
+    def _make(self, folder, settings, optional=OPTIONAL):
+        """Make `folder` with `settings`: True; False where the host lets no group be made there
+        (rlimits stand in). Raises SandboxError for a stale folder that cannot be removed, or a
+        limit that cannot be set."""
         try:
             folder.mkdir()
+        except FileExistsError:
+            _remove_stale(folder)
+            try:
+                folder.mkdir()
+            except OSError as err:
+                raise SandboxError(f"cannot make the sandbox's cgroup {folder}: {err}") from None
         except OSError:
             return False
+        self.made.append(folder)
         for key, value in settings.items():
             try:
                 (folder / key).write_text(str(value))
-            except OSError:
-                pass            # memsw needs swap accounting; memory alone still holds
+            except OSError as err:
+                if key not in optional:
+                    raise SandboxError(f"cannot set {key} of the sandbox's cgroup {folder} to "
+                                       f"{value}: {err}") from None
         return True
 
     @property
@@ -321,24 +349,53 @@ class _Cgroup:
 
     def close(self):
         """Kill what is left in the group (it is this sandbox's, by construction) and remove it."""
-        for folder in [*([self.idle] if self.idle else []), *self.dirs.values()]:
-            for _ in range(500):                # up to 10 s: a fork bomb's children die slowly
-                try:
-                    pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
-                except OSError:
-                    break
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
+        for folder in self.made:
+            _empty(folder)
             try:
                 folder.rmdir()
             except OSError:
                 pass
+
+
+def _empty(folder):
+    """Kill every process in the cgroup `folder` (and its subgroups), up to 10 s: a fork bomb's
+    children die slowly."""
+    for _ in range(500):
+        pids = []
+        for procs in [folder / "cgroup.procs", *folder.glob("**/cgroup.procs")]:
+            try:
+                pids += [int(p) for p in procs.read_text().split()]
+            except (OSError, ValueError):
+                pass
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
+def _remove_stale(folder):
+    """Remove a cgroup an earlier grading left at `folder` (its name is a user id this grader
+    holds the lock of: no live sandbox's), every process in it killed; SandboxError where it
+    cannot be."""
+    _empty(folder)
+    try:
+        for sub in sorted((p for p in folder.glob("**/") if p != folder), key=lambda p: -len(p.parts)):
+            sub.rmdir()
+        folder.rmdir()
+    except OSError as err:
+        raise SandboxError(f"a sandbox's cgroup {folder} is left from an earlier grading and "
+                           f"cannot be removed ({err}): kill the processes in its cgroup.procs, "
+                           f"remove it (rmdir) and grade again") from None
+
+
+def cgroup_name(uid):
+    """The name of the cgroups of a sandbox running as `uid` (its idle group's: NAME-idle): a
+    user id this grader holds the lock of (uids.py), so no live sandbox of any grader has it."""
+    return f"hvd-classroom-{uid}"
 
 
 def _own_groups():
@@ -399,46 +456,35 @@ def hand_over(folder, uid):
             os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
 
 
-def _uid_base():
-    return 200000 + (os.getpid() % 50000) * 16
-
-
-UIDS = 16                           # user ids of one grader: its sandboxes running at once
-_uids_free = collections.deque(range(UIDS))     # those no sandbox holds, the longest free first
-_uids_changed = threading.Condition()
+UIDS = uids.PER_GRADER              # user ids of one grader: its sandboxes running at once
 
 
 def new_uid():
-    """A user id of its own for each sandbox: no process of another sandbox, of the grader or
-    of anyone on the host counts against its RLIMIT_NPROC. Held until free_uid (waits while
-    UIDS sandboxes run)."""
-    # the grader's threads start sandboxes while others run: a counter's wrap would hand a
-    # running sandbox's id to a new one; the longest free is taken, so that what the kernel
-    # has yet to reap of an ended sandbox is not counted against the next one
-    with _uids_changed:
-        while not _uids_free:
-            _uids_changed.wait()
-        return _uid_base() + _uids_free.popleft()
+    """A user id of its own for each sandbox: no process of another sandbox, of this grader or
+    of another on the machine, of anyone on the host counts against its RLIMIT_NPROC. Held
+    until free_uid (waits while UIDS sandboxes of this grader run): uids.py."""
+    try:
+        return uids.take()
+    except uids.UidError as err:
+        raise SandboxError(str(err)) from None
 
 
 def free_uid(uid):
     """Give back a user id of new_uid's (its sandbox has ended, every process of it killed)."""
-    with _uids_changed:
-        _uids_free.append(uid - _uid_base())
-        _uids_changed.notify()
+    uids.give_back(uid)
 
 
 def processes_left():
     """The pids of this grader's sandboxes' processes still alive (their user ids: new_uid's);
     zombies not counted (a killed sandbox's init stays one until the host's init reaps it)."""
-    low, left = _uid_base(), []
+    mine, left = uids.used(), []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
             uid = int(fields["Uid"].split()[0])
         except (OSError, KeyError, ValueError):
             continue
-        if not fields.get("State", "").strip().startswith("Z") and low <= uid < low + UIDS:
+        if not fields.get("State", "").strip().startswith("Z") and uid in mine:
             left.append(status.parent.name)
     return left
 
@@ -471,6 +517,8 @@ class Outcome:
     oom: bool = False               # the sandbox's memory group killed a process (fork server)
     cpu_seconds: float = None       # every process of the sandbox together (its cgroup)
     disk_full: bool = False         # its tmpfs was full when it ended
+    left_behind: int = 0            # a build's processes left running on their own, killed
+                                    # (fork_server.stop_the_detached)
 
     def how(self):
         """How it ended, in words (the same words for the same ending: no timings)."""
@@ -521,7 +569,7 @@ def run(command, *, kit_copy, out_dir, tmp_dir, grader_dir, limits=DEFAULT, env=
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
             *(["--as-pid-1"] if report_path else []),
             *mounts(kit_copy, out_dir, tmp_dir, grader_dir, extra_ro, ro_binds), *hide_binds(hide)]
-    group = _Cgroup(f"hvd-classroom-{os.getpid()}-{uid}-{next(_counter)}", limits, uid)
+    group = _Cgroup(cgroup_name(uid), limits, uid)
     if group.idle is not None:
         argv += ["--bind", str(group.idle / "cgroup.procs"), IDLE_PROCS]
     argv += ["--chdir", "/kit", "--clearenv"]

@@ -5,7 +5,9 @@ those weights, and the backward sees them too; the optimizer updates the exact f
 shards; `none` is FSDP2's own all-gather bit for bit; clear errors for a NaN weight (every
 rank, the shards kept), a module without fully_shard, non-float parameters, a call of the
 wrong sizes, and schemes that cannot gather weights. Odd sizes (a shard of padding only, odd
-rows) gather right."""
+rows) gather right. keep_weight_codes: the backward decodes the forward's codes (the same bits,
+half the bytes, the forward's weights even where the shards changed in between); gathers in
+pieces (gather_pieces=True) give the same bits as whole ones."""
 import math
 
 import torch
@@ -205,6 +207,8 @@ def run(_dist):
           and same_on_every_rank(dist, flat(got))
           and torch.equal(odd(xo), functional_call(Odd(), got, (xo,))))
 
+    kept_and_pieces(mesh, data, x_all)
+
     # ---- bad input -----------------------------------------------------------------------------
     net = build(mesh)
     state = hcf.register(net, "bit8", weights="bit8")
@@ -256,3 +260,120 @@ def run(_dist):
         err = raised(make)
         check(f"{label} is refused with a clear error",
               isinstance(err, ValueError) and words in str(err), repr(err))
+
+
+class Wide(nn.Module):
+    """A layer whose codes are several of the engine's pieces (GATHER_PIECE_BYTES) a rank, at 2
+    and at 4 ranks, beside a small one."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = nn.Linear(512, 1024)
+        self.out = nn.Linear(1024, 5)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.big(x)))
+
+
+def kept_and_pieces(mesh, data, x_all):
+    """keep_weight_codes=True: the backward's gather decodes the forward's codes; and
+    gather_pieces: the same bits in pieces as whole."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for scheme in ("bit8", "int8"):
+        runs, sent = {}, {}
+        for keep in (False, True):
+            net = build(mesh)
+            state = hcf.register(net, "bit8", error_feedback=True, weights=scheme,
+                                 keep_weight_codes=keep)
+            x, y = data[0]
+            F.cross_entropy(net(x), y).backward()
+            sent[keep] = state.pop_stats()["weights_bytes_sent"]
+            runs[keep] = local(train(net, data))
+            if keep:
+                left = [name for name, g in state.gathers.items() if g.kept is not None]
+        alike = same_on_every_rank(dist, full(net))
+        check(f"keep_weight_codes, weights={scheme}: 4 steps equal the run that gathers again, "
+              "bit for bit, every rank alike",
+              torch.equal(runs[False], runs[True]) and alike,
+              f"max difference {(runs[False] - runs[True]).abs().max().item()}")
+        check(f"keep_weight_codes, weights={scheme}: a forward and backward sends half, and "
+              "nothing is kept after the backward",
+              0 < sent[True] and 2 * sent[True] == sent[False] and not left,
+              f"{sent[True]} against {sent[False]}; kept after backward: {left}")
+
+    # the shards change between the forward and the backward: the backward still sees the
+    # forward's weights (FSDP2's reshard_after_forward=False does the same); gathering again
+    # would see the changed ones
+    results = {}
+    for keep in (False, True):
+        net = build(mesh)
+        hcf.register(net, "none", weights="bit8", keep_weight_codes=keep)
+        forward_weights = gathered(net, LAYERS)
+        x, y = data[0]
+        loss = F.cross_entropy(net(x), y)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.to_local().mul_(0.5)
+        loss.backward()
+        results[keep] = torch.cat([p.grad.full_tensor().reshape(-1) for p in net.parameters()])
+    mine = {k: v.clone().requires_grad_() for k, v in forward_weights.items()}
+    F.cross_entropy(functional_call(Net(), mine, (x,)), y).backward()
+    on_forward = torch.cat([mine[k].grad.reshape(-1) for k in mine])
+    dist.all_reduce(on_forward)
+    on_forward /= n
+    check("keep_weight_codes: the backward sees the forward's weights where the shards changed "
+          "in between (gathering again sees the changed ones)",
+          torch.allclose(results[True], on_forward, rtol=1e-5, atol=1e-7)
+          and not torch.allclose(results[False], on_forward, rtol=1e-5, atol=1e-7),
+          f"max difference {(results[True] - on_forward).abs().max().item()}")
+
+    # a module that FSDP2 does not reshard after its forward gathers once: nothing to keep
+    net = build(mesh)
+    net.fc2.set_reshard_after_forward(False)
+    state = hcf.register(net, "bit8", weights="bit8", keep_weight_codes=True)
+    net(x_all)
+    kept = sorted(name for name, g in state.gathers.items() if g.kept is not None)
+    net.zero_grad()
+    check("keep_weight_codes keeps the codes of the modules resharded after forward only",
+          kept == ["fc1", "fc3"], str(kept))
+
+    err = raised(lambda: hcf.register(build(mesh), "bit8", weights="bit8",
+                                      keep_weight_codes=rank == 0))
+    check("ranks that keep the weights' codes differently are refused on every rank",
+          isinstance(err, RuntimeError) and "keep_weight_codes" in str(err), repr(err))
+    err = raised(lambda: hcf.register(build(mesh), "bit8", weights="none",
+                                      keep_weight_codes=True))
+    check("keep_weight_codes without a weights codec is refused with a clear error",
+          isinstance(err, ValueError) and "keep_weight_codes" in str(err), repr(err))
+
+    # ---- gathers in pieces: the same bits as whole ---------------------------------------------
+    g = torch.Generator().manual_seed(40 + rank)
+    wide_data = [(torch.randn(8, 512, generator=g), torch.randint(0, 5, (8,), generator=g))
+                 for _ in range(3)]
+    runs, pieces = {}, {}
+    for in_pieces in (False, True):
+        torch.manual_seed(3)
+        wide = Wide()
+        fully_shard(wide.big, mesh=mesh)
+        fully_shard(wide.out, mesh=mesh)
+        fully_shard(wide, mesh=mesh)
+        state = hcf.register(wide, "bit8", error_feedback=True, weights="bit8",
+                             gather_pieces=in_pieces)
+        codes = resolve_compression("bit8").message_bytes(512 * 1024 // n, SCALE_BLOCK)
+        pieces[in_pieces] = state.engine._gather_pieces(torch.empty(codes, dtype=torch.uint8))
+        runs[in_pieces] = local(train(wide, wide_data))
+    alike = same_on_every_rank(dist, full(wide))
+    check("gather_pieces=True: the weights' and gradients' codes in pieces give the bits of "
+          "whole gathers, every rank alike",
+          pieces[False] == 1 and pieces[True] > 1 and torch.equal(runs[False], runs[True])
+          and alike,
+          f"pieces {pieces}; max difference {(runs[False] - runs[True]).abs().max().item()}")
+
+    # gather_pieces=None: decided on every rank alike after the first steps; here (loopback,
+    # small messages: nothing timed) whole
+    net = build(mesh)
+    state = hcf.register(net, "bit8", weights="bit8")
+    train(net, data)
+    decided = torch.tensor([int(state.engine.in_pieces), int(state.engine.timed)])
+    check("gather_pieces=None decides after the first steps, alike on every rank",
+          same_on_every_rank(dist, decided) and decided.tolist() == [0, 0], str(decided.tolist()))
