@@ -191,13 +191,7 @@ class HookState(FrontAPI):
     def _decide_pieces(self):
         """Gloo's large gathers in pieces from now on if rank 0's large collectives were slow
         (a slow link), said by rank 0 so that every rank cuts alike (gather_pieces=None)."""
-        engine, rate = self.engine, None
-        if engine.rank() == 0 and engine.sent_times:
-            nbytes = sum(b for b, _ in engine.sent_times)
-            rate = 8 * nbytes / sum(t for _, t in engine.sent_times)
-        slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
-        engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
-        engine.timed = False                 # decided: nothing more to time
+        self.engine.decide_pieces(PIECES_BELOW_BITS_PER_S)
 
     def _settle_layouts(self, last):
         """After a step in which DDP's buckets changed: forget layouts past the last bucket,

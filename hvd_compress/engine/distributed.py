@@ -72,6 +72,19 @@ class TorchEngine(Engine):
         # (bytes this rank sent, seconds) of its latest large collectives, while timed is on
         self.timed, self.sent_times = True, collections.deque(maxlen=TIMES_KEPT)
 
+
+    def decide_pieces(self, below_bits_per_s):
+        """Large gathers in pieces from now on if rank 0's timed large collectives ran under
+        `below_bits_per_s` (a slow link), said by rank 0 so that every rank cuts alike; then
+        nothing more is timed. Why: over a slow link a whole large gather ends tens of ms
+        later on one rank than on another, and the ranks drift apart (docs/ddp.md)."""
+        rate = None
+        if self.rank() == 0 and self.sent_times:
+            nbytes = sum(b for b, _ in self.sent_times)
+            rate = 8 * nbytes / sum(t for _, t in self.sent_times)
+        slow = rate is not None and rate < below_bits_per_s
+        self.in_pieces = bool(self.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
+        self.timed = False
     def size(self):
         return self._size
 

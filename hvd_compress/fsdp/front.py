@@ -175,13 +175,7 @@ class FSDPCompression(FrontAPI):
         hvd_compress.ddp's rule. Why: over a slow link a whole large gather or alltoall ends
         tens of ms later on one rank than on the other, and the ranks drift apart (docs/fsdp.md,
         the weights' section, has this front's figures)."""
-        engine, rate = self.engine, None
-        if engine.rank() == 0 and engine.sent_times:
-            nbytes = sum(b for b, _ in engine.sent_times)
-            rate = 8 * nbytes / sum(t for _, t in engine.sent_times)
-        slow = rate is not None and rate < PIECES_BELOW_BITS_PER_S
-        engine.in_pieces = bool(engine.broadcast_object(slow, root_rank=0, name="hvdc.pieces"))
-        engine.timed = False                 # decided: nothing more to time
+        self.engine.decide_pieces(PIECES_BELOW_BITS_PER_S)
 
     # ---- torch.distributed.checkpoint's Stateful ----------------------------------------------
     def state_dict(self):
